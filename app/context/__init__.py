@@ -1,0 +1,1 @@
+"""Context: the projection of the history the agent sends to its model."""

@@ -1,0 +1,33 @@
+"""HTTP routes for the context and the overflow verdict."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.context.schemas import ContextOut
+from app.context.service import ContextService
+from app.core.database import DbDep
+from app.core.openapi import problems
+from app.core.tenancy import TenantDep
+from app.messages.schemas import Format, Verdict
+from app.sessions.router import SessionIdPath, checked_id
+from app.sessions.service import SessionService, verdict_of
+
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
+
+
+@router.get("/context", responses=problems(404, 422), response_model_exclude_none=False)
+async def get_context(
+    session_id: SessionIdPath, db: DbDep, tenant: TenantDep, format: Annotated[Format, Query()] = "openai"
+) -> ContextOut:
+    """The messages to send to the model now, with their token figures."""
+    return await ContextService(db, tenant).build(checked_id(session_id), format)
+
+
+@router.get("/overflow", responses=problems(404))
+async def get_overflow(session_id: SessionIdPath, db: DbDep, tenant: TenantDep) -> Verdict:
+    """How full the window is and what to do about it, from running totals."""
+    session = await SessionService(db, tenant).require(checked_id(session_id))
+    return Verdict.model_validate(verdict_of(session), from_attributes=True)

@@ -1,0 +1,1 @@
+"""Cross-cutting code: settings, database, errors, logging."""

@@ -1,0 +1,73 @@
+"""The async engine, the ORM base, and the per-request session dependency."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import orjson
+from fastapi import Depends, Request
+from sqlalchemy import MetaData
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase
+
+from app.core.settings import Settings
+
+# Postgres's own naming style, so Alembic names match what psql shows.
+NAMING_CONVENTION = {
+    "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+    "uq": "%(table_name)s_%(column_0_N_name)s_key",
+    "ck": "%(table_name)s_%(constraint_name)s_check",
+    "fk": "%(table_name)s_%(column_0_N_name)s_fkey",
+    "pk": "%(table_name)s_pkey",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _dumps(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
+def create_engine(url: str, settings: Settings) -> AsyncEngine:
+    return create_async_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        pool_pre_ping=True,
+        json_serializer=_dumps,
+        json_deserializer=orjson.loads,
+    )
+
+
+def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
+    """One transaction per request: the only place that commits or rolls back."""
+    maker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
+    async with maker() as db:
+        try:
+            yield db
+            await db.commit()
+        except BaseException:
+            await db.rollback()
+            raise
+
+
+DbDep = Annotated[AsyncSession, Depends(get_db)]
+
+
+def resolve_database_url(settings: Settings | None = None) -> str:
+    """``DATABASE_URL`` as an asyncpg URL, or the embedded server's when unset."""
+    from app.core import embedded
+    from app.core.settings import get_settings
+
+    settings = settings or get_settings()
+    if settings.database_url:
+        return embedded.to_async_url(settings.database_url)
+    return embedded.start(settings.data_dir)

@@ -1,0 +1,139 @@
+"""HTTP plumbing: the problem+json handlers and the request body limit."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.errors import PROBLEM_JSON, PayloadTooLarge, ProblemError, ServiceUnavailable
+
+log = logging.getLogger("compactd")
+
+
+def problem_response(error: ProblemError, instance: str | None = None) -> Response:
+    return Response(
+        orjson.dumps(error.body(instance)),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=error.headers,
+    )
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out
+
+
+class _ValidationProblem(ProblemError):
+    status, type, title = 422, "invalid-request", "Invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> Response:
+        return problem_response(exc, request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        errors = []
+        for e in exc.errors():
+            msg = e["msg"]
+            if e.get("type") == "json_invalid":
+                msg = f"the body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')})"
+            loc = tuple(e["loc"])
+            errors.append({"field": _field(loc[1:] if loc[:1] == ("body",) and len(loc) > 1 else loc), "detail": msg})
+        detail = "; ".join(f"{x['field']}: {x['detail']}" for x in errors)
+        return problem_response(_ValidationProblem(detail, errors=errors), request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        error = ProblemError(str(exc.detail), headers=dict(exc.headers or {}))
+        error.status = exc.status_code
+        error.type = {400: "bad-request", 404: "not-found", 405: "method-not-allowed"}.get(
+            exc.status_code, "http-error"
+        )
+        error.title = {400: "Bad request", 404: "Not found", 405: "Method not allowed"}.get(
+            exc.status_code, "HTTP error"
+        )
+        return problem_response(error, request.url.path)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(OSError)
+    async def _unavailable(request: Request, exc: Exception) -> Response:
+        log.warning("database unavailable: %s", exc)
+        error = ServiceUnavailable(
+            "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
+        )
+        return problem_response(error, request.url.path)
+
+    @app.exception_handler(DBAPIError)
+    async def _dbapi(request: Request, exc: DBAPIError) -> Response:
+        if exc.connection_invalidated:
+            return await _unavailable(request, exc)
+        raise exc
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over the limit, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = PayloadTooLarge(f"the request body is over the {self.max_bytes}-byte limit")
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    await problem_response(too_large, scope.get("path"))(scope, receive, send)
+                    return
+        received = 0
+        exceeded = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, exceeded
+            if exceeded:
+                return {"type": "http.request", "body": b"", "more_body": False}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Stop reading; the app sees a cut body and its answer is replaced below.
+                    exceeded = True
+                    return {"type": "http.request", "body": b"", "more_body": False}
+            return message
+
+        replaced = False
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal replaced
+            if exceeded:
+                if not replaced:
+                    replaced = True
+                    await problem_response(too_large, scope.get("path"))(scope, receive, send)
+                return
+            await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+

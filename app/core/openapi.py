@@ -1,0 +1,45 @@
+"""Shared OpenAPI pieces: the problem document and per-route error responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.core.errors import PROBLEM_JSON
+
+
+class FieldError(BaseModel):
+    field: str
+    detail: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[FieldError] | None = Field(None, description="The fields that were rejected.")
+    current_version: int | None = Field(None, description="On 412: the session's current version.")
+
+
+_DESCRIPTIONS = {
+    400: "The request could not be read.",
+    404: "The session (or route) does not exist.",
+    409: "The request conflicts with the current state.",
+    412: "If-Match does not name the current version.",
+    413: "The body is over the size limit.",
+    422: "The body or a parameter is invalid; nothing was stored.",
+    503: "The database is unavailable; retry after the Retry-After delay.",
+}
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: each status rendered as problem+json."""
+    return {
+        code: {"model": Problem, "description": _DESCRIPTIONS[code], "content": {PROBLEM_JSON: {}}}
+        for code in (*codes, 503)
+    }

@@ -1,0 +1,238 @@
+"""Anthropic Messages API messages to and from the canonical model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.engine.model import Entry, InvalidMessage, Part
+from app.engine.openai_format import _split_extra, _string, _type_name
+
+_DATA_URL_PREFIX = "data:"
+
+
+def _image_part(raw: dict[str, Any], path: str) -> Part:
+    source = raw.get("source")
+    if not isinstance(source, dict):
+        raise InvalidMessage(f"{path}.source", "must be an object")
+    kind = source.get("type")
+    if kind == "base64":
+        return {
+            "type": "image",
+            "media_type": _string(source.get("media_type"), f"{path}.source.media_type", allow_empty=False),
+            "data": _string(source.get("data"), f"{path}.source.data", allow_empty=False),
+        }
+    if kind == "url":
+        return {"type": "image", "url": _string(source.get("url"), f"{path}.source.url", allow_empty=False)}
+    raise InvalidMessage(f"{path}.source.type", f"unsupported image source {kind!r}; expected 'base64' or 'url'")
+
+
+def _with_extra(part: Part, raw: dict[str, Any], known: frozenset[str]) -> Part:
+    extra = _split_extra(raw, known)
+    if extra:
+        part["extra"] = extra
+    return part
+
+
+def _blocks(content: Any, path: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        raise InvalidMessage(path, f"must be a string or a list of content blocks, got {_type_name(content)}")
+    for i, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise InvalidMessage(f"{path}[{i}]", f"must be an object, got {_type_name(block)}")
+    return content
+
+
+def _result_content(content: Any, path: str) -> list[Part]:
+    if content is None:
+        return []
+    parts: list[Part] = []
+    for i, block in enumerate(_blocks(content, path)):
+        bpath = f"{path}[{i}]"
+        if block.get("type") == "text":
+            parts.append(_with_extra({"type": "text", "text": _string(block.get("text"), f"{bpath}.text")}, block, frozenset({"type", "text"})))
+        elif block.get("type") == "image":
+            parts.append(_with_extra(_image_part(block, bpath), block, frozenset({"type", "source"})))
+        else:
+            raise InvalidMessage(f"{bpath}.type", f"unsupported tool_result content type {block.get('type')!r}; expected 'text' or 'image'")
+    return parts
+
+
+def parse_message(raw: Any, path: str) -> list[Entry]:
+    """One Anthropic message to one or more entries (tool results become tool entries)."""
+    if not isinstance(raw, dict):
+        raise InvalidMessage(path, f"must be an object, got {_type_name(raw)}")
+    role = raw.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise InvalidMessage(f"{path}.role", f"unknown role {role!r}; expected user, assistant or system")
+    if "content" not in raw:
+        raise InvalidMessage(f"{path}.content", "is required")
+    extra = _split_extra(raw, frozenset({"role", "content"}))
+    form = "string" if isinstance(raw["content"], str) else "parts"
+    blocks = _blocks(raw["content"], f"{path}.content")
+    if role == "system":
+        parts: list[Part] = []
+        for i, block in enumerate(blocks):
+            if block.get("type") != "text":
+                raise InvalidMessage(f"{path}.content[{i}].type", "system content must be text blocks")
+            parts.append({"type": "text", "text": _string(block.get("text"), f"{path}.content[{i}].text")})
+        return [Entry(role="system", parts=parts, content_form=form, extra=extra)]
+
+    entries: list[Entry] = []
+    parts = []
+    for i, block in enumerate(blocks):
+        bpath = f"{path}.content[{i}]"
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_with_extra({"type": "text", "text": _string(block.get("text"), f"{bpath}.text")}, block, frozenset({"type", "text"})))
+        elif kind == "image" and role == "user":
+            parts.append(_with_extra(_image_part(block, bpath), block, frozenset({"type", "source"})))
+        elif kind == "thinking" and role == "assistant":
+            part: Part = {"type": "reasoning", "text": _string(block.get("thinking"), f"{bpath}.thinking")}
+            if block.get("signature") is not None:
+                part["signature"] = _string(block["signature"], f"{bpath}.signature")
+            parts.append(_with_extra(part, block, frozenset({"type", "thinking", "signature"})))
+        elif kind == "redacted_thinking" and role == "assistant":
+            part = {"type": "reasoning", "redacted": _string(block.get("data"), f"{bpath}.data")}
+            parts.append(_with_extra(part, block, frozenset({"type", "data"})))
+        elif kind == "tool_use" and role == "assistant":
+            tool_input = block.get("input", {})
+            if not isinstance(tool_input, dict):
+                raise InvalidMessage(f"{bpath}.input", f"must be an object, got {_type_name(tool_input)}")
+            part = {
+                "type": "tool_call",
+                "id": _string(block.get("id"), f"{bpath}.id", allow_empty=False),
+                "name": _string(block.get("name"), f"{bpath}.name", allow_empty=False),
+                "arguments": orjson.dumps(tool_input).decode(),
+            }
+            parts.append(_with_extra(part, block, frozenset({"type", "id", "name", "input"})))
+        elif kind == "tool_result" and role == "user":
+            if parts:
+                raise InvalidMessage(bpath, "tool_result blocks must come before any other content in a user message")
+            is_error = block.get("is_error", False)
+            if not isinstance(is_error, bool):
+                raise InvalidMessage(f"{bpath}.is_error", "must be a boolean")
+            result_extra = _split_extra(block, frozenset({"type", "tool_use_id", "content", "is_error"}))
+            entries.append(
+                Entry(
+                    role="tool",
+                    parts=_result_content(block.get("content"), f"{bpath}.content"),
+                    tool_call_id=_string(block.get("tool_use_id"), f"{bpath}.tool_use_id", allow_empty=False),
+                    is_error=is_error,
+                    content_form="string" if isinstance(block.get("content"), str) else "parts",
+                    extra=result_extra,
+                )
+            )
+        else:
+            raise InvalidMessage(f"{bpath}.type", f"unsupported content block {kind!r} in a {role} message")
+    if parts or not entries:
+        entries.append(Entry(role=role, parts=parts, content_form=form, extra=extra))
+    elif extra:
+        entries[-1].extra = {**entries[-1].extra, "message": extra}
+    return entries
+
+
+def _data_url(url: str) -> tuple[str, str] | None:
+    if not url.startswith(_DATA_URL_PREFIX) or ";base64," not in url:
+        return None
+    header, data = url[len(_DATA_URL_PREFIX):].split(";base64,", 1)
+    return header, data
+
+
+def _render_block(part: Part, *, for_history: bool) -> dict[str, Any] | None:
+    kind = part["type"]
+    if kind == "text":
+        if not part["text"] and not for_history:
+            return None  # the API rejects empty text blocks
+        block: dict[str, Any] = {"type": "text", "text": part["text"]}
+    elif kind == "image":
+        if "url" in part:
+            inline = _data_url(part["url"])
+            source = (
+                {"type": "base64", "media_type": inline[0], "data": inline[1]}
+                if inline
+                else {"type": "url", "url": part["url"]}
+            )
+        else:
+            source = {"type": "base64", "media_type": part["media_type"], "data": part["data"]}
+        block = {"type": "image", "source": source}
+    elif kind == "reasoning":
+        if "redacted" in part:
+            block = {"type": "redacted_thinking", "data": part["redacted"]}
+        elif "signature" in part:
+            block = {"type": "thinking", "thinking": part["text"], "signature": part["signature"]}
+        elif for_history:
+            block = {"type": "thinking", "thinking": part["text"]}
+        else:
+            return None  # unsigned reasoning from another provider cannot be replayed to Anthropic
+    else:  # tool_call
+        arguments = part["arguments"]
+        block = {
+            "type": "tool_use",
+            "id": part["id"],
+            "name": part["name"],
+            "input": orjson.loads(arguments) if arguments.strip() else {},
+        }
+    if for_history and "extra" in part:
+        block.update(part["extra"])
+    return block
+
+
+def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
+    blocks = [b for p in entry.parts if (b := _render_block(p, for_history=for_history))]
+    content: Any = blocks
+    if entry.content_form == "string" and all(p["type"] == "text" for p in entry.parts):
+        content = entry.text()
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": entry.tool_call_id, "content": content}
+    if entry.is_error:
+        block["is_error"] = True
+    if for_history and entry.extra:
+        block.update({k: v for k, v in entry.extra.items() if k != "message"})
+    return block
+
+
+def render_messages(entries: list[Entry], *, for_history: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Entries as Anthropic ``(system, messages)``.
+
+    Leading system and developer entries become the top-level ``system`` blocks;
+    later ones become user text wrapped in ``<system>``. Tool entries become
+    ``tool_result`` blocks at the head of a user message, merged with the user
+    content that follows them, as the API requires.
+    """
+    system: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    open_results: dict[str, Any] | None = None  # the user message collecting tool results
+    for entry in entries:
+        if entry.role in ("system", "developer"):
+            if not messages:
+                system.extend({"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text" and p["text"])
+                continue
+            entry = Entry(role="user", parts=[{"type": "text", "text": f"<system>\n{entry.text()}\n</system>"}])
+        if entry.role == "tool":
+            block = _tool_result_block(entry, for_history=for_history)
+            if open_results is None:
+                open_results = {"role": "user", "content": []}
+                messages.append(open_results)
+            open_results["content"].append(block)
+            continue
+        blocks = [b for p in entry.parts if (b := _render_block(p, for_history=for_history))]
+        if entry.role == "user" and open_results is not None:
+            open_results["content"].extend(blocks)
+            if for_history and "message" in entry.extra:
+                open_results.update(entry.extra["message"])
+            open_results = None
+            continue
+        open_results = None
+        if not blocks and not for_history:
+            continue
+        content: Any = blocks
+        if entry.content_form == "string" and all(b["type"] == "text" for b in blocks):
+            content = entry.text()
+        msg: dict[str, Any] = {"role": entry.role, "content": content}
+        if for_history and entry.extra:
+            msg.update(entry.extra)
+        messages.append(msg)
+    return system, messages

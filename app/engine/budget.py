@@ -1,0 +1,102 @@
+"""Budget and overflow maths (seeds 002 and 003), from running totals only.
+
+The usable input budget is the model's ``input_limit`` when known, else
+``context_window - min(max_output_tokens, 32000)``. The estimate is hybrid: the
+prompt size the provider last reported is the exact base, and what was appended
+since is added from stored counts, corrected by the calibration factor. With no
+report yet, the whole stored context is estimated. Everything here is O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+OUTPUT_RESERVE_CAP = 32_000
+MIN_TRIGGER_FRACTION = 0.1
+
+Action = Literal["none", "prune", "compact", "emergency"]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    context_window: int
+    max_output_tokens: int
+    input_limit: int | None = None
+
+    @property
+    def usable_tokens(self) -> int:
+        if self.input_limit:
+            return self.input_limit
+        return max(1, self.context_window - min(self.max_output_tokens, OUTPUT_RESERVE_CAP))
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When to act. ``threshold`` (a fraction of the usable budget) wins over
+    ``reserve_tokens`` when set; ``prune_fraction`` of the trigger starts pruning."""
+
+    reserve_tokens: int = 16_384
+    threshold: float | None = None
+    emergency_fraction: float = 0.95
+    prune_fraction: float = 0.8
+
+    def trigger_tokens(self, usable: int) -> int:
+        if self.threshold is not None:
+            return max(int(usable * MIN_TRIGGER_FRACTION), int(usable * self.threshold))
+        return max(int(usable * MIN_TRIGGER_FRACTION), usable - self.reserve_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """The running totals kept on the session."""
+
+    context_tokens: int  # stored tokens of the entries in the current view
+    calibration_factor: float = 1.0
+    overhead_tokens: int = 0  # tool schemas and other per-request text never stored
+    reported_prompt_tokens: int | None = None  # last exact prompt size from the provider
+    context_tokens_at_report: int | None = None  # context_tokens when that report came
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    estimated_tokens: int
+    usable_tokens: int
+    threshold_tokens: int
+    fraction: float
+    calibration_factor: float
+    overflow: bool
+    action: Action
+
+
+def estimate(acc: Accounting) -> int:
+    """The estimated prompt size for the next call."""
+    if acc.reported_prompt_tokens is not None and acc.context_tokens_at_report is not None:
+        delta = acc.context_tokens - acc.context_tokens_at_report
+        return max(0, acc.reported_prompt_tokens + round(delta * acc.calibration_factor))
+    return round(acc.context_tokens * acc.calibration_factor) + acc.overhead_tokens
+
+
+def verdict(acc: Accounting, window: Window, thresholds: Thresholds) -> Verdict:
+    usable = window.usable_tokens
+    trigger = thresholds.trigger_tokens(usable)
+    est = estimate(acc)
+    fraction = est / usable
+    action: Action
+    if fraction >= thresholds.emergency_fraction:
+        action = "emergency"
+    elif est >= trigger:
+        action = "compact"
+    elif est >= trigger * thresholds.prune_fraction:
+        action = "prune"
+    else:
+        action = "none"
+    return Verdict(
+        estimated_tokens=est,
+        usable_tokens=usable,
+        threshold_tokens=trigger,
+        fraction=round(fraction, 4),
+        calibration_factor=acc.calibration_factor,
+        overflow=est > usable,
+        action=action,
+    )

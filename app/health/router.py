@@ -1,0 +1,44 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from app.core.errors import ServiceUnavailable
+from app.core.openapi import problems
+
+router = APIRouter(tags=["ops"])
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    database: str
+    migration: str
+
+
+@router.get("/healthz")
+async def healthz() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", responses=problems())
+async def readyz(request: Request) -> Readiness:
+    """The database answers and its schema is at the head migration."""
+    from app.core.migrations import head_revision
+
+    try:
+        async with request.app.state.engine.connect() as conn:
+            current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+    except Exception as exc:
+        raise ServiceUnavailable(f"the database is not ready: {type(exc).__name__}", headers={"Retry-After": "2"}) from None
+    head = head_revision()
+    if current != head:
+        raise ServiceUnavailable(f"migrations are behind: at {current}, head is {head}", headers={"Retry-After": "5"})
+    return Readiness(status="ready", database="ok", migration=head)

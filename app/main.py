@@ -1,0 +1,87 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import ORJSONResponse
+
+from app import __version__
+from app.context.router import router as context_router
+from app.core.database import create_engine, resolve_database_url, sessionmaker
+from app.core.errors import BadRequest, invalid
+from app.core.http import BodyLimitMiddleware, install_error_handlers
+from app.core.settings import Settings, get_settings
+from app.engine.storable import body_may_be_unstorable, find_unstorable
+from app.engine.tokens import install_offline_encodings
+from app.health.router import router as health_router
+from app.messages.router import router as messages_router
+from app.sessions.router import router as sessions_router
+
+
+async def reject_unstorable_text(request: Request) -> None:
+    """NUL characters and lone surrogates are refused (422 naming the field), never stored."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    body = await request.body()
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start:exc.start + 1]!r})",
+            errors=[{"field": "body", "detail": "invalid UTF-8"}],
+        ) from None
+    if not body or not body_may_be_unstorable(body):
+        return
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        import json
+
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return  # not JSON: the body validation reports it
+    found = find_unstorable(parsed, "")
+    if found:
+        raise invalid(*found)
+
+
+def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
+    """The app; ``database_url`` (asyncpg) wins over settings, for tests."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        install_offline_encodings(settings.tiktoken_cache_dir)
+        url = database_url or resolve_database_url(settings)
+        engine = create_engine(url, settings)
+        app.state.engine = engine
+        app.state.sessionmaker = sessionmaker(engine)
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="compactd",
+        version=__version__,
+        summary="Conversation history and context windows for LLM agents.",
+        description=(
+            "compactd stores an agent's conversation history in Postgres and hands it, before "
+            "every model call, a context that fits its model's window. Errors are RFC 9457 "
+            "`application/problem+json`."
+        ),
+        lifespan=lifespan,
+        default_response_class=ORJSONResponse,
+        dependencies=[Depends(reject_unstorable_text)],
+    )
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    for router in (health_router, sessions_router, messages_router, context_router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,1 @@
+"""Messages: the stored history, appended in batches and paged back."""

@@ -1,0 +1,100 @@
+"""The message log (``entry``), the tool-call index and idempotency records."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.database import Base
+
+
+class Entry(Base):
+    """One stored entry of a session's history: a message, or (later) a
+    compaction or branch summary. Rows are appended, never rewritten; pruning
+    only sets ``pruned_at``."""
+
+    __tablename__ = "entry"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["session_id", "tenant_id"], ["session.id", "session.tenant_id"], ondelete="CASCADE"
+        ),
+        UniqueConstraint("session_id", "tenant_id", "id"),
+    )
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    kind: Mapped[str] = mapped_column(String(32), default="message")
+    role: Mapped[str] = mapped_column(String(16))
+    parts: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    tool_name: Mapped[str | None] = mapped_column(Text)
+    is_error: Mapped[bool] = mapped_column(Boolean, default=False)
+    name: Mapped[str | None] = mapped_column(Text)
+    content_form: Mapped[str] = mapped_column(String(8))
+    extra: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    source_format: Mapped[str] = mapped_column(String(16))
+    tokens: Mapped[int] = mapped_column(Integer)
+    parent_seq: Mapped[int | None] = mapped_column(BigInteger)
+    pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ToolCall(Base):
+    """Every tool call of a session, so a result can be checked against its call
+    in one indexed lookup, and answered at most once."""
+
+    __tablename__ = "tool_call"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["session_id", "tenant_id"], ["session.id", "session.tenant_id"], ondelete="CASCADE"
+        ),
+    )
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    call_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    call_seq: Mapped[int] = mapped_column(BigInteger)
+    result_seq: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class IdempotencyRecord(Base):
+    """The first response to an append made with an ``Idempotency-Key``."""
+
+    __tablename__ = "idempotency_record"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["session_id", "tenant_id"], ["session.id", "session.tenant_id"], ondelete="CASCADE"
+        ),
+        Index("idempotency_record_created_at_idx", "created_at"),
+    )
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int] = mapped_column(SmallInteger)
+    response: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+__all__ = ["Entry", "IdempotencyRecord", "Integer", "ToolCall"]

@@ -1,0 +1,54 @@
+"""HTTP routes for the stored history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from app.core.database import DbDep
+from app.core.openapi import problems
+from app.core.tenancy import TenantDep
+from app.messages.schemas import AppendRequest, AppendResponse, Format, HistoryPage
+from app.messages.service import MessageService
+from app.sessions.router import IfMatch, SessionIdPath, checked_id
+
+router = APIRouter(prefix="/v1/sessions/{session_id}/messages", tags=["messages"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, responses=problems(404, 412, 413, 422))
+async def append_messages(
+    session_id: SessionIdPath,
+    body: AppendRequest,
+    db: DbDep,
+    tenant: TenantDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(max_length=255, description="A retry with the same key returns the first response."),
+    ] = None,
+    if_match: IfMatch = None,
+) -> AppendResponse:
+    """Append a batch of messages atomically; each is counted once, here."""
+    result, replayed = await MessageService(db, tenant).append(
+        checked_id(session_id), body, idempotency_key=idempotency_key, if_match=if_match
+    )
+    response.headers["ETag"] = f'"{result.version}"'
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return result
+
+
+@router.get("", responses=problems(404, 422))
+async def list_messages(
+    session_id: SessionIdPath,
+    db: DbDep,
+    tenant: TenantDep,
+    after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    format: Annotated[Format, Query()] = "openai",
+) -> HistoryPage:
+    """The whole stored history by seq, including pruned and compacted entries."""
+    return await MessageService(db, tenant).history(
+        checked_id(session_id), after_seq=after_seq, limit=limit, fmt=format
+    )

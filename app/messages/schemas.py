@@ -1,0 +1,87 @@
+"""API models for appending and reading the stored history."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Format = Literal["openai", "anthropic"]
+
+
+class AppendRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "format": "openai",
+                    "messages": [
+                        {"role": "user", "content": "List the files."},
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"},
+                                }
+                            ],
+                        },
+                        {"role": "tool", "tool_call_id": "call_1", "content": "README.md\napp\n"},
+                    ],
+                }
+            ]
+        },
+    )
+
+    messages: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="OpenAI chat messages, or Anthropic messages when format is anthropic.",
+    )
+    format: Format = "openai"
+
+
+class StoredEntry(BaseModel):
+    id: uuid.UUID
+    seq: int
+    role: str
+    tokens: int
+
+
+class Verdict(BaseModel):
+    estimated_tokens: int
+    usable_tokens: int
+    threshold_tokens: int
+    fraction: float
+    calibration_factor: float
+    overflow: bool
+    action: Literal["none", "prune", "compact", "emergency"]
+
+
+class AppendResponse(BaseModel):
+    entries: list[StoredEntry]
+    version: int = Field(description="The session's version after the append.")
+    context_tokens: int
+    overflow: Verdict
+
+
+class HistoryEntry(BaseModel):
+    id: uuid.UUID
+    seq: int
+    kind: str
+    role: str
+    tokens: int
+    source_format: Format
+    tool_name: str | None
+    created_at: datetime
+    pruned_at: datetime | None
+    message: dict[str, Any] = Field(description="The message as stored, in the requested format.")
+
+
+class HistoryPage(BaseModel):
+    entries: list[HistoryEntry]
+    next_after_seq: int | None = Field(description="Pass as after_seq for the next page; null on the last.")

@@ -1,0 +1,1 @@
+"""Sessions: the unit of history, with their model window and live accounting."""

@@ -1,0 +1,52 @@
+"""All SQL for sessions. Every query is scoped by tenant; nothing commits here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, or_, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.sessions.models import Session
+
+
+class SessionRepository:
+    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
+        self.db = db
+        self.tenant_id = tenant_id
+
+    async def get(self, session_id: str, *, for_update: bool = False) -> Session | None:
+        stmt = select(Session).where(Session.id == session_id, Session.tenant_id == self.tenant_id)
+        if for_update:
+            stmt = stmt.with_for_update().execution_options(populate_existing=True)
+        return (await self.db.execute(stmt)).scalar_one_or_none()
+
+    async def add(self, session: Session) -> None:
+        self.db.add(session)
+        await self.db.flush()
+
+    async def list(
+        self, *, limit: int, after: tuple[datetime, str] | None, metadata: dict[str, Any] | None
+    ) -> list[Session]:
+        stmt = select(Session).where(Session.tenant_id == self.tenant_id)
+        if metadata:
+            stmt = stmt.where(Session.metadata_.contains(metadata))
+        if after is not None:
+            created_at, sid = after
+            stmt = stmt.where(
+                or_(
+                    Session.created_at > created_at,
+                    and_(Session.created_at == created_at, Session.id > sid),
+                )
+            )
+        stmt = stmt.order_by(tuple_(Session.created_at, Session.id)).limit(limit)
+        return list((await self.db.execute(stmt)).scalars())
+
+    async def delete(self, session_id: str) -> bool:
+        result = await self.db.execute(
+            delete(Session)
+            .where(Session.id == session_id, Session.tenant_id == self.tenant_id)
+            .returning(Session.id)
+        )
+        return result.scalar_one_or_none() is not None

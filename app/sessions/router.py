@@ -1,0 +1,83 @@
+"""HTTP routes for sessions."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Response, status
+
+from app.core.database import DbDep
+from app.core.errors import NotFound, invalid
+from app.core.openapi import problems
+from app.core.tenancy import TenantDep
+from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate, SessionOut, SessionPage, SessionPatch
+from app.sessions.service import SessionService, to_schema
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+SessionIdPath = Annotated[str, Path(description="The session id.", max_length=1024)]
+IfMatch = Annotated[str | None, Header(description="Expected session version; 412 when stale.")]
+
+
+def checked_id(session_id: str) -> str:
+    """An id that cannot exist is simply not found (never a 500 from the database)."""
+    import re
+
+    if not re.fullmatch(SESSION_ID_PATTERN, session_id):
+        raise NotFound(f"session {session_id!r} does not exist")
+    return session_id
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, responses=problems(409, 413, 422))
+async def create_session(body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response) -> SessionOut:
+    """Create a session for a model; the window comes from the catalog unless given."""
+    session = await SessionService(db, tenant).create(body)
+    response.headers["ETag"] = f'"{session.version}"'
+    response.headers["Location"] = f"/v1/sessions/{session.id}"
+    return to_schema(session)
+
+
+@router.get("", responses=problems(422))
+async def list_sessions(
+    db: DbDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=1024)] = None,
+    metadata: Annotated[
+        list[str] | None,
+        Query(description="Filter as key=value (repeatable); values are matched as strings."),
+    ] = None,
+) -> SessionPage:
+    """Sessions in creation order, a page at a time."""
+    wanted: dict[str, str] = {}
+    for item in metadata or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise invalid("metadata", f"{item!r} is not key=value")
+        wanted[key] = value
+    return await SessionService(db, tenant).list(limit=limit, cursor=cursor, metadata=wanted)
+
+
+@router.get("/{session_id}", responses=problems(404))
+async def get_session(session_id: SessionIdPath, db: DbDep, tenant: TenantDep, response: Response) -> SessionOut:
+    """A session with its live accounting; the ETag is its version."""
+    session = await SessionService(db, tenant).require(checked_id(session_id))
+    response.headers["ETag"] = f'"{session.version}"'
+    return to_schema(session)
+
+
+@router.patch("/{session_id}", responses=problems(404, 412, 413, 422))
+async def patch_session(
+    session_id: SessionIdPath, body: SessionPatch, db: DbDep, tenant: TenantDep, response: Response,
+    if_match: IfMatch = None,
+) -> SessionOut:
+    """Change the model, window, config overrides or metadata."""
+    session = await SessionService(db, tenant).patch(checked_id(session_id), body, if_match)
+    response.headers["ETag"] = f'"{session.version}"'
+    return to_schema(session)
+
+
+@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=problems(404, 412))
+async def delete_session(session_id: SessionIdPath, db: DbDep, tenant: TenantDep, if_match: IfMatch = None) -> None:
+    """Delete a session and all of its data."""
+    await SessionService(db, tenant).delete(checked_id(session_id), if_match)

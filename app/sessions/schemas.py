@@ -1,0 +1,127 @@
+"""API models for sessions and the per-session config."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
+SessionId = Annotated[str, Field(pattern=SESSION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompactionConfig(Strict):
+    enabled: bool = True
+    auto: bool = True
+    reserve_tokens: int = Field(16_384, ge=0, le=10_000_000)
+    threshold: float | None = Field(
+        None, gt=0, le=1, description="A fraction of the usable window; wins over reserve_tokens."
+    )
+    keep_recent_tokens: int = Field(20_000, ge=0, le=10_000_000)
+    strategy: Literal["structured", "narrative"] = "structured"
+    summarizer: Literal["llm", "extractive"] = "llm"
+    model: str | None = Field(None, max_length=200)
+    auto_continue: bool = True
+    emergency_fraction: float = Field(0.95, gt=0, le=1)
+    instructions: str | None = Field(None, max_length=20_000)
+
+
+class PruneConfig(Strict):
+    enabled: bool = True
+    protect_tokens: int = Field(40_000, ge=0, le=10_000_000)
+    minimum_tokens: int = Field(20_000, ge=0, le=10_000_000)
+    protect_turns: int = Field(2, ge=0, le=1000)
+    protected_tools: list[str] = Field(default_factory=lambda: ["skill"], max_length=200)
+    placeholder: str = Field("[Old tool result content cleared]", min_length=1, max_length=1000)
+    erase: bool = False
+
+
+OutputCategory = Literal["head_tail", "match_list", "file_content", "generic"]
+
+
+class TruncateConfig(Strict):
+    tool_result_token_cap: int = Field(4_000, ge=100, le=1_000_000)
+    categories: dict[str, OutputCategory] = Field(
+        default_factory=dict, description="Tool name to output category, over the defaults."
+    )
+
+
+class SessionConfig(Strict):
+    """Per-session behaviour; every field can be overridden at create or patch."""
+
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)  # type: ignore[arg-type]
+    prune: PruneConfig = Field(default_factory=PruneConfig)  # type: ignore[arg-type]
+    truncate: TruncateConfig = Field(default_factory=TruncateConfig)  # type: ignore[arg-type]
+
+
+def _check_window(context_window: int | None, max_output: int | None, input_limit: int | None) -> None:
+    if context_window is not None and max_output is not None and max_output >= context_window:
+        raise ValueError("max_output_tokens must be smaller than context_window")
+    if context_window is not None and input_limit is not None and input_limit > context_window:
+        raise ValueError("input_limit must not exceed context_window")
+
+
+WindowInt = Annotated[int, Field(ge=1, le=100_000_000)]
+
+
+class SessionCreate(Strict):
+    model: str = Field(min_length=1, max_length=200, examples=["gpt-4o"])
+    id: SessionId | None = Field(None, description="Client-chosen id; generated when absent.")
+    context_window: WindowInt | None = None
+    max_output_tokens: WindowInt | None = None
+    input_limit: WindowInt | None = None
+    config: dict[str, Any] = Field(default_factory=dict, description="Partial SessionConfig overrides.")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _window(self) -> SessionCreate:
+        _check_window(self.context_window, self.max_output_tokens, self.input_limit)
+        return self
+
+
+class SessionPatch(Strict):
+    model: str | None = Field(None, min_length=1, max_length=200)
+    context_window: WindowInt | None = None
+    max_output_tokens: WindowInt | None = None
+    input_limit: WindowInt | None = None
+    config: dict[str, Any] | None = Field(None, description="Merged into the overrides; null resets a key.")
+    metadata: dict[str, Any] | None = Field(None, description="Replaces the metadata.")
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    tools_tokens: int | None = None
+
+
+class SessionOut(BaseModel):
+    id: str
+    model: str
+    context_window: int
+    max_output_tokens: int
+    input_limit: int | None
+    usable_tokens: int
+    model_known: bool = Field(description="False when the model is not in the catalog and 128k is assumed.")
+    config: SessionConfig
+    metadata: dict[str, Any]
+    entry_count: int
+    stored_tokens: int
+    context_tokens: int
+    calibration_factor: float
+    last_usage: dict[str, Any] | None
+    compaction_count: int
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class SessionPage(BaseModel):
+    sessions: list[SessionOut]
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last.")

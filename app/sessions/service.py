@@ -1,0 +1,228 @@
+"""Session use cases: create, read, list, change and delete."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
+from app.engine import budget, catalog
+from app.sessions.models import Session
+from app.sessions.repository import SessionRepository
+from app.sessions.schemas import (
+    SessionConfig,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+    SessionPatch,
+    _check_window,
+)
+
+
+def merge_config(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``patch`` into ``base``; a null in the patch removes the key."""
+    out = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def effective_config(overrides: dict[str, Any]) -> SessionConfig:
+    """The server defaults with the session's overrides applied. Raises 422 on bad keys."""
+    try:
+        return SessionConfig.model_validate(overrides)
+    except ValidationError as exc:
+        errors = [
+            {"field": "config." + ".".join(str(p) for p in e["loc"]), "detail": e["msg"]}
+            for e in exc.errors()
+        ]
+        raise UnprocessableContent(
+            "; ".join(f"{e['field']}: {e['detail']}" for e in errors), errors=errors
+        ) from None
+
+
+def window_of(session: Session) -> tuple[budget.Window, catalog.ModelSpec]:
+    spec = catalog.lookup(session.model)
+    window = budget.Window(
+        context_window=session.context_window or spec.context_window,
+        max_output_tokens=session.max_output_tokens or spec.max_output_tokens,
+        input_limit=session.input_limit if session.input_limit is not None else (
+            spec.input_limit if session.context_window is None else None
+        ),
+    )
+    return window, spec
+
+
+def thresholds_of(config: SessionConfig) -> budget.Thresholds:
+    c = config.compaction
+    return budget.Thresholds(
+        reserve_tokens=c.reserve_tokens, threshold=c.threshold, emergency_fraction=c.emergency_fraction
+    )
+
+
+def accounting_of(session: Session) -> budget.Accounting:
+    return budget.Accounting(
+        context_tokens=session.context_tokens,
+        calibration_factor=session.calibration_factor,
+        overhead_tokens=session.overhead_tokens,
+        reported_prompt_tokens=session.reported_prompt_tokens,
+        context_tokens_at_report=session.context_tokens_at_report,
+    )
+
+
+def verdict_of(session: Session) -> budget.Verdict:
+    window, _ = window_of(session)
+    config = effective_config(session.config)
+    return budget.verdict(accounting_of(session), window, thresholds_of(config))
+
+
+def to_schema(session: Session) -> SessionOut:
+    window, spec = window_of(session)
+    return SessionOut(
+        id=session.id,
+        model=session.model,
+        context_window=window.context_window,
+        max_output_tokens=window.max_output_tokens,
+        input_limit=window.input_limit,
+        usable_tokens=window.usable_tokens,
+        model_known=spec.known,
+        config=effective_config(session.config),
+        metadata=session.metadata_,
+        entry_count=session.entry_count,
+        stored_tokens=session.stored_tokens,
+        context_tokens=session.context_tokens,
+        calibration_factor=session.calibration_factor,
+        last_usage=session.last_usage,
+        compaction_count=session.compaction_count,
+        version=session.version,
+        created_at=session.created_at,
+        updated_at=session.updated_at,
+    )
+
+
+def check_if_match(if_match: str | None, version: int) -> None:
+    """``If-Match`` holds the expected version (``"3"``, ``3``, ``W/"3"`` or ``*``)."""
+    if if_match is None or if_match.strip() == "*":
+        return
+    wanted = [v.strip().removeprefix("W/").strip('"') for v in if_match.split(",")]
+    if str(version) not in wanted:
+        raise PreconditionFailed(
+            f"If-Match {if_match} does not match the current version {version}",
+            current_version=version,
+        )
+
+
+def encode_cursor(session: Session) -> str:
+    raw = orjson.dumps([session.created_at.isoformat(), session.id])
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, sid = orjson.loads(raw)
+        return datetime.fromisoformat(created_at), str(sid)
+    except (ValueError, TypeError, orjson.JSONDecodeError):
+        raise invalid("cursor", "is not a cursor this service issued") from None
+
+
+class SessionService:
+    """Sessions of one tenant."""
+
+    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
+        self.db = db
+        self.repo = SessionRepository(db, tenant_id)
+        self.tenant_id = tenant_id
+
+    async def require(self, session_id: str, *, for_update: bool = False) -> Session:
+        session = await self.repo.get(session_id, for_update=for_update)
+        if session is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        return session
+
+    async def create(self, body: SessionCreate) -> Session:
+        effective_config(body.config)
+        session_id = body.id or f"ses_{uuid.uuid4().hex}"
+        if await self.repo.get(session_id) is not None:
+            raise Conflict(f"session {session_id!r} already exists")
+        session = Session(
+            id=session_id,
+            tenant_id=self.tenant_id,
+            model=body.model,
+            context_window=body.context_window,
+            max_output_tokens=body.max_output_tokens,
+            input_limit=body.input_limit,
+            config=body.config,
+            metadata_=body.metadata,
+            version=1,
+            next_seq=1,
+            entry_count=0,
+            stored_tokens=0,
+            context_tokens=0,
+            context_tool_tokens=0,
+            context_start_seq=1,
+            calibration_factor=1.0,
+            overhead_tokens=0,
+            compaction_count=0,
+        )
+        try:
+            async with self.db.begin_nested():
+                await self.repo.add(session)
+        except IntegrityError:  # a concurrent create with the same id won
+            raise Conflict(f"session {session_id!r} already exists") from None
+        await self.db.refresh(session)
+        window_of(session)
+        return session
+
+    async def list(self, *, limit: int, cursor: str | None, metadata: dict[str, Any]) -> SessionPage:
+        after = decode_cursor(cursor) if cursor else None
+        rows = await self.repo.list(limit=limit + 1, after=after, metadata=metadata)
+        page = rows[:limit]
+        return SessionPage(
+            sessions=[to_schema(s) for s in page],
+            next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None,
+        )
+
+    async def patch(self, session_id: str, body: SessionPatch, if_match: str | None) -> Session:
+        session = await self.require(session_id, for_update=True)
+        check_if_match(if_match, session.version)
+        fields = body.model_fields_set
+        if "model" in fields:
+            if body.model is None:
+                raise invalid("model", "must not be null")
+            session.model = body.model
+        for name in ("context_window", "max_output_tokens", "input_limit"):
+            if name in fields:
+                setattr(session, name, getattr(body, name))
+        window, _ = window_of(session)
+        try:
+            _check_window(session.context_window, session.max_output_tokens, session.input_limit)
+        except ValueError as exc:
+            raise invalid("body", str(exc)) from None
+        if "config" in fields:
+            merged = merge_config(session.config, body.config or {})
+            effective_config(merged)
+            session.config = merged
+        if "metadata" in fields:
+            session.metadata_ = body.metadata or {}
+        session.version += 1
+        session.updated_at = datetime.now(UTC)
+        await self.db.flush()
+        return session
+
+    async def delete(self, session_id: str, if_match: str | None) -> None:
+        session = await self.require(session_id, for_update=True)
+        check_if_match(if_match, session.version)
+        await self.repo.delete(session_id)
