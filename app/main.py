@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import ORJSONResponse
 
 from app import __version__
 from app.context.router import router as context_router
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
 from app.core.http import BodyLimitMiddleware, install_error_handlers
+from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
 from app.engine.storable import body_may_be_unstorable, find_unstorable
 from app.engine.tokens import install_offline_encodings
@@ -21,9 +24,38 @@ from app.health.router import router as health_router
 from app.messages.router import router as messages_router
 from app.sessions.router import router as sessions_router
 
+_LONG_DIGITS = re.compile(rb"\d{19}")
+_INT64 = range(-(2**63), 2**63)
+
+
+def _find_huge_int(value: Any, path: str) -> str | None:
+    """The path of the first integer outside 64 bits (the JSON encoder cannot store it)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if value in _INT64 else (path or "body")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _find_huge_int(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _find_huge_int(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
 
 async def reject_unstorable_text(request: Request) -> None:
-    """NUL characters and lone surrogates are refused (422 naming the field), never stored."""
+    """NUL characters and lone surrogates are refused (422 naming the field), never stored;
+    so are integers beyond 64 bits, which the JSON encoder cannot write."""
+    for name, value in request.query_params.multi_items():
+        found = find_unstorable(value, name)
+        if found:
+            raise invalid(*found)
+    if "\x00" in request.headers.get("idempotency-key", ""):
+        raise invalid("Idempotency-Key", "contains a NUL character, which cannot be stored")
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     body = await request.body()
@@ -31,23 +63,27 @@ async def reject_unstorable_text(request: Request) -> None:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(
-            f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start:exc.start + 1]!r})",
+            f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start : exc.start + 1]!r})",
             errors=[{"field": "body", "detail": "invalid UTF-8"}],
         ) from None
-    if not body or not body_may_be_unstorable(body):
+    suspect_text = body_may_be_unstorable(body)
+    long_digits = _LONG_DIGITS.search(body) is not None
+    if not body or not (suspect_text or long_digits):
         return
     try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        import json
-
+        # orjson reads integers beyond 64 bits as floats; the stdlib keeps them, as FastAPI does.
+        parsed = json.loads(body) if long_digits else orjson.loads(body)
+    except ValueError:
         try:
             parsed = json.loads(body)
         except ValueError:
             return  # not JSON: the body validation reports it
-    found = find_unstorable(parsed, "")
+    found = find_unstorable(parsed, "") if suspect_text else None
     if found:
         raise invalid(*found)
+    huge = _find_huge_int(parsed, "") if long_digits else None
+    if huge:
+        raise invalid(huge, "is an integer outside the 64-bit range, which cannot be stored")
 
 
 def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
@@ -76,11 +112,11 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
             "`application/problem+json`."
         ),
         lifespan=lifespan,
-        default_response_class=ORJSONResponse,
         dependencies=[Depends(reject_unstorable_text)],
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_problem_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     for router in (health_router, sessions_router, messages_router, context_router):
         app.include_router(router)

@@ -8,8 +8,9 @@ Create Date: 2026-11-26
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -43,13 +44,22 @@ def upgrade() -> None:
         sa.Column("reported_prompt_tokens", sa.BigInteger(), nullable=True),
         sa.Column("context_tokens_at_report", sa.BigInteger(), nullable=True),
         sa.Column("compaction_count", sa.Integer(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.PrimaryKeyConstraint("id", "tenant_id", name="session_pkey"),
     )
-    op.create_index("session_tenant_id_created_at_idx", "session", ["tenant_id", "created_at", "id"])
     op.create_index(
-        "session_metadata_idx", "session", ["metadata"], postgresql_using="gin",
+        "session_tenant_id_created_at_idx", "session", ["tenant_id", "created_at", "id"]
+    )
+    op.create_index(
+        "session_metadata_idx",
+        "session",
+        ["metadata"],
+        postgresql_using="gin",
         postgresql_ops={"metadata": "jsonb_path_ops"},
     )
     op.create_table(
@@ -71,10 +81,16 @@ def upgrade() -> None:
         sa.Column("tokens", sa.Integer(), nullable=False),
         sa.Column("parent_seq", sa.BigInteger(), nullable=True),
         sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.PrimaryKeyConstraint("session_id", "tenant_id", "seq", name="entry_pkey"),
-        sa.UniqueConstraint("session_id", "tenant_id", "id", name="entry_session_id_tenant_id_id_key"),
-        sa.ForeignKeyConstraint(["session_id", "tenant_id"], name="entry_session_id_tenant_id_fkey", **_SESSION_FK),  # type: ignore[arg-type]
+        sa.UniqueConstraint(
+            "session_id", "tenant_id", "id", name="entry_session_id_tenant_id_id_key"
+        ),
+        sa.ForeignKeyConstraint(
+            ["session_id", "tenant_id"], name="entry_session_id_tenant_id_fkey", **_SESSION_FK
+        ),  # type: ignore[arg-type]
     )
     op.create_table(
         "tool_call",
@@ -85,7 +101,9 @@ def upgrade() -> None:
         sa.Column("call_seq", sa.BigInteger(), nullable=False),
         sa.Column("result_seq", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("session_id", "tenant_id", "call_id", name="tool_call_pkey"),
-        sa.ForeignKeyConstraint(["session_id", "tenant_id"], name="tool_call_session_id_tenant_id_fkey", **_SESSION_FK),  # type: ignore[arg-type]
+        sa.ForeignKeyConstraint(
+            ["session_id", "tenant_id"], name="tool_call_session_id_tenant_id_fkey", **_SESSION_FK
+        ),  # type: ignore[arg-type]
     )
     op.create_table(
         "idempotency_record",
@@ -95,9 +113,15 @@ def upgrade() -> None:
         sa.Column("request_hash", sa.String(64), nullable=False),
         sa.Column("status_code", sa.SmallInteger(), nullable=False),
         sa.Column("response", postgresql.JSONB(), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.PrimaryKeyConstraint("session_id", "tenant_id", "key", name="idempotency_record_pkey"),
-        sa.ForeignKeyConstraint(["session_id", "tenant_id"], name="idempotency_record_session_id_tenant_id_fkey", **_SESSION_FK),  # type: ignore[arg-type]
+        sa.ForeignKeyConstraint(
+            ["session_id", "tenant_id"],
+            name="idempotency_record_session_id_tenant_id_fkey",
+            **_SESSION_FK,
+        ),  # type: ignore[arg-type]
     )
     op.create_index("idempotency_record_created_at_idx", "idempotency_record", ["created_at"])
 

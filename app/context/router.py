@@ -20,7 +20,10 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
 
 @router.get("/context", responses=problems(404, 422), response_model_exclude_none=False)
 async def get_context(
-    session_id: SessionIdPath, db: DbDep, tenant: TenantDep, format: Annotated[Format, Query()] = "openai"
+    session_id: SessionIdPath,
+    db: DbDep,
+    tenant: TenantDep,
+    format: Annotated[Format, Query()] = "openai",
 ) -> ContextOut:
     """The messages to send to the model now, with their token figures."""
     return await ContextService(db, tenant).build(checked_id(session_id), format)

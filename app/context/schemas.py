@@ -31,5 +31,7 @@ class ContextOut(BaseModel):
     )
     tokens: ContextTokens
     state: Literal["ok", "prune", "compact", "overflow"]
-    compaction: dict[str, Any] | None = Field(None, description="The active compaction pivot, if any.")
+    compaction: dict[str, Any] | None = Field(
+        None, description="The active compaction pivot, if any."
+    )
     version: int

@@ -57,7 +57,7 @@ class ContextService:
                     summary=0, messages=message_tokens, tool_outputs=tool_tokens, overhead=overhead
                 ),
             ),
-            state=_STATE[verdict.action],  # type: ignore[arg-type]
+            state=_STATE[verdict.action],
             compaction=None,
             version=session.version,
         )

@@ -8,7 +8,12 @@ from typing import Annotated
 import orjson
 from fastapi import Depends, Request
 from sqlalchemy import MetaData
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.orm import DeclarativeBase
 
 from app.core.settings import Settings
@@ -59,7 +64,9 @@ async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
             raise
 
 
-DbDep = Annotated[AsyncSession, Depends(get_db)]
+# scope="function": commit before the response is sent, so a client that got its
+# 201 always finds what it wrote on its next request.
+DbDep = Annotated[AsyncSession, Depends(get_db, scope="function")]
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:

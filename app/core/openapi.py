@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from app.core.errors import PROBLEM_JSON
@@ -43,3 +44,33 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
         code: {"model": Problem, "description": _DESCRIPTIONS[code], "content": {PROBLEM_JSON: {}}}
         for code in (*codes, 503)
     }
+
+
+def install_problem_openapi(app: FastAPI) -> None:
+    """Document every 4xx/5xx as ``application/problem+json`` with the Problem schema.
+
+    FastAPI files a ``responses=`` model under ``application/json`` and adds its own
+    422 (``HTTPValidationError``) to routes with parameters; this service sends
+    neither shape, so clients generated from the spec would parse errors wrongly.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        spec = generate()
+        if fresh:
+            for item in spec.get("paths", {}).values():
+                for operation in item.values():
+                    for code, response in operation.get("responses", {}).items():
+                        if code[:1] in ("4", "5"):
+                            response["content"] = {
+                                PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}
+                            }
+                            if code == "422":
+                                response["description"] = _DESCRIPTIONS[422]
+            schemas = spec.get("components", {}).get("schemas", {})
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(unused, None)
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]

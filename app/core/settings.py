@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
+from fastapi import Depends, Request
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -39,9 +41,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )
-    max_batch_messages: int = Field(
-        default=1000, description="Most messages one append may carry."
-    )
+    max_batch_messages: int = Field(default=1000, description="Most messages one append may carry.")
     idempotency_ttl_hours: int = 24
     default_model: str = "gpt-4o"
     tiktoken_cache_dir: Path = Field(
@@ -54,3 +54,12 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process's settings, read once. Tests override the dependency instead."""
     return Settings()
+
+
+def app_settings(request: Request) -> Settings:
+    """The settings the running app was created with (tests pass their own)."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(app_settings)]

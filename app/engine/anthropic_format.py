@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from app.engine.model import Entry, InvalidMessage, Part
+from app.engine.model import ContentForm, Entry, InvalidMessage, Part
 from app.engine.openai_format import _split_extra, _string, _type_name
 
 _DATA_URL_PREFIX = "data:"
@@ -20,12 +20,23 @@ def _image_part(raw: dict[str, Any], path: str) -> Part:
     if kind == "base64":
         return {
             "type": "image",
-            "media_type": _string(source.get("media_type"), f"{path}.source.media_type", allow_empty=False),
+            "media_type": _string(
+                source.get("media_type"), f"{path}.source.media_type", allow_empty=False
+            ),
             "data": _string(source.get("data"), f"{path}.source.data", allow_empty=False),
         }
     if kind == "url":
-        return {"type": "image", "url": _string(source.get("url"), f"{path}.source.url", allow_empty=False)}
-    raise InvalidMessage(f"{path}.source.type", f"unsupported image source {kind!r}; expected 'base64' or 'url'")
+        return {
+            "type": "image",
+            "url": _string(source.get("url"), f"{path}.source.url", allow_empty=False),
+        }
+    raise InvalidMessage(
+        f"{path}.source.type", f"unsupported image source {kind!r}; expected 'base64' or 'url'"
+    )
+
+
+def _form_of(content: Any) -> ContentForm:
+    return "string" if isinstance(content, str) else "parts"
 
 
 def _with_extra(part: Part, raw: dict[str, Any], known: frozenset[str]) -> Part:
@@ -39,7 +50,9 @@ def _blocks(content: Any, path: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     if not isinstance(content, list):
-        raise InvalidMessage(path, f"must be a string or a list of content blocks, got {_type_name(content)}")
+        raise InvalidMessage(
+            path, f"must be a string or a list of content blocks, got {_type_name(content)}"
+        )
     for i, block in enumerate(content):
         if not isinstance(block, dict):
             raise InvalidMessage(f"{path}[{i}]", f"must be an object, got {_type_name(block)}")
@@ -53,11 +66,22 @@ def _result_content(content: Any, path: str) -> list[Part]:
     for i, block in enumerate(_blocks(content, path)):
         bpath = f"{path}[{i}]"
         if block.get("type") == "text":
-            parts.append(_with_extra({"type": "text", "text": _string(block.get("text"), f"{bpath}.text")}, block, frozenset({"type", "text"})))
+            parts.append(
+                _with_extra(
+                    {"type": "text", "text": _string(block.get("text"), f"{bpath}.text")},
+                    block,
+                    frozenset({"type", "text"}),
+                )
+            )
         elif block.get("type") == "image":
-            parts.append(_with_extra(_image_part(block, bpath), block, frozenset({"type", "source"})))
+            parts.append(
+                _with_extra(_image_part(block, bpath), block, frozenset({"type", "source"}))
+            )
         else:
-            raise InvalidMessage(f"{bpath}.type", f"unsupported tool_result content type {block.get('type')!r}; expected 'text' or 'image'")
+            raise InvalidMessage(
+                f"{bpath}.type",
+                f"unsupported tool_result content type {block.get('type')!r}; expected 'text' or 'image'",
+            )
     return parts
 
 
@@ -67,18 +91,24 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
         raise InvalidMessage(path, f"must be an object, got {_type_name(raw)}")
     role = raw.get("role")
     if role not in ("user", "assistant", "system"):
-        raise InvalidMessage(f"{path}.role", f"unknown role {role!r}; expected user, assistant or system")
+        raise InvalidMessage(
+            f"{path}.role", f"unknown role {role!r}; expected user, assistant or system"
+        )
     if "content" not in raw:
         raise InvalidMessage(f"{path}.content", "is required")
     extra = _split_extra(raw, frozenset({"role", "content"}))
-    form = "string" if isinstance(raw["content"], str) else "parts"
+    form: ContentForm = "string" if isinstance(raw["content"], str) else "parts"
     blocks = _blocks(raw["content"], f"{path}.content")
     if role == "system":
         parts: list[Part] = []
         for i, block in enumerate(blocks):
             if block.get("type") != "text":
-                raise InvalidMessage(f"{path}.content[{i}].type", "system content must be text blocks")
-            parts.append({"type": "text", "text": _string(block.get("text"), f"{path}.content[{i}].text")})
+                raise InvalidMessage(
+                    f"{path}.content[{i}].type", "system content must be text blocks"
+                )
+            parts.append(
+                {"type": "text", "text": _string(block.get("text"), f"{path}.content[{i}].text")}
+            )
         return [Entry(role="system", parts=parts, content_form=form, extra=extra)]
 
     entries: list[Entry] = []
@@ -87,11 +117,22 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
         bpath = f"{path}.content[{i}]"
         kind = block.get("type")
         if kind == "text":
-            parts.append(_with_extra({"type": "text", "text": _string(block.get("text"), f"{bpath}.text")}, block, frozenset({"type", "text"})))
+            parts.append(
+                _with_extra(
+                    {"type": "text", "text": _string(block.get("text"), f"{bpath}.text")},
+                    block,
+                    frozenset({"type", "text"}),
+                )
+            )
         elif kind == "image" and role == "user":
-            parts.append(_with_extra(_image_part(block, bpath), block, frozenset({"type", "source"})))
+            parts.append(
+                _with_extra(_image_part(block, bpath), block, frozenset({"type", "source"}))
+            )
         elif kind == "thinking" and role == "assistant":
-            part: Part = {"type": "reasoning", "text": _string(block.get("thinking"), f"{bpath}.thinking")}
+            part: Part = {
+                "type": "reasoning",
+                "text": _string(block.get("thinking"), f"{bpath}.thinking"),
+            }
             if block.get("signature") is not None:
                 part["signature"] = _string(block["signature"], f"{bpath}.signature")
             parts.append(_with_extra(part, block, frozenset({"type", "thinking", "signature"})))
@@ -101,33 +142,47 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
         elif kind == "tool_use" and role == "assistant":
             tool_input = block.get("input", {})
             if not isinstance(tool_input, dict):
-                raise InvalidMessage(f"{bpath}.input", f"must be an object, got {_type_name(tool_input)}")
+                raise InvalidMessage(
+                    f"{bpath}.input", f"must be an object, got {_type_name(tool_input)}"
+                )
+            try:
+                arguments = orjson.dumps(tool_input).decode()
+            except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+                raise InvalidMessage(f"{bpath}.input", f"cannot be stored ({exc})") from None
             part = {
                 "type": "tool_call",
                 "id": _string(block.get("id"), f"{bpath}.id", allow_empty=False),
                 "name": _string(block.get("name"), f"{bpath}.name", allow_empty=False),
-                "arguments": orjson.dumps(tool_input).decode(),
+                "arguments": arguments,
             }
             parts.append(_with_extra(part, block, frozenset({"type", "id", "name", "input"})))
         elif kind == "tool_result" and role == "user":
             if parts:
-                raise InvalidMessage(bpath, "tool_result blocks must come before any other content in a user message")
+                raise InvalidMessage(
+                    bpath, "tool_result blocks must come before any other content in a user message"
+                )
             is_error = block.get("is_error", False)
             if not isinstance(is_error, bool):
                 raise InvalidMessage(f"{bpath}.is_error", "must be a boolean")
-            result_extra = _split_extra(block, frozenset({"type", "tool_use_id", "content", "is_error"}))
+            result_extra = _split_extra(
+                block, frozenset({"type", "tool_use_id", "content", "is_error"})
+            )
             entries.append(
                 Entry(
                     role="tool",
                     parts=_result_content(block.get("content"), f"{bpath}.content"),
-                    tool_call_id=_string(block.get("tool_use_id"), f"{bpath}.tool_use_id", allow_empty=False),
+                    tool_call_id=_string(
+                        block.get("tool_use_id"), f"{bpath}.tool_use_id", allow_empty=False
+                    ),
                     is_error=is_error,
-                    content_form="string" if isinstance(block.get("content"), str) else "parts",
+                    content_form=_form_of(block.get("content")),
                     extra=result_extra,
                 )
             )
         else:
-            raise InvalidMessage(f"{bpath}.type", f"unsupported content block {kind!r} in a {role} message")
+            raise InvalidMessage(
+                f"{bpath}.type", f"unsupported content block {kind!r} in a {role} message"
+            )
     if parts or not entries:
         entries.append(Entry(role=role, parts=parts, content_form=form, extra=extra))
     elif extra:
@@ -138,7 +193,7 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
 def _data_url(url: str) -> tuple[str, str] | None:
     if not url.startswith(_DATA_URL_PREFIX) or ";base64," not in url:
         return None
-    header, data = url[len(_DATA_URL_PREFIX):].split(";base64,", 1)
+    header, data = url[len(_DATA_URL_PREFIX) :].split(";base64,", 1)
     return header, data
 
 
@@ -186,7 +241,11 @@ def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
     content: Any = blocks
     if entry.content_form == "string" and all(p["type"] == "text" for p in entry.parts):
         content = entry.text()
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": entry.tool_call_id, "content": content}
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": entry.tool_call_id,
+        "content": content,
+    }
     if entry.is_error:
         block["is_error"] = True
     if for_history and entry.extra:
@@ -194,7 +253,9 @@ def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
     return block
 
 
-def render_messages(entries: list[Entry], *, for_history: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def render_messages(
+    entries: list[Entry], *, for_history: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Entries as Anthropic ``(system, messages)``.
 
     Leading system and developer entries become the top-level ``system`` blocks;
@@ -208,21 +269,31 @@ def render_messages(entries: list[Entry], *, for_history: bool = False) -> tuple
     for entry in entries:
         if entry.role in ("system", "developer"):
             if not messages:
-                system.extend({"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text" and p["text"])
+                system.extend(
+                    {"type": "text", "text": p["text"]}
+                    for p in entry.parts
+                    if p["type"] == "text" and p["text"]
+                )
                 continue
-            entry = Entry(role="user", parts=[{"type": "text", "text": f"<system>\n{entry.text()}\n</system>"}])
+            entry = Entry(
+                role="user",
+                parts=[{"type": "text", "text": f"<system>\n{entry.text()}\n</system>"}],
+            )
         if entry.role == "tool":
             block = _tool_result_block(entry, for_history=for_history)
             if open_results is None:
                 open_results = {"role": "user", "content": []}
                 messages.append(open_results)
             open_results["content"].append(block)
+            if for_history and "message" in entry.extra:
+                # The message-level keys of a user message that held only tool results.
+                open_results.update(entry.extra["message"])
             continue
         blocks = [b for p in entry.parts if (b := _render_block(p, for_history=for_history))]
         if entry.role == "user" and open_results is not None:
             open_results["content"].extend(blocks)
-            if for_history and "message" in entry.extra:
-                open_results.update(entry.extra["message"])
+            if for_history and entry.extra:
+                open_results.update(entry.extra)  # the keys of the message the results came in
             open_results = None
             continue
         open_results = None

@@ -9,6 +9,7 @@ get a 128,000-token window.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from app.engine.tokens import EncodingName
@@ -67,6 +68,7 @@ _CATALOG: list[tuple[str, int, int, int | None, EncodingName]] = [
     ("gemini-3", 1_048_576, 65_536, None, "o200k_base"),
     ("gemini", 1_048_576, 8_192, None, "o200k_base"),
     ("gemma-3", 131_072, 8_192, None, "o200k_base"),
+    ("gemma3", 131_072, 8_192, None, "o200k_base"),  # Ollama's spelling
     # DeepSeek
     ("deepseek-reasoner", 128_000, 64_000, None, "o200k_base"),
     ("deepseek-chat", 128_000, 8_192, None, "o200k_base"),
@@ -92,6 +94,9 @@ _CATALOG: list[tuple[str, int, int, int | None, EncodingName]] = [
     ("llama3.3", 131_072, 8_192, None, "o200k_base"),
     ("llama3.2", 131_072, 8_192, None, "o200k_base"),
     ("llama3.1", 131_072, 8_192, None, "o200k_base"),
+    ("llama3-3", 131_072, 8_192, None, "o200k_base"),  # Bedrock's spelling
+    ("llama3-2", 131_072, 8_192, None, "o200k_base"),
+    ("llama3-1", 131_072, 8_192, None, "o200k_base"),
     ("llama-3", 8_192, 4_096, None, "o200k_base"),
     ("llama3", 8_192, 4_096, None, "o200k_base"),
     # Mistral
@@ -114,14 +119,20 @@ _CATALOG: list[tuple[str, int, int, int | None, EncodingName]] = [
 ]
 _CATALOG.sort(key=lambda row: len(row[0]), reverse=True)
 
+_BEDROCK_VENDOR = re.compile(r"^(?:[a-z]{2,6}(?:-[a-z]+)?\.)?(?:anthropic|meta|mistral)\.")
+
 
 def normalize(model: str) -> str:
     """Lower-case, drop provider prefixes (``a/b/model`` → ``model``) and Bedrock's vendor dot."""
     name = model.strip().lower().rsplit("/", 1)[-1]
-    for vendor in ("anthropic.", "meta.", "mistral.", "us.anthropic.", "eu.anthropic."):
-        if name.startswith(vendor):
-            name = name[len(vendor):]
-    return name.split(":", 1)[0] if name.startswith(("llama", "qwen", "mistral", "gemma", "deepseek")) else name
+    # Bedrock: ``anthropic.claude-…``, or with a cross-region inference profile
+    # (``us.``, ``eu.``, ``apac.``, ``us-gov.``, ``global.``…) in front.
+    name = _BEDROCK_VENDOR.sub("", name, count=1)
+    return (
+        name.split(":", 1)[0]
+        if name.startswith(("llama", "qwen", "mistral", "gemma", "deepseek"))
+        else name
+    )
 
 
 def lookup(model: str) -> ModelSpec:

@@ -54,7 +54,9 @@ class PairingError:
     problem: str
 
 
-def check_openai_pairing(messages: Iterable[dict[str, Any]], *, allow_pending: bool = True) -> list[PairingError]:
+def check_openai_pairing(
+    messages: Iterable[dict[str, Any]], *, allow_pending: bool = True
+) -> list[PairingError]:
     """Problems an OpenAI chat request would be rejected for; empty when valid.
 
     Every assistant ``tool_calls`` must be followed at once by one tool message per
@@ -66,7 +68,9 @@ def check_openai_pairing(messages: Iterable[dict[str, Any]], *, allow_pending: b
     while i < len(msgs):
         m = msgs[i]
         if m["role"] == "tool":
-            problems.append(PairingError(i, f"tool result {m.get('tool_call_id')!r} has no preceding call"))
+            problems.append(
+                PairingError(i, f"tool result {m.get('tool_call_id')!r} has no preceding call")
+            )
             i += 1
             continue
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -79,7 +83,9 @@ def check_openai_pairing(messages: Iterable[dict[str, Any]], *, allow_pending: b
             missing = [c for c in wanted if c not in seen]
             extra = [c for c in seen if c not in wanted]
             if extra:
-                problems.append(PairingError(i, f"tool results {extra} answer no call of this message"))
+                problems.append(
+                    PairingError(i, f"tool results {extra} answer no call of this message")
+                )
             if len(seen) != len(set(seen)):
                 problems.append(PairingError(i, "a tool call is answered twice"))
             if missing and not (allow_pending and j == len(msgs)):
@@ -90,7 +96,9 @@ def check_openai_pairing(messages: Iterable[dict[str, Any]], *, allow_pending: b
     return problems
 
 
-def check_anthropic_pairing(messages: Iterable[dict[str, Any]], *, allow_pending: bool = True) -> list[PairingError]:
+def check_anthropic_pairing(
+    messages: Iterable[dict[str, Any]], *, allow_pending: bool = True
+) -> list[PairingError]:
     """Problems the Anthropic Messages API would reject; empty when valid.
 
     Each ``tool_result`` must answer a ``tool_use`` of the assistant message right
@@ -111,7 +119,16 @@ def check_anthropic_pairing(messages: Iterable[dict[str, Any]], *, allow_pending
             nxt = msgs[i + 1]
             ncontent = nxt["content"] if isinstance(nxt["content"], list) else []
             answered = [b["tool_use_id"] for b in ncontent if b["type"] == "tool_result"]
-            if nxt["role"] != "user" or sorted(answered) != sorted(uses):
+            # Like OpenAI's check: results still coming in the final message are pending.
+            partial = (
+                allow_pending
+                and i + 2 == len(msgs)
+                and len(answered) == len(set(answered))
+                and set(answered) <= set(uses)
+                and all(b["type"] == "tool_result" for b in ncontent)
+                and isinstance(nxt["content"], list)
+            )
+            if nxt["role"] != "user" or (sorted(answered) != sorted(uses) and not partial):
                 problems.append(PairingError(i, f"tool_use {uses} answered by {answered}"))
         else:
             results = [b["tool_use_id"] for b in content if b["type"] == "tool_result"]
@@ -121,8 +138,14 @@ def check_anthropic_pairing(messages: Iterable[dict[str, Any]], *, allow_pending
             pcontent = prev["content"] if prev and isinstance(prev["content"], list) else []
             uses = [b["id"] for b in pcontent if b["type"] == "tool_use"]
             if prev is None or prev["role"] != "assistant" or any(r not in uses for r in results):
-                problems.append(PairingError(i, f"tool_result {results} without a matching tool_use"))
-            first_other = next((k for k, b in enumerate(content) if b["type"] != "tool_result"), len(content))
+                problems.append(
+                    PairingError(i, f"tool_result {results} without a matching tool_use")
+                )
+            first_other = next(
+                (k for k, b in enumerate(content) if b["type"] != "tool_result"), len(content)
+            )
             if any(b["type"] == "tool_result" for b in content[first_other:]):
-                problems.append(PairingError(i, "tool_result blocks must come first in the message"))
+                problems.append(
+                    PairingError(i, "tool_result blocks must come first in the message")
+                )
     return problems

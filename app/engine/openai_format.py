@@ -49,7 +49,9 @@ def _content_parts(content: Any, path: str, *, images: bool) -> tuple[list[Part]
     if content is None:
         return [], "null"
     if not isinstance(content, list):
-        raise InvalidMessage(path, f"must be a string, a list of parts or null, got {_type_name(content)}")
+        raise InvalidMessage(
+            path, f"must be a string, a list of parts or null, got {_type_name(content)}"
+        )
     parts: list[Part] = []
     for i, raw in enumerate(content):
         ppath = f"{path}[{i}]"
@@ -63,13 +65,18 @@ def _content_parts(content: Any, path: str, *, images: bool) -> tuple[list[Part]
             image = raw.get("image_url")
             if not isinstance(image, dict):
                 raise InvalidMessage(f"{ppath}.image_url", "must be an object with a url")
-            part = {"type": "image", "url": _string(image.get("url"), f"{ppath}.image_url.url", allow_empty=False)}
+            part = {
+                "type": "image",
+                "url": _string(image.get("url"), f"{ppath}.image_url.url", allow_empty=False),
+            }
             if image.get("detail") is not None:
                 part["detail"] = _string(image["detail"], f"{ppath}.image_url.detail")
             extra = _split_extra(raw, frozenset({"type", "image_url"}))
         else:
             allowed = "'text' or 'image_url'" if images else "'text'"
-            raise InvalidMessage(f"{ppath}.type", f"unsupported content part type {kind!r}; expected {allowed}")
+            raise InvalidMessage(
+                f"{ppath}.type", f"unsupported content part type {kind!r}; expected {allowed}"
+            )
         if extra:
             part["extra"] = extra
         parts.append(part)
@@ -91,32 +98,43 @@ def parse_message(raw: Any, path: str) -> Entry:
     if name is not None:
         _string(name, f"{path}.name")
     form: ContentForm
+    parts: list[Part]
     if "content" not in raw:
         parts, form = [], "absent"
     else:
-        parts, form = _content_parts(raw["content"], f"{path}.content", images=role in ("user", "tool"))
+        parts, form = _content_parts(
+            raw["content"], f"{path}.content", images=role in ("user", "tool")
+        )
     entry = Entry(role=role, parts=parts, name=name, content_form=form, extra=extra)
 
     for key in ("tool_calls", "reasoning_content"):
         if role != "assistant" and raw.get(key) is not None:
-            raise InvalidMessage(f"{path}.{key}", f"is only allowed on assistant messages, not {role}")
+            raise InvalidMessage(
+                f"{path}.{key}", f"is only allowed on assistant messages, not {role}"
+            )
     if role != "tool" and raw.get("tool_call_id") is not None:
         raise InvalidMessage(f"{path}.tool_call_id", "is only allowed on tool messages")
 
     if role in ("system", "developer", "user") and form in ("null", "absent"):
         raise InvalidMessage(f"{path}.content", f"is required on {role} messages")
     if role == "tool":
-        entry.tool_call_id = _string(raw.get("tool_call_id"), f"{path}.tool_call_id", allow_empty=False)
+        entry.tool_call_id = _string(
+            raw.get("tool_call_id"), f"{path}.tool_call_id", allow_empty=False
+        )
         if form in ("null", "absent"):
             raise InvalidMessage(f"{path}.content", "is required on tool messages")
     if role == "assistant":
         reasoning = raw.get("reasoning_content")
         if reasoning is not None:
-            entry.parts.insert(0, {"type": "reasoning", "text": _string(reasoning, f"{path}.reasoning_content")})
+            entry.parts.insert(
+                0, {"type": "reasoning", "text": _string(reasoning, f"{path}.reasoning_content")}
+            )
         calls = raw.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
-                raise InvalidMessage(f"{path}.tool_calls", f"must be a list, got {_type_name(calls)}")
+                raise InvalidMessage(
+                    f"{path}.tool_calls", f"must be a list, got {_type_name(calls)}"
+                )
             for i, call in enumerate(calls):
                 entry.parts.append(_parse_tool_call(call, f"{path}.tool_calls[{i}]"))
     return entry
@@ -126,7 +144,9 @@ def _parse_tool_call(call: Any, path: str) -> Part:
     if not isinstance(call, dict):
         raise InvalidMessage(path, f"must be an object, got {_type_name(call)}")
     if call.get("type", "function") != "function":
-        raise InvalidMessage(f"{path}.type", f"unsupported tool call type {call.get('type')!r}; expected 'function'")
+        raise InvalidMessage(
+            f"{path}.type", f"unsupported tool call type {call.get('type')!r}; expected 'function'"
+        )
     fn = call.get("function")
     if not isinstance(fn, dict):
         raise InvalidMessage(f"{path}.function", "must be an object with name and arguments")
@@ -180,10 +200,12 @@ def render_message(entry: Entry, *, for_history: bool = False) -> dict[str, Any]
     """
     msg: dict[str, Any] = {"role": entry.role}
     content = _render_content(entry, for_history=for_history)
-    if content == [] and entry.role != "assistant":
-        content = ""
+    if content == [] and entry.role != "assistant" and not for_history:
+        content = ""  # the API rejects an empty parts list; the history gives back what was sent
     if content is not None or entry.content_form != "absent" or entry.role != "assistant":
-        msg["content"] = content if content is not None else ("" if entry.role != "assistant" else None)
+        msg["content"] = (
+            content if content is not None else ("" if entry.role != "assistant" else None)
+        )
     if entry.name is not None:
         msg["name"] = entry.name
     if entry.role == "tool":

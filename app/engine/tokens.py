@@ -48,8 +48,9 @@ def install_offline_encodings(cache_dir: Path) -> None:
         for name in ("o200k_base", "cl100k_base"):
             key = hashlib.sha1(_BLOB_URL.format(name=name).encode()).hexdigest()
             target = cache_dir / key
-            if not target.exists():
-                raw = gzip.decompress((data_dir / f"{name}.tiktoken.gz").read_bytes())
+            raw = gzip.decompress((data_dir / f"{name}.tiktoken.gz").read_bytes())
+            # Rewrite a damaged or foreign file: tiktoken would reject it and go to the network.
+            if not target.exists() or target.read_bytes() != raw:
                 tmp = target.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_bytes(raw)
                 tmp.replace(target)
@@ -109,12 +110,12 @@ def count_image(part: Part) -> int:
     size = _image_size(part)
     if size is None or min(size) <= 0:
         return IMAGE_DEFAULT_TOKENS
-    w, h = size
-    scale = min(1.0, 2048 / max(w, h))
-    w, h = w * scale, h * scale
+    scale = min(1.0, 2048 / max(size))
+    w, h = size[0] * scale, size[1] * scale
     scale = min(1.0, 768 / min(w, h))
     w, h = w * scale, h * scale
-    tiles = -(-int(w) // 512) * -(-int(h) // 512)
+    # A side scaled below one pixel (a 1x4000 strip) still takes a tile.
+    tiles = -(-max(1, int(w)) // 512) * -(-max(1, int(h)) // 512)
     return IMAGE_TILE_TOKENS * tiles + IMAGE_LOW_DETAIL_TOKENS
 
 

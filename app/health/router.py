@@ -37,8 +37,12 @@ async def readyz(request: Request) -> Readiness:
         async with request.app.state.engine.connect() as conn:
             current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
     except Exception as exc:
-        raise ServiceUnavailable(f"the database is not ready: {type(exc).__name__}", headers={"Retry-After": "2"}) from None
+        raise ServiceUnavailable(
+            f"the database is not ready: {type(exc).__name__}", headers={"Retry-After": "2"}
+        ) from None
     head = head_revision()
     if current != head:
-        raise ServiceUnavailable(f"migrations are behind: at {current}, head is {head}", headers={"Retry-After": "5"})
+        raise ServiceUnavailable(
+            f"migrations are behind: at {current}, head is {head}", headers={"Retry-After": "5"}
+        )
     return Readiness(status="ready", database="ok", migration=head)

@@ -39,7 +39,12 @@ class MessageRepository:
         return (await self.db.execute(stmt)).scalar_one_or_none()
 
     async def save_idempotency_record(
-        self, session_id: str, key: str, request_hash: str, status_code: int, response: dict[str, Any]
+        self,
+        session_id: str,
+        key: str,
+        request_hash: str,
+        status_code: int,
+        response: dict[str, Any],
     ) -> None:
         await self.db.execute(
             pg_insert(IdempotencyRecord).values(

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from app.core.database import DbDep
 from app.core.openapi import problems
+from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.messages.schemas import AppendRequest, AppendResponse, Format, HistoryPage
 from app.messages.service import MessageService
@@ -22,6 +23,7 @@ async def append_messages(
     body: AppendRequest,
     db: DbDep,
     tenant: TenantDep,
+    settings: SettingsDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -31,7 +33,11 @@ async def append_messages(
 ) -> AppendResponse:
     """Append a batch of messages atomically; each is counted once, here."""
     result, replayed = await MessageService(db, tenant).append(
-        checked_id(session_id), body, idempotency_key=idempotency_key, if_match=if_match
+        checked_id(session_id),
+        body,
+        idempotency_key=idempotency_key,
+        if_match=if_match,
+        max_messages=settings.max_batch_messages,
     )
     response.headers["ETag"] = f'"{result.version}"'
     if replayed:

@@ -27,7 +27,7 @@ class AppendRequest(BaseModel):
                                 {
                                     "id": "call_1",
                                     "type": "function",
-                                    "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"},
+                                    "function": {"name": "bash", "arguments": '{"command": "ls"}'},
                                 }
                             ],
                         },
@@ -84,4 +84,6 @@ class HistoryEntry(BaseModel):
 
 class HistoryPage(BaseModel):
     entries: list[HistoryEntry]
-    next_after_seq: int | None = Field(description="Pass as after_seq for the next page; null on the last.")
+    next_after_seq: int | None = Field(
+        description="Pass as after_seq for the next page; null on the last."
+    )

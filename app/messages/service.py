@@ -27,6 +27,10 @@ from app.messages.schemas import (
 from app.sessions import service as sessions
 from app.sessions.service import SessionService
 
+# Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
+# providers use ids of a few dozen characters.
+MAX_TOOL_CALL_ID_CHARS = 512
+
 
 def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
     """The batch in the canonical model; raises a 422 naming the first bad field."""
@@ -44,7 +48,9 @@ def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
 
 
 def request_hash(body: AppendRequest) -> str:
-    raw = orjson.dumps({"format": body.format, "messages": body.messages}, option=orjson.OPT_SORT_KEYS)
+    raw = orjson.dumps(
+        {"format": body.format, "messages": body.messages}, option=orjson.OPT_SORT_KEYS
+    )
     return hashlib.sha256(raw).hexdigest()
 
 
@@ -67,9 +73,12 @@ def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
     if fmt == "openai":
         return openai_format.render_message(entry, for_history=True)
     if entry.role in ("system", "developer"):
-        return {"role": entry.role, "content": entry.text() if entry.content_form == "string" else [
-            {"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"
-        ]}
+        return {
+            "role": entry.role,
+            "content": entry.text()
+            if entry.content_form == "string"
+            else [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"],
+        }
     _, msgs = anthropic_format.render_messages([entry], for_history=True)
     return msgs[0] if msgs else {"role": entry.role, "content": []}
 
@@ -84,9 +93,20 @@ class MessageService:
         self.sessions = SessionService(db, tenant_id)
 
     async def append(
-        self, session_id: str, body: AppendRequest, *, idempotency_key: str | None, if_match: str | None
+        self,
+        session_id: str,
+        body: AppendRequest,
+        *,
+        idempotency_key: str | None,
+        if_match: str | None,
+        max_messages: int | None = None,
     ) -> tuple[AppendResponse, bool]:
         """Store a batch atomically. Returns the response and whether it is a replay."""
+        if max_messages is not None and len(body.messages) > max_messages:
+            raise invalid(
+                "messages",
+                f"holds {len(body.messages)} messages; at most {max_messages} per append",
+            )
         entries = parse_batch(body.messages, body.format)
         # Count before taking the session lock, so the lock is held only for SQL.
         peek = await self.sessions.require(session_id)
@@ -101,7 +121,9 @@ class MessageService:
                 if record.request_hash != digest:
                     raise UnprocessableContent(
                         f"Idempotency-Key {idempotency_key!r} was already used with a different body",
-                        errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
+                        errors=[
+                            {"field": "Idempotency-Key", "detail": "reused with a different body"}
+                        ],
                     )
                 return AppendResponse.model_validate(record.response), True
         sessions.check_if_match(if_match, session.version)
@@ -188,8 +210,16 @@ class MessageService:
         new_calls: dict[str, tuple[str, int]] = {}
         for offset, entry in enumerate(entries):
             for call in entry.tool_calls():
+                if len(call["id"]) > MAX_TOOL_CALL_ID_CHARS:
+                    raise invalid(
+                        f"messages[{offset}]",
+                        f"a tool call id is {len(call['id'])} characters; at most {MAX_TOOL_CALL_ID_CHARS}",
+                    )
                 if call["id"] in new_calls:
-                    raise invalid(f"messages[{offset}]", f"tool call id {call['id']!r} appears twice in the batch")
+                    raise invalid(
+                        f"messages[{offset}]",
+                        f"tool call id {call['id']!r} appears twice in the batch",
+                    )
                 new_calls[call["id"]] = (call["name"], offset)
         result_ids = [e.tool_call_id for e in entries if e.role == "tool" and e.tool_call_id]
         known = await self.repo.tool_calls(session_id, list(new_calls) + result_ids)
@@ -215,7 +245,10 @@ class MessageService:
             elif call_id in known:
                 stored = known[call_id]
                 if stored.result_seq is not None:
-                    raise invalid(where, f"tool call {call_id!r} already has a result (entry seq {stored.result_seq})")
+                    raise invalid(
+                        where,
+                        f"tool call {call_id!r} already has a result (entry seq {stored.result_seq})",
+                    )
                 name = stored.name
             else:
                 raise invalid(where, f"{call_id!r} matches no tool call of this session")
@@ -223,7 +256,9 @@ class MessageService:
             answered[call_id] = first_seq + offset
         return answered, new_calls
 
-    async def history(self, session_id: str, *, after_seq: int, limit: int, fmt: Format) -> HistoryPage:
+    async def history(
+        self, session_id: str, *, after_seq: int, limit: int, fmt: Format
+    ) -> HistoryPage:
         await self.sessions.require(session_id)
         rows = await self.repo.page(session_id, after_seq, limit + 1)
         page = rows[:limit]
@@ -235,7 +270,7 @@ class MessageService:
                     kind=r.kind,
                     role=r.role,
                     tokens=r.tokens,
-                    source_format=r.source_format,  # type: ignore[arg-type]
+                    source_format=r.source_format,
                     tool_name=r.tool_name,
                     created_at=r.created_at,
                     pruned_at=r.pruned_at,

@@ -10,12 +10,20 @@ from app.core.database import DbDep
 from app.core.errors import NotFound, invalid
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
-from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate, SessionOut, SessionPage, SessionPatch
+from app.sessions.schemas import (
+    SESSION_ID_PATTERN,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+    SessionPatch,
+)
 from app.sessions.service import SessionService, to_schema
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
-SessionIdPath = Annotated[str, Path(description="The session id.", max_length=1024)]
+# No max_length here: an over-long id is one that cannot exist, so it gets a 404 from
+# checked_id like any other impossible id, not a 422 about the path.
+SessionIdPath = Annotated[str, Path(description="The session id.")]
 IfMatch = Annotated[str | None, Header(description="Expected session version; 412 when stale.")]
 
 
@@ -29,7 +37,9 @@ def checked_id(session_id: str) -> str:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=problems(409, 413, 422))
-async def create_session(body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response) -> SessionOut:
+async def create_session(
+    body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response
+) -> SessionOut:
     """Create a session for a model; the window comes from the catalog unless given."""
     session = await SessionService(db, tenant).create(body)
     response.headers["ETag"] = f'"{session.version}"'
@@ -59,7 +69,9 @@ async def list_sessions(
 
 
 @router.get("/{session_id}", responses=problems(404))
-async def get_session(session_id: SessionIdPath, db: DbDep, tenant: TenantDep, response: Response) -> SessionOut:
+async def get_session(
+    session_id: SessionIdPath, db: DbDep, tenant: TenantDep, response: Response
+) -> SessionOut:
     """A session with its live accounting; the ETag is its version."""
     session = await SessionService(db, tenant).require(checked_id(session_id))
     response.headers["ETag"] = f'"{session.version}"'
@@ -68,7 +80,11 @@ async def get_session(session_id: SessionIdPath, db: DbDep, tenant: TenantDep, r
 
 @router.patch("/{session_id}", responses=problems(404, 412, 413, 422))
 async def patch_session(
-    session_id: SessionIdPath, body: SessionPatch, db: DbDep, tenant: TenantDep, response: Response,
+    session_id: SessionIdPath,
+    body: SessionPatch,
+    db: DbDep,
+    tenant: TenantDep,
+    response: Response,
     if_match: IfMatch = None,
 ) -> SessionOut:
     """Change the model, window, config overrides or metadata."""
@@ -77,7 +93,11 @@ async def patch_session(
     return to_schema(session)
 
 
-@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=problems(404, 412))
-async def delete_session(session_id: SessionIdPath, db: DbDep, tenant: TenantDep, if_match: IfMatch = None) -> None:
+@router.delete(
+    "/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=problems(404, 412)
+)
+async def delete_session(
+    session_id: SessionIdPath, db: DbDep, tenant: TenantDep, if_match: IfMatch = None
+) -> None:
     """Delete a session and all of its data."""
     await SessionService(db, tenant).delete(checked_id(session_id), if_match)

@@ -8,7 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
-SessionId = Annotated[str, Field(pattern=SESSION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")]
+SessionId = Annotated[
+    str, Field(pattern=SESSION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
+]
 
 
 class Strict(BaseModel):
@@ -54,12 +56,14 @@ class TruncateConfig(Strict):
 class SessionConfig(Strict):
     """Per-session behaviour; every field can be overridden at create or patch."""
 
-    compaction: CompactionConfig = Field(default_factory=CompactionConfig)  # type: ignore[arg-type]
-    prune: PruneConfig = Field(default_factory=PruneConfig)  # type: ignore[arg-type]
-    truncate: TruncateConfig = Field(default_factory=TruncateConfig)  # type: ignore[arg-type]
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    prune: PruneConfig = Field(default_factory=PruneConfig)
+    truncate: TruncateConfig = Field(default_factory=TruncateConfig)
 
 
-def _check_window(context_window: int | None, max_output: int | None, input_limit: int | None) -> None:
+def _check_window(
+    context_window: int | None, max_output: int | None, input_limit: int | None
+) -> None:
     if context_window is not None and max_output is not None and max_output >= context_window:
         raise ValueError("max_output_tokens must be smaller than context_window")
     if context_window is not None and input_limit is not None and input_limit > context_window:
@@ -75,7 +79,9 @@ class SessionCreate(Strict):
     context_window: WindowInt | None = None
     max_output_tokens: WindowInt | None = None
     input_limit: WindowInt | None = None
-    config: dict[str, Any] = Field(default_factory=dict, description="Partial SessionConfig overrides.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Partial SessionConfig overrides."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -89,7 +95,9 @@ class SessionPatch(Strict):
     context_window: WindowInt | None = None
     max_output_tokens: WindowInt | None = None
     input_limit: WindowInt | None = None
-    config: dict[str, Any] | None = Field(None, description="Merged into the overrides; null resets a key.")
+    config: dict[str, Any] | None = Field(
+        None, description="Merged into the overrides; null resets a key."
+    )
     metadata: dict[str, Any] | None = Field(None, description="Replaces the metadata.")
 
 
@@ -108,7 +116,9 @@ class SessionOut(BaseModel):
     max_output_tokens: int
     input_limit: int | None
     usable_tokens: int
-    model_known: bool = Field(description="False when the model is not in the catalog and 128k is assumed.")
+    model_known: bool = Field(
+        description="False when the model is not in the catalog and 128k is assumed."
+    )
     config: SessionConfig
     metadata: dict[str, Any]
     entry_count: int
@@ -124,4 +134,6 @@ class SessionOut(BaseModel):
 
 class SessionPage(BaseModel):
     sessions: list[SessionOut]
-    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last.")
+    next_cursor: str | None = Field(
+        description="Pass as cursor for the next page; null on the last."
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from app.engine import budget, catalog
 from app.sessions.models import Session
 from app.sessions.repository import SessionRepository
 from app.sessions.schemas import (
+    SESSION_ID_PATTERN,
     SessionConfig,
     SessionCreate,
     SessionOut,
@@ -58,9 +60,9 @@ def window_of(session: Session) -> tuple[budget.Window, catalog.ModelSpec]:
     window = budget.Window(
         context_window=session.context_window or spec.context_window,
         max_output_tokens=session.max_output_tokens or spec.max_output_tokens,
-        input_limit=session.input_limit if session.input_limit is not None else (
-            spec.input_limit if session.context_window is None else None
-        ),
+        input_limit=session.input_limit
+        if session.input_limit is not None
+        else (spec.input_limit if session.context_window is None else None),
     )
     return window, spec
 
@@ -68,7 +70,9 @@ def window_of(session: Session) -> tuple[budget.Window, catalog.ModelSpec]:
 def thresholds_of(config: SessionConfig) -> budget.Thresholds:
     c = config.compaction
     return budget.Thresholds(
-        reserve_tokens=c.reserve_tokens, threshold=c.threshold, emergency_fraction=c.emergency_fraction
+        reserve_tokens=c.reserve_tokens,
+        threshold=c.threshold,
+        emergency_fraction=c.emergency_fraction,
     )
 
 
@@ -133,7 +137,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, sid = orjson.loads(raw)
-        return datetime.fromisoformat(created_at), str(sid)
+        after = datetime.fromisoformat(created_at)
+        # Only what encode_cursor writes: an aware time and a valid id (a NUL or a
+        # naive time would otherwise reach Postgres and fail there).
+        if after.tzinfo is None or not re.fullmatch(SESSION_ID_PATTERN, sid):
+            raise ValueError("not an issued cursor")
+        return after, sid
     except (ValueError, TypeError, orjson.JSONDecodeError):
         raise invalid("cursor", "is not a cursor this service issued") from None
 
@@ -186,7 +195,9 @@ class SessionService:
         window_of(session)
         return session
 
-    async def list(self, *, limit: int, cursor: str | None, metadata: dict[str, Any]) -> SessionPage:
+    async def list(
+        self, *, limit: int, cursor: str | None, metadata: dict[str, Any]
+    ) -> SessionPage:
         after = decode_cursor(cursor) if cursor else None
         rows = await self.repo.list(limit=limit + 1, after=after, metadata=metadata)
         page = rows[:limit]
@@ -206,7 +217,6 @@ class SessionService:
         for name in ("context_window", "max_output_tokens", "input_limit"):
             if name in fields:
                 setattr(session, name, getattr(body, name))
-        window, _ = window_of(session)
         try:
             _check_window(session.context_window, session.max_output_tokens, session.input_limit)
         except ValueError as exc:

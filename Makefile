@@ -1,0 +1,67 @@
+# compactd — run `make help` for the targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: help
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+.PHONY: install
+install: $(STAMP) ## Create .venv and install the project with its dev tools
+
+.PHONY: run
+run: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL in var/ unless DATABASE_URL is set)
+	$(BIN)/compactd serve
+
+.PHONY: test
+test: $(STAMP) ## Run the whole test suite against a real PostgreSQL
+	$(BIN)/pytest
+
+.PHONY: lint
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+.PHONY: fmt
+fmt: $(STAMP) ## Format and autofix with ruff
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+.PHONY: typecheck
+typecheck: $(STAMP) ## mypy --strict
+	$(BIN)/mypy
+
+.PHONY: migrate
+migrate: $(STAMP) ## Apply the database migrations (alembic upgrade head)
+	$(BIN)/compactd migrate
+
+.PHONY: revision
+revision: $(STAMP) ## New migration: make revision m="what changes"
+	$(BIN)/alembic revision --autogenerate -m "$(m)"
+
+.PHONY: openapi
+openapi: $(STAMP) ## Regenerate openapi/openapi.json from the app
+	$(BIN)/compactd openapi -o openapi/openapi.json
+
+.PHONY: bench
+bench: $(STAMP) ## Benchmarks on embedded PostgreSQL; prints figures, never fails on time
+	$(BIN)/python -m bench
+
+.PHONY: up
+up: ## docker compose up (Postgres, migrate, API)
+	docker compose up --build -d
+
+.PHONY: down
+down: ## docker compose down
+	docker compose down

@@ -1,0 +1,1 @@
+"""Benchmarks: ``make bench``. They print figures and never fail on time."""

@@ -1,0 +1,249 @@
+"""compactd benchmarks on embedded PostgreSQL, with a naive baseline beside them.
+
+Starts ``compactd serve`` as its own process (embedded PostgreSQL in a
+temporary folder) and measures over real HTTP:
+
+- append latency and throughput: single messages (sequential, then concurrent
+  clients) and 100-message batches;
+- context reads at 100 and 1,000 stored messages, built from the real traces;
+- the naive baseline for the same sessions: load every row, count tokens with
+  tiktoken on each request, build the list (what a service without stored
+  counts does), measured in this process against the same database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from app.core import embedded
+from app.engine import openai_format, tokens
+from app.messages.service import entry_from_row
+from tests import traces
+from tests.e2e.server import free_port
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def line(name: str, samples: list[float], extra: str = "") -> None:
+    print(
+        f"  {name:<44} p50 {pct(samples, 0.5):7.2f} ms   p99 {pct(samples, 0.99):7.2f} ms  {extra}"
+    )
+
+
+def corpus() -> list[dict[str, Any]]:
+    """Real messages from the traces, with call ids made unique per copy."""
+    out: list[dict[str, Any]] = []
+    for path in traces.trace_files():
+        out.extend(traces.load(path))
+    return out
+
+
+def session_messages(all_msgs: list[dict[str, Any]], n: int, tag: str) -> list[dict[str, Any]]:
+    """``n`` valid messages (whole turns) from the corpus, with ids unique to ``tag``."""
+    picked: list[dict[str, Any]] = []
+    i = 0
+    while len(picked) < n:
+        m = dict(all_msgs[i % len(all_msgs)])
+        i += 1
+        if m["role"] == "tool" and (not picked or picked[-1]["role"] not in ("assistant", "tool")):
+            continue
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "id": f"{c['id']}-{tag}-{i}"} for c in m["tool_calls"]]
+            last_ids = [c["id"] for c in m["tool_calls"]]
+        if m["role"] == "tool":
+            if not last_ids:
+                continue
+            m["tool_call_id"] = last_ids.pop(0)
+        elif m["role"] != "assistant":
+            last_ids = []
+        picked.append(m)
+        if m["role"] == "assistant":
+            pending = [c["id"] for c in m.get("tool_calls") or []]
+            last_ids = pending
+    # Close dangling calls so every session is complete.
+    while picked and picked[-1]["role"] == "assistant" and picked[-1].get("tool_calls"):
+        picked.pop()
+    return picked
+
+
+async def bench_appends(client: httpx.AsyncClient) -> None:
+    print("\nAppend")
+    r = await client.post("/v1/sessions", json={"model": "gpt-4o"})
+    sid = r.json()["id"]
+    msg = {
+        "role": "user",
+        "content": "Please run the failing test again and show me the traceback. " * 4,
+    }
+    samples: list[float] = []
+    for _ in range(400):
+        t = time.perf_counter()
+        r = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": [msg]})
+        samples.append(time.perf_counter() - t)
+        assert r.status_code == 201, r.text
+    line("single message, sequential", samples, "(target p50 <= 8 ms)")
+
+    for clients, same in ((16, False), (16, True)):
+        sids = []
+        for _ in range(clients):
+            sids.append((await client.post("/v1/sessions", json={"model": "gpt-4o"})).json()["id"])
+        per = 100
+        lat: list[float] = []
+
+        async def worker(target: str, lat: list[float], per: int = per) -> None:
+            for _ in range(per):
+                t = time.perf_counter()
+                resp = await client.post(
+                    f"/v1/sessions/{target}/messages", json={"messages": [msg]}
+                )
+                lat.append(time.perf_counter() - t)
+                assert resp.status_code == 201, resp.text
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(sids[0] if same else sids[k], lat) for k in range(clients)))
+        elapsed = time.perf_counter() - t0
+        where = "one shared session" if same else "a session each"
+        line(
+            f"single, {clients} concurrent clients, {where}",
+            lat,
+            f"{clients * per / elapsed:7.0f} appends/s (target >= 500)",
+        )
+
+    all_msgs = corpus()
+    batch_samples: list[float] = []
+    sid = (await client.post("/v1/sessions", json={"model": "gpt-4o"})).json()["id"]
+    for b in range(40):
+        batch = session_messages(all_msgs[b * 37 :] + all_msgs, 100, f"b{b}")
+        t = time.perf_counter()
+        r = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": batch})
+        batch_samples.append(time.perf_counter() - t)
+        assert r.status_code == 201, r.text
+    total = sum(batch_samples)
+    line(
+        "100-message batch (real trace messages)",
+        batch_samples,
+        f"{40 * 100 / total:7.0f} messages/s",
+    )
+
+
+async def naive_context(conn: asyncpg.Connection, sid: str) -> list[dict[str, Any]]:
+    """The baseline: every row, re-tokenized on every request, then rendered."""
+    rows = await conn.fetch(
+        "SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form, tokens,"
+        " extra FROM entry WHERE session_id = $1 ORDER BY seq",
+        sid,
+    )
+    entries = [entry_from_row(_Row(r)) for r in rows]
+    total = sum(tokens.count_entry(e) for e in entries)
+    messages = [openai_format.render_message(e) for e in entries]
+    assert total > 0
+    return messages
+
+
+class _Row:
+    def __init__(self, record: asyncpg.Record) -> None:
+        import orjson
+
+        self._r = record
+        self.parts = orjson.loads(record["parts"])
+        self.extra = orjson.loads(record["extra"]) if record["extra"] else None
+
+    def __getattr__(self, name: str) -> Any:
+        return self._r[name]
+
+
+async def bench_context(client: httpx.AsyncClient, dsn: str) -> None:
+    print("\nContext read (GET /context, openai) vs naive baseline")
+    all_msgs = corpus()
+    conn = await asyncpg.connect(dsn)
+    try:
+        for size in (100, 1000):
+            sid = (await client.post("/v1/sessions", json={"model": "gpt-4.1"})).json()["id"]
+            msgs = session_messages(all_msgs, size, f"c{size}")
+            for k in range(0, len(msgs), 100):
+                r = await client.post(
+                    f"/v1/sessions/{sid}/messages", json={"messages": msgs[k : k + 100]}
+                )
+                assert r.status_code == 201, r.text
+            ours: list[float] = []
+            naive: list[float] = []
+            reads = 200 if size == 100 else 60
+            for _ in range(reads):
+                t = time.perf_counter()
+                r = await client.get(f"/v1/sessions/{sid}/context")
+                ours.append(time.perf_counter() - t)
+                assert r.status_code == 200
+                t = time.perf_counter()
+                await naive_context(conn, sid)
+                naive.append(time.perf_counter() - t)
+            n = len(r.json()["messages"])
+            line(f"compactd, {n} messages (over HTTP)", ours)
+            line(
+                f"naive baseline, {n} messages (in-process)",
+                naive,
+                f"ratio {pct(naive, 0.5) / pct(ours, 0.5):5.1f}x at p50",
+            )
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    folder = Path(tempfile.mkdtemp(prefix="compactd-bench-"))
+    port = free_port()
+    url = embedded.start(folder / "pgdata", cleanup_mode="delete")
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "COMPACTD_PORT": str(port),
+        "COMPACTD_LOG_LEVEL": "warning",
+    }
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the service did not start")
+            time.sleep(0.2)
+        print(
+            f"compactd bench: service pid {server.pid} on {base}, embedded PostgreSQL, {os.cpu_count()} cores"
+        )
+
+        async def run() -> None:
+            limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+            async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+                await bench_appends(client)
+                await bench_context(client, url.replace("postgresql+asyncpg://", "postgresql://"))
+
+        asyncio.run(run())
+        import psutil
+
+        rss = psutil.Process(server.pid).memory_info().rss / 2**20
+        print(f"\nservice RSS after the run: {rss:.0f} MB")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

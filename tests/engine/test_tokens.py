@@ -1,0 +1,243 @@
+"""Token counting: offline tiktoken files, text, framing and image costs."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+import tiktoken
+import tiktoken.load
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine import tokens
+from app.engine.model import Entry
+from app.engine.tokens import count_entry, count_image, count_text, install_offline_encodings
+
+# The files tiktoken downloads and the sha256 it insists on (tiktoken_ext/openai_public.py).
+FILES = {
+    "o200k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        199_998,
+    ),
+    "cl100k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        100_256,
+    ),
+}
+
+
+class NetworkUsedError(RuntimeError):
+    pass
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh cache folder; any attempt of tiktoken to download fails the test."""
+
+    def no_network(blobpath: str) -> bytes:
+        raise NetworkUsedError(blobpath)
+
+    # Registered so that the variable install_offline_encodings sets is restored afterwards.
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "unused"))
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    return tmp_path / "tiktoken"
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_installed_files_are_the_ones_tiktoken_verifies(offline_cache: Path, name: str) -> None:
+    install_offline_encodings(offline_cache)
+    url, sha256, size = FILES[name]
+    cached = offline_cache / hashlib.sha1(url.encode()).hexdigest()
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == sha256
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == str(offline_cache)
+    ranks = tiktoken.load.load_tiktoken_bpe(url, expected_hash=sha256)  # no download: guarded
+    assert len(ranks) == size
+    assert ranks[b"hello"] == tiktoken.get_encoding(name).encode_single_token(b"hello")
+
+
+def test_install_writes_only_the_expected_files_and_is_idempotent(offline_cache: Path) -> None:
+    install_offline_encodings(offline_cache)
+    install_offline_encodings(offline_cache)
+    expected = {hashlib.sha1(url.encode()).hexdigest() for url, _, _ in FILES.values()}
+    assert {p.name for p in offline_cache.iterdir()} == expected
+
+
+def test_tiktoken_rejects_a_corrupted_cache_file(offline_cache: Path) -> None:
+    install_offline_encodings(offline_cache)
+    url, sha256, _ = FILES["o200k_base"]
+    cached = offline_cache / hashlib.sha1(url.encode()).hexdigest()
+    cached.write_bytes(cached.read_bytes()[:-10])  # truncated
+    with pytest.raises(NetworkUsedError):
+        tiktoken.load.load_tiktoken_bpe(url, expected_hash=sha256)
+
+
+def test_install_repairs_a_corrupted_cache_file(offline_cache: Path) -> None:
+    install_offline_encodings(offline_cache)
+    url, sha256, _ = FILES["cl100k_base"]
+    cached = offline_cache / hashlib.sha1(url.encode()).hexdigest()
+    cached.write_bytes(b"garbage")
+    install_offline_encodings(offline_cache)  # e.g. the next start of the service
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == sha256
+    assert (
+        len(tiktoken.load.load_tiktoken_bpe(url, expected_hash=sha256)) == FILES["cl100k_base"][2]
+    )
+
+
+# --- text -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_known_counts(encoding: tokens.EncodingName) -> None:
+    assert count_text("", encoding) == 0
+    assert count_text("hello world", encoding) == 2
+    assert count_text("hello world " * 100, encoding) > 100
+
+
+def test_encodings_differ_where_they_should() -> None:
+    text = "Привет, как дела? 你好世界"
+    assert count_text(text, "o200k_base") < count_text(text, "cl100k_base")
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_special_token_text_is_counted_as_plain_text(encoding: tokens.EncodingName) -> None:
+    # A user pasting "<|endoftext|>" must not make counting fail.
+    assert count_text("<|endoftext|>", encoding) > 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=200), st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_count_text_is_the_encoded_length(text: str, encoding: tokens.EncodingName) -> None:
+    reference = tiktoken.get_encoding(encoding)
+    assert count_text(text, encoding) == len(reference.encode(text, disallowed_special=()))
+
+
+# --- entries ----------------------------------------------------------------------------
+
+
+def test_count_entry_adds_framing() -> None:
+    entry = Entry(role="user", parts=[{"type": "text", "text": "hello world"}])
+    assert count_entry(entry) == 3 + 2
+    assert count_entry(Entry(role="user", parts=[])) == 3
+    named = Entry(role="user", parts=[{"type": "text", "text": "hello world"}], name="bob")
+    assert count_entry(named) == 3 + 2 + 1 + count_text("bob")
+
+
+def test_count_entry_counts_tool_call_name_and_arguments() -> None:
+    name, arguments = "get_weather", '{"city": "Paris", "unit": "celsius"}'
+    call = {"type": "tool_call", "id": "call_1", "name": name, "arguments": arguments}
+    entry = Entry(role="assistant", parts=[{"type": "text", "text": "hello world"}, call])
+    assert count_entry(entry) == 3 + 2 + 8 + count_text(name) + count_text(arguments)
+    assert count_text(arguments) > 5
+    # Longer arguments cost more.
+    longer = dict(call, arguments='{"city": "Paris", "unit": "celsius", "days": [1, 2, 3, 4, 5]}')
+    assert count_entry(Entry(role="assistant", parts=[longer])) > count_entry(
+        Entry(role="assistant", parts=[call])
+    )
+
+
+def test_count_entry_counts_tool_result_id_and_reasoning() -> None:
+    result = Entry(
+        role="tool", parts=[{"type": "text", "text": "hello world"}], tool_call_id="call_1"
+    )
+    assert count_entry(result) == 3 + 2 + count_text("call_1")
+    thinking = Entry(role="assistant", parts=[{"type": "reasoning", "text": "hello world"}])
+    assert count_entry(thinking) == 3 + 2
+    redacted = Entry(role="assistant", parts=[{"type": "reasoning", "redacted": "hello world"}])
+    assert count_entry(redacted) == 3 + 2
+
+
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_count_entry_uses_the_encoding(encoding: tokens.EncodingName) -> None:
+    text = "Привет, как дела? 你好世界"
+    entry = Entry(role="user", parts=[{"type": "text", "text": text}])
+    assert count_entry(entry, encoding) == 3 + count_text(text, encoding)
+
+
+# --- images -----------------------------------------------------------------------------
+
+
+def png(width: int, height: int) -> str:
+    ihdr = struct.pack(">II", width, height) + bytes([8, 6, 0, 0, 0])
+    chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    return base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk + b"\x00" * 32).decode()
+
+
+def gif(width: int, height: int) -> str:
+    return base64.b64encode(b"GIF89a" + struct.pack("<HH", width, height) + b"\x00" * 16).decode()
+
+
+def jpeg(width: int, height: int) -> str:
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + b"\x00" * 9
+    sof = b"\xff\xc0" + struct.pack(">HBHH", 17, 8, height, width) + b"\x00" * 10
+    return base64.b64encode(b"\xff\xd8" + app0 + sof + b"\x00" * 16).decode()
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "expected"),
+    [
+        (1024, 1024, 765),  # 768x768 -> 4 tiles
+        (512, 512, 255),  # one tile, never upscaled
+        (100, 100, 255),
+        (2048, 4096, 1105),  # fit 1024x2048 -> 768x1536 -> 2x3 tiles
+        (4096, 8192, 1105),
+        (1600, 900, 1105),  # 1365x768 -> 3x2 tiles
+        (513, 512, 425),  # just over one tile wide -> 2 tiles
+    ],
+)
+def test_png_data_url_uses_the_tile_formula(width: int, height: int, expected: int) -> None:
+    assert (
+        count_image({"type": "image", "url": f"data:image/png;base64,{png(width, height)}"})
+        == expected
+    )
+    assert (
+        count_image({"type": "image", "media_type": "image/png", "data": png(width, height)})
+        == expected
+    )
+
+
+def test_gif_and_jpeg_sizes_are_read() -> None:
+    assert (
+        count_image({"type": "image", "media_type": "image/gif", "data": gif(2048, 4096)}) == 1105
+    )
+    assert (
+        count_image({"type": "image", "media_type": "image/jpeg", "data": jpeg(2048, 4096)}) == 1105
+    )
+
+
+def test_low_detail_is_flat() -> None:
+    big = f"data:image/png;base64,{png(4096, 4096)}"
+    assert count_image({"type": "image", "url": big, "detail": "low"}) == 85
+    assert count_image({"type": "image", "url": "https://x.test/a.png", "detail": "low"}) == 85
+
+
+def test_unknown_size_costs_a_default_high_detail_image() -> None:
+    assert count_image({"type": "image", "url": "https://x.test/a.png"}) == 765
+    assert count_image({"type": "image", "media_type": "image/webp", "data": "UklGRg=="}) == 765
+    assert count_image({"type": "image", "url": "data:image/png;base64,!!!not base64"}) == 765
+    assert count_image({"type": "image", "url": f"data:image/png;base64,{png(0, 10)}"}) == 765
+
+
+def test_image_part_counts_in_an_entry() -> None:
+    entry = Entry(
+        role="user", parts=[{"type": "image", "url": "https://x.test/a.png", "detail": "low"}]
+    )
+    assert count_entry(entry) == 3 + 85
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 20_000), st.integers(1, 20_000))
+def test_any_png_costs_whole_tiles_within_bounds(width: int, height: int) -> None:
+    cost = count_image({"type": "image", "media_type": "image/png", "data": png(width, height)})
+    tiles, rest = divmod(cost - 85, 170)
+    assert rest == 0
+    assert 1 <= tiles <= 8  # at most 768x2048 after scaling: 2x4 tiles
+    if max(width, height) <= 512:
+        assert tiles == 1

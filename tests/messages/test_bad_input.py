@@ -1,0 +1,331 @@
+"""Rejected appends: a clear 4xx problem naming the field, and nothing stored."""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+import httpx
+
+from tests.conftest import make_session
+from tests.helpers import append_ok, assert_problem, get_session, history, tool_call
+
+GOOD = {"role": "user", "content": "fine"}
+# Random, so Postgres cannot compress it under its index-row limit.
+RANDOM_ID = "".join(random.Random(3).choice(string.ascii_letters) for _ in range(6000))
+
+
+async def _seeded(client: httpx.AsyncClient) -> dict[str, Any]:
+    """A session with one answered call (c_done) and one open call (c_open)."""
+    await make_session(client, id="s")
+    await append_ok(
+        client,
+        "s",
+        [
+            {"role": "user", "content": "start"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [tool_call("c_done"), tool_call("c_open")],
+            },
+            {"role": "tool", "tool_call_id": "c_done", "content": "ok"},
+        ],
+    )
+    return await get_session(client, "s")
+
+
+async def _assert_unchanged(client: httpx.AsyncClient, before: dict[str, Any]) -> None:
+    after = await get_session(client, "s")
+    assert after["entry_count"] == before["entry_count"]
+    assert after["version"] == before["version"]
+    assert after["stored_tokens"] == before["stored_tokens"]
+    assert len(await history(client, "s")) == before["entry_count"]
+
+
+BAD_BATCHES: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown role", {"messages": [GOOD, {"role": "robot", "content": "x"}]}, "messages[1].role"),
+    (
+        "result for no call",
+        {"messages": [GOOD, {"role": "tool", "tool_call_id": "nope", "content": "x"}]},
+        "messages[1].tool_call_id",
+    ),
+    (
+        "second result for an answered call",
+        {"messages": [{"role": "tool", "tool_call_id": "c_done", "content": "again"}]},
+        "messages[0].tool_call_id",
+    ),
+    (
+        "two results for one call in a batch",
+        {
+            "messages": [
+                {"role": "tool", "tool_call_id": "c_open", "content": "1"},
+                {"role": "tool", "tool_call_id": "c_open", "content": "2"},
+            ]
+        },
+        "messages[1].tool_call_id",
+    ),
+    (
+        "duplicate call id in a batch",
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [tool_call("d1"), tool_call("d1")],
+                }
+            ]
+        },
+        "d1",
+    ),
+    (
+        "call id already used by the session",
+        {
+            "messages": [
+                GOOD,
+                {"role": "assistant", "content": None, "tool_calls": [tool_call("c_done")]},
+            ]
+        },
+        "messages[1]",
+    ),
+    (
+        "result before its call",
+        {
+            "messages": [
+                {"role": "tool", "tool_call_id": "n1", "content": "early"},
+                {"role": "assistant", "content": None, "tool_calls": [tool_call("n1")]},
+            ]
+        },
+        "messages[0].tool_call_id",
+    ),
+    (
+        "arguments not JSON",
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [tool_call("a1", "f", "{oops")],
+                }
+            ]
+        },
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        "arguments not an object",
+        {
+            "messages": [
+                {"role": "assistant", "content": None, "tool_calls": [tool_call("a1", "f", "[1]")]}
+            ]
+        },
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        "NUL in content",
+        {"messages": [{"role": "user", "content": "a\u0000b"}]},
+        "messages[0].content",
+    ),
+    (
+        "NUL deep in a part",
+        {"messages": [GOOD, {"role": "user", "content": [{"type": "text", "text": "\u0000"}]}]},
+        "messages[1].content[0].text",
+    ),
+    ("messages not a list", {"messages": "hello"}, "messages"),
+    ("messages missing", {"format": "openai"}, "messages"),
+    ("content a number", {"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
+    ("message not an object", {"messages": [GOOD, "hi"]}, "messages[1]"),
+    ("format xml", {"messages": [GOOD], "format": "xml"}, "format"),
+    ("empty messages", {"messages": []}, "messages"),
+    ("user without content", {"messages": [{"role": "user"}]}, "messages[0].content"),
+    (
+        "tool_calls on a user",
+        {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+        "messages[0].tool_calls",
+    ),
+    (
+        "unknown part type",
+        {"messages": [{"role": "user", "content": [{"type": "video"}]}]},
+        "messages[0].content[0].type",
+    ),
+    ("unknown top-level key", {"messages": [GOOD], "extra": 1}, "extra"),
+    (
+        "anthropic bad block",
+        {
+            "format": "anthropic",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_use", "id": "x", "name": "y", "input": {}}],
+                }
+            ],
+        },
+        "messages[0].content[0].type",
+    ),
+    (
+        "anthropic tool_use input not an object",
+        {
+            "format": "anthropic",
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "x", "name": "y", "input": "ls"}],
+                }
+            ],
+        },
+        "messages[0].content[0].input",
+    ),
+    (
+        "anthropic result for no call",
+        {
+            "format": "anthropic",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "ghost", "content": "x"}],
+                }
+            ],
+        },
+        "ghost",
+    ),
+    (
+        "anthropic tool role",
+        {"format": "anthropic", "messages": [{"role": "tool", "content": "x"}]},
+        "messages[0].role",
+    ),
+]
+
+
+async def test_bad_batches_are_422_naming_the_field_and_store_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    # One database for every case (a clone costs more than the requests); each
+    # case is checked on its own and all failures are reported together.
+    before = await _seeded(client)
+    failures: list[str] = []
+    for name, body, field in BAD_BATCHES:
+        r = await client.post("/v1/sessions/s/messages", json=body)
+        try:
+            assert_problem(r, 422, field)
+            await _assert_unchanged(client, before)
+        except AssertionError as exc:
+            failures.append(f"{name}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+async def test_lone_surrogate_is_422(client: httpx.AsyncClient) -> None:
+    before = await _seeded(client)
+    raw = (
+        b'{"messages": [{"role": "user", "content": "ok"},'
+        b' {"role": "user", "content": "x\\ud800y"}]}'
+    )
+    r = await client.post(
+        "/v1/sessions/s/messages", content=raw, headers={"content-type": "application/json"}
+    )
+    assert_problem(r, 422, "messages[1].content", "surrogate")
+    # An escaped backslash before "ud800" is plain text, and is stored.
+    ok = b'{"messages": [{"role": "user", "content": "path C:\\\\ud800"}]}'
+    r = await client.post(
+        "/v1/sessions/s/messages", content=ok, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 201, r.text
+    stored = await history(client, "s")
+    assert stored[-1]["message"]["content"] == "path C:\\ud800"
+    assert len(stored) == before["entry_count"] + 1
+
+
+async def test_invalid_utf8_is_400(client: httpx.AsyncClient) -> None:
+    before = await _seeded(client)
+    raw = b'{"messages": [{"role": "user", "content": "caf\xe9"}]}'
+    r = await client.post(
+        "/v1/sessions/s/messages", content=raw, headers={"content-type": "application/json"}
+    )
+    assert_problem(r, 400, "UTF-8")
+    await _assert_unchanged(client, before)
+
+
+async def test_body_that_is_not_json_is_422(client: httpx.AsyncClient) -> None:
+    before = await _seeded(client)
+    r = await client.post(
+        "/v1/sessions/s/messages",
+        content=b'{"messages": [',
+        headers={"content-type": "application/json"},
+    )
+    assert_problem(r, 422, "body", "JSON")
+    await _assert_unchanged(client, before)
+
+
+async def test_body_over_the_limit_is_413(client: httpx.AsyncClient) -> None:
+    before = await _seeded(client)
+    big = "x" * (2 * 1024 * 1024 + 10)
+    r = await client.post(
+        "/v1/sessions/s/messages", json={"messages": [{"role": "user", "content": big}]}
+    )
+    assert_problem(r, 413, "limit")
+    await _assert_unchanged(client, before)
+
+    # Streamed without a Content-Length, the limit holds too.
+    async def chunks() -> Any:
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(3):
+            yield b"y" * (1024 * 1024)
+        yield b'"}]}'
+
+    r = await client.post(
+        "/v1/sessions/s/messages", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert_problem(r, 413)
+    await _assert_unchanged(client, before)
+
+
+async def test_one_bad_message_rejects_the_whole_batch(client: httpx.AsyncClient) -> None:
+    before = await _seeded(client)
+    r = await client.post(
+        "/v1/sessions/s/messages",
+        json={
+            "messages": [
+                {"role": "tool", "tool_call_id": "c_open", "content": "answer"},
+                {"role": "user", "content": "good"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [tool_call("z", "f", "not json")],
+                },
+            ]
+        },
+    )
+    assert_problem(r, 422, "messages[2]")
+    await _assert_unchanged(client, before)
+    # The open call is still open: its answer is accepted now.
+    ok = await append_ok(
+        client, "s", [{"role": "tool", "tool_call_id": "c_open", "content": "answer"}]
+    )
+    assert ok["entries"][0]["seq"] == before["entry_count"] + 1
+
+
+async def test_unknown_session_is_404(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/sessions/ghost/messages", json={"messages": [GOOD]})
+    assert_problem(r, 404, "ghost")
+    assert_problem(await client.get("/v1/sessions/ghost/messages"), 404)
+
+
+async def test_impossible_session_ids_are_404_not_500(client: httpx.AsyncClient) -> None:
+    for session_id in ["a%00b", "x" * 300, "x" * 2000, "%C3%A9t%C3%A9", "a%20b", "%FF", "-x"]:
+        base = f"/v1/sessions/{session_id}"
+        assert_problem(await client.post(f"{base}/messages", json={"messages": [GOOD]}), 404)
+        assert_problem(await client.get(f"{base}/messages"), 404)
+        assert_problem(await client.get(f"{base}/context"), 404)
+        assert_problem(await client.get(f"{base}/overflow"), 404)
+        assert_problem(await client.get(base), 404)
+        assert_problem(await client.patch(base, json={}), 404)
+        assert_problem(await client.delete(base), 404)
+
+
+async def test_unstorable_idempotency_key_is_422(client: httpx.AsyncClient) -> None:
+    before = await _seeded(client)
+    r = await client.post(
+        "/v1/sessions/s/messages",
+        json={"messages": [GOOD]},
+        headers={b"Idempotency-Key": b"a\x00b"},
+    )
+    assert_problem(r, 422, "Idempotency-Key")
+    await _assert_unchanged(client, before)

@@ -1,0 +1,42 @@
+"""The real agent sessions in ../shared/traces, as lists of OpenAI messages."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+def trace_files() -> list[Path]:
+    return sorted(TRACES_DIR.glob("*.traj.json.gz"))
+
+
+@cache
+def load(path: Path) -> list[dict[str, Any]]:
+    """The trace's messages a client would store: the non-standard final ``exit``
+    record (the submitted patch, not a chat message) is dropped."""
+    with gzip.open(path) as f:
+        data = json.load(f)
+    return [m for m in data["messages"] if m["role"] != "exit"]
+
+
+def turns(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Batches as an agent appends them: the opening prompt, then each assistant
+    message, then the tool results that answer it."""
+    batches: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            if current:
+                batches.append(current)
+            batches.append([m])
+            current = []
+        else:
+            current.append(m)
+    if current:
+        batches.append(current)
+    return batches
