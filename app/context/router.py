@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
@@ -18,15 +18,17 @@ from app.sessions.service import SessionService, verdict_of
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
 
 
-@router.get("/context", responses=problems(404, 422), response_model_exclude_none=False)
+@router.get("/context", response_model=ContextOut, responses=problems(404, 422))
 async def get_context(
     session_id: SessionIdPath,
     db: DbDep,
     tenant: TenantDep,
     format: Annotated[Format, Query()] = "openai",
-) -> ContextOut:
+) -> Response:
     """The messages to send to the model now, with their token figures."""
-    return await ContextService(db, tenant).build(checked_id(session_id), format)
+    context = await ContextService(db, tenant).build(checked_id(session_id), format)
+    # The messages are plain JSON already; serialize them once, without a model pass.
+    return Response(context.to_json(), media_type="application/json")
 
 
 @router.get("/overflow", responses=problems(404))

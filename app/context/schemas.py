@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, Field
 
 from app.messages.schemas import Format
@@ -35,3 +36,9 @@ class ContextOut(BaseModel):
         None, description="The active compaction pivot, if any."
     )
     version: int
+
+    def to_json(self) -> bytes:
+        """The response body; the rendered messages go to orjson as they are."""
+        doc = {name: getattr(self, name) for name in type(self).model_fields}
+        doc["tokens"] = self.tokens.model_dump()
+        return orjson.dumps(doc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.schemas import ContextOut, ContextTokens, TokenBreakdown
@@ -14,7 +16,12 @@ from app.messages.service import entry_from_row
 from app.sessions import service as sessions
 from app.sessions.service import SessionService
 
-_STATE = {"none": "ok", "prune": "prune", "compact": "compact", "emergency": "overflow"}
+_STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
+    "none": "ok",
+    "prune": "prune",
+    "compact": "compact",
+    "emergency": "overflow",
+}
 
 
 class ContextService:
@@ -45,7 +52,8 @@ class ContextService:
             messages = [openai_format.render_message(e) for e in view]
         else:
             system, messages = anthropic_format.render_messages(view)
-        return ContextOut(
+        # Built from data the engine made; validating 1,000 messages again buys nothing.
+        return ContextOut.model_construct(
             format=fmt,
             messages=messages,
             system=system,

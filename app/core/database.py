@@ -42,7 +42,6 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_pool_timeout_seconds,
-        pool_pre_ping=True,
         json_serializer=_dumps,
         json_deserializer=orjson.loads,
     )

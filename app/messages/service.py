@@ -108,12 +108,9 @@ class MessageService:
                 f"holds {len(body.messages)} messages; at most {max_messages} per append",
             )
         entries = parse_batch(body.messages, body.format)
-        # Count before taking the session lock, so the lock is held only for SQL.
-        peek = await self.sessions.require(session_id)
-        encoding = catalog.lookup(peek.model).encoding
-        counts = [tokens.count_entry(e, encoding) for e in entries]
         digest = request_hash(body) if idempotency_key else ""
-
+        # The row lock serializes appends to one session (seq without gaps); it
+        # costs nothing to other sessions. One read, then count under it.
         session = await self.sessions.require(session_id, for_update=True)
         if idempotency_key:
             record = await self.repo.idempotency_record(session_id, idempotency_key)
@@ -127,6 +124,8 @@ class MessageService:
                     )
                 return AppendResponse.model_validate(record.response), True
         sessions.check_if_match(if_match, session.version)
+        encoding = catalog.lookup(session.model).encoding
+        counts = [tokens.count_entry(e, encoding) for e in entries]
 
         answers, new_calls = await self._link_tool_calls(session_id, entries, session.next_seq)
 
