@@ -146,7 +146,7 @@ async def naive_context(conn: asyncpg.Connection, sid: str) -> list[dict[str, An
         " extra FROM entry WHERE session_id = $1 ORDER BY seq",
         sid,
     )
-    entries = [entry_from_row(_Row(r)) for r in rows]
+    entries = [entry_from_row(row, row.extra) for row in map(_Row, rows)]
     total = sum(tokens.count_entry(e) for e in entries)
     messages = [openai_format.render_message(e) for e in entries]
     assert total > 0

@@ -54,7 +54,8 @@ def request_hash(body: AppendRequest) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def entry_from_row(row: Any) -> Entry:
+def entry_from_row(row: Any, extra: dict[str, Any] | None = None) -> Entry:
+    """A stored row as an entry; ``extra`` (the client's unknown keys) only for history."""
     return Entry(
         role=row.role,
         parts=row.parts,
@@ -63,13 +64,13 @@ def entry_from_row(row: Any) -> Entry:
         is_error=row.is_error,
         name=row.name,
         content_form=row.content_form,
-        extra=getattr(row, "extra", None) or {},
+        extra=extra or {},
         tokens=row.tokens,
     )
 
 
 def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
-    entry = entry_from_row(row)
+    entry = entry_from_row(row, row.extra)
     if fmt == "openai":
         return openai_format.render_message(entry, for_history=True)
     if entry.role in ("system", "developer"):
