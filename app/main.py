@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import orjson
 from fastapi import Depends, FastAPI, Request
 
 from app import __version__
@@ -23,28 +20,6 @@ from app.engine.tokens import install_offline_encodings
 from app.health.router import router as health_router
 from app.messages.router import router as messages_router
 from app.sessions.router import router as sessions_router
-
-_LONG_DIGITS = re.compile(rb"\d{19}")
-_INT64 = range(-(2**63), 2**63)
-
-
-def _find_huge_int(value: Any, path: str) -> str | None:
-    """The path of the first integer outside 64 bits (the JSON encoder cannot store it)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return None if value in _INT64 else (path or "body")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _find_huge_int(item, f"{path}.{key}" if path else str(key))
-            if found:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _find_huge_int(item, f"{path}[{i}]")
-            if found:
-                return found
-    return None
 
 
 async def reject_unstorable_text(request: Request) -> None:
@@ -66,24 +41,16 @@ async def reject_unstorable_text(request: Request) -> None:
             f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start : exc.start + 1]!r})",
             errors=[{"field": "body", "detail": "invalid UTF-8"}],
         ) from None
-    suspect_text = body_may_be_unstorable(body)
-    long_digits = _LONG_DIGITS.search(body) is not None
-    if not body or not (suspect_text or long_digits):
+    if not body or not body_may_be_unstorable(body):
         return
     try:
-        # orjson reads integers beyond 64 bits as floats; the stdlib keeps them, as FastAPI does.
-        parsed = json.loads(body) if long_digits else orjson.loads(body)
+        # The stdlib, as FastAPI uses: it keeps integers beyond 64 bits and lone surrogates.
+        parsed = json.loads(body)
     except ValueError:
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            return  # not JSON: the body validation reports it
-    found = find_unstorable(parsed, "") if suspect_text else None
+        return  # not JSON: the body validation reports it
+    found = find_unstorable(parsed, "")
     if found:
         raise invalid(*found)
-    huge = _find_huge_int(parsed, "") if long_digits else None
-    if huge:
-        raise invalid(huge, "is an integer outside the 64-bit range, which cannot be stored")
 
 
 def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:

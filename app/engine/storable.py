@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 # An escape (odd run of backslashes) for U+0000 or any surrogate, in raw JSON.
-_SUSPECT = re.compile(rb"(?<!\\)(?:\\\\)*\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_SUSPECT = re.compile(rb"(?<!\\)(?:\\\\)*\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})|\d{19}")
+_INT64 = range(-(2**63), 2**63)
 
 
 def body_may_be_unstorable(body: bytes) -> bool:
@@ -34,6 +35,8 @@ def find_unstorable(value: Any, path: str) -> tuple[str, str] | None:
     if isinstance(value, str):
         problem = _bad_text(value)
         return (path, problem) if problem else None
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+        return (path or "body", "is an integer outside the 64-bit range, which cannot be stored")
     if isinstance(value, dict):
         for key, item in value.items():
             problem = _bad_text(key)
