@@ -195,7 +195,7 @@ async def bench_context(client: httpx.AsyncClient, dsn: str) -> None:
                 assert r.status_code == 200
                 t = time.perf_counter()
                 async with maker() as db:
-                    body = (await ContextService(db, DEFAULT_TENANT).build(sid, "openai")).to_json()
+                    body = await ContextService(db, DEFAULT_TENANT).build(sid, "openai")
                 ours_direct.append(time.perf_counter() - t)
                 assert body
                 t = time.perf_counter()

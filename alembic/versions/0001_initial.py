@@ -79,6 +79,9 @@ def upgrade() -> None:
         sa.Column("extra", postgresql.JSONB(), nullable=True),
         sa.Column("source_format", sa.String(16), nullable=False),
         sa.Column("tokens", sa.Integer(), nullable=False),
+        sa.Column("call_ids", postgresql.ARRAY(sa.Text()), nullable=True),
+        sa.Column("view_openai", sa.Text(), nullable=False),
+        sa.Column("view_anthropic", sa.Text(), nullable=False),
         sa.Column("parent_seq", sa.BigInteger(), nullable=True),
         sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column(

@@ -26,9 +26,8 @@ async def get_context(
     format: Annotated[Format, Query()] = "openai",
 ) -> Response:
     """The messages to send to the model now, with their token figures."""
-    context = await ContextService(db, tenant).build(checked_id(session_id), format)
-    # The messages are plain JSON already; serialize them once, without a model pass.
-    return Response(context.to_json(), media_type="application/json")
+    body = await ContextService(db, tenant).build(checked_id(session_id), format)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/overflow", responses=problems(404))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel, Field
 
 from app.messages.schemas import Format
@@ -36,9 +35,3 @@ class ContextOut(BaseModel):
         None, description="The active compaction pivot, if any."
     )
     version: int
-
-    def to_json(self) -> bytes:
-        """The response body; the rendered messages go to orjson as they are."""
-        doc = {name: getattr(self, name) for name in type(self).model_fields}
-        doc["tokens"] = self.tokens.model_dump()
-        return orjson.dumps(doc)

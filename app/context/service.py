@@ -1,18 +1,20 @@
-"""Building the context: the stored window, paired and rendered. No tokenizing."""
+"""Building the context: the stored window, paired and spliced. No tokenizing, no
+rendering: both were done once, when each message was written."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
+import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.context.schemas import ContextOut, ContextTokens, TokenBreakdown
-from app.engine import anthropic_format, budget, openai_format
-from app.engine.context import pair_tool_calls
+from app.context.schemas import ContextTokens, TokenBreakdown
+from app.engine import budget
 from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine.view import assemble_anthropic, assemble_openai
 from app.messages.repository import MessageRepository
 from app.messages.schemas import Format
-from app.messages.service import entry_from_row
 from app.sessions import service as sessions
 from app.sessions.service import SessionService
 
@@ -24,17 +26,44 @@ _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class _Item:
+    role: str
+    tool_call_id: str | None
+    call_ids: tuple[str, ...]
+    tokens: int
+    view: str
+
+    # The fragment is the one of the requested format; the assemblers name theirs.
+    @property
+    def view_openai(self) -> str:
+        return self.view
+
+    @property
+    def view_anthropic(self) -> str:
+        return self.view
+
+
 class ContextService:
     def __init__(self, db: AsyncSession, tenant_id: str) -> None:
         self.sessions = SessionService(db, tenant_id)
         self.messages = MessageRepository(db, tenant_id)
 
-    async def build(self, session_id: str, fmt: Format) -> ContextOut:
+    async def build(self, session_id: str, fmt: Format) -> bytes:
+        """The ``ContextOut`` document as JSON bytes."""
         session = await self.sessions.require(session_id)
-        rows = await self.messages.window(session_id, session.context_start_seq)
-        view = pair_tool_calls([entry_from_row(row) for row in rows])
-        tool_tokens = sum(e.tokens for e in view if e.role == "tool")
-        message_tokens = sum(e.tokens for e in view if e.role != "tool")
+        rows = await self.messages.window(session_id, session.context_start_seq, fmt)
+        items = [
+            _Item(r.role, r.tool_call_id, tuple(r.call_ids or ()), r.tokens, r.view) for r in rows
+        ]
+        system_json: bytes | None = None
+        if fmt == "openai":
+            messages_json, used = assemble_openai(items)
+        else:
+            system_json, messages_json, used = assemble_anthropic(items)
+
+        tool_tokens = sum(items[i].tokens for i in used if items[i].role == "tool")
+        message_tokens = sum(items[i].tokens for i in used if items[i].role != "tool")
         overhead = REPLY_PRIMING_TOKENS + session.overhead_tokens
         window, _ = sessions.window_of(session)
         config = sessions.effective_config(session.config)
@@ -46,26 +75,31 @@ class ContextService:
             context_tokens_at_report=session.context_tokens_at_report,
         )
         verdict = budget.verdict(acc, window, sessions.thresholds_of(config))
-
-        system = None
-        if fmt == "openai":
-            messages = [openai_format.render_message(e) for e in view]
-        else:
-            system, messages = anthropic_format.render_messages(view)
-        # Built from data the engine made; validating 1,000 messages again buys nothing.
-        return ContextOut.model_construct(
-            format=fmt,
-            messages=messages,
-            system=system,
-            tokens=ContextTokens(
-                estimated=verdict.estimated_tokens,
-                budget=verdict.usable_tokens,
-                fraction=verdict.fraction,
-                breakdown=TokenBreakdown(
-                    summary=0, messages=message_tokens, tool_outputs=tool_tokens, overhead=overhead
-                ),
+        tokens = ContextTokens(
+            estimated=verdict.estimated_tokens,
+            budget=verdict.usable_tokens,
+            fraction=verdict.fraction,
+            breakdown=TokenBreakdown(
+                summary=0, messages=message_tokens, tool_outputs=tool_tokens, overhead=overhead
             ),
-            state=_STATE[verdict.action],
-            compaction=None,
-            version=session.version,
+        )
+        rest = orjson.dumps(
+            {
+                "format": fmt,
+                "tokens": tokens.model_dump(),
+                "state": _STATE[verdict.action],
+                "compaction": None,
+                "version": session.version,
+            }
+        )
+        # Splice the stored fragments in as they are: the one JSON pass of a read.
+        return b"".join(
+            (
+                b'{"messages":',
+                messages_json,
+                b',"system":',
+                system_json if system_json is not None else b"null",
+                b",",
+                rest[1:],
+            )
         )

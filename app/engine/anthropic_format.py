@@ -253,6 +253,16 @@ def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
     return block
 
 
+def entry_blocks(entry: Entry) -> list[dict[str, Any]]:
+    """One entry's blocks as the model sees them: a tool entry is one ``tool_result``,
+    a system entry its text blocks, any other entry its rendered parts."""
+    if entry.role == "tool":
+        return [_tool_result_block(entry, for_history=False)]
+    if entry.role in ("system", "developer"):
+        return [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"]
+    return [b for p in entry.parts if (b := _render_block(p, for_history=False))]
+
+
 def render_messages(
     entries: list[Entry], *, for_history: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -300,7 +310,13 @@ def render_messages(
         if not blocks and not for_history:
             continue
         content: Any = blocks
-        if entry.content_form == "string" and all(b["type"] == "text" for b in blocks):
+        # The history gives back the string the client sent; the model always gets
+        # blocks (the same to the API), so a context can be assembled from stored blocks.
+        if (
+            for_history
+            and entry.content_form == "string"
+            and all(b["type"] == "text" for b in blocks)
+        ):
             content = entry.text()
         msg: dict[str, Any] = {"role": entry.role, "content": content}
         if for_history and entry.extra:

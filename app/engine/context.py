@@ -13,38 +13,73 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from app.engine.model import Entry
 
 
+class Linked(Protocol):
+    """What pairing needs to know of an entry, stored or not."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def tool_call_id(self) -> str | None: ...
+    @property
+    def call_ids(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Emit item ``index``, without the tool calls in ``drop``."""
+
+    index: int
+    drop: frozenset[str] = frozenset()
+
+
+def plan_pairing(items: Sequence[Linked]) -> list[Step]:
+    """The order in which to emit the items so no tool call or result is orphaned.
+
+    Each result goes right behind its call; a result whose call is absent is left
+    out; an assistant's calls that were never answered are dropped when the
+    conversation moved on (the entry itself goes when nothing else is left of it,
+    which the caller decides, see :func:`pair_tool_calls`); the final assistant's
+    unanswered calls are kept, pending.
+    """
+    results: dict[str, int] = {}
+    for i, item in enumerate(items):
+        if item.role == "tool" and item.tool_call_id is not None:
+            results.setdefault(item.tool_call_id, i)
+    # Calls before the last entry that is not a tool result were abandoned if
+    # unanswered; calls of the final assistant may still be running.
+    last_turn = max((i for i, item in enumerate(items) if item.role != "tool"), default=-1)
+
+    steps: list[Step] = []
+    for i, item in enumerate(items):
+        if item.role == "tool":
+            continue  # emitted behind its call, or left out as an orphan
+        calls = item.call_ids if item.role == "assistant" else ()
+        answered = [c for c in calls if c in results]
+        drop = frozenset(c for c in calls if c not in results) if i != last_turn else frozenset()
+        steps.append(Step(i, drop))
+        steps.extend(Step(results.pop(c)) for c in answered)
+    return steps
+
+
 def pair_tool_calls(entries: Sequence[Entry]) -> list[Entry]:
     """The entries reordered and trimmed so no tool call or result is orphaned."""
-    results: dict[str, Entry] = {}
-    for e in entries:
-        if e.role == "tool" and e.tool_call_id is not None:
-            results.setdefault(e.tool_call_id, e)
-    # Index of the last entry that is not a tool result: calls before it that
-    # have no result were abandoned; calls of the final assistant may be pending.
-    last_turn = max((i for i, e in enumerate(entries) if e.role != "tool"), default=-1)
-
     out: list[Entry] = []
-    for i, entry in enumerate(entries):
-        if entry.role == "tool":
-            continue  # emitted behind its call, or dropped as an orphan
-        calls = entry.tool_calls() if entry.role == "assistant" else []
-        if not calls:
-            out.append(entry)
-            continue
-        answered = [c for c in calls if c["id"] in results]
-        if len(answered) < len(calls) and i != last_turn:
-            kept_parts = [p for p in entry.parts if p["type"] != "tool_call" or p["id"] in results]
-            if not any(p["type"] in ("text", "tool_call") for p in kept_parts):
+    for step in plan_pairing(entries):
+        entry = entries[step.index]
+        if step.drop:
+            kept = [p for p in entry.parts if p["type"] != "tool_call" or p["id"] not in step.drop]
+            # Nothing left to say: no words and no calls (reasoning alone means nothing).
+            if not any(
+                p["type"] == "tool_call" or (p["type"] == "text" and p["text"]) for p in kept
+            ):
                 continue
-            entry = replace(entry, parts=kept_parts)
+            entry = replace(entry, parts=kept)
         out.append(entry)
-        for call in answered:
-            out.append(results.pop(call["id"]))
     return out
 
 

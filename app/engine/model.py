@@ -54,6 +54,11 @@ class Entry:
     def tool_calls(self) -> list[Part]:
         return [p for p in self.parts if p["type"] == "tool_call"]
 
+    @property
+    def call_ids(self) -> tuple[str, ...]:
+        """The ids of the tool calls this entry makes (assistant entries only)."""
+        return tuple(p["id"] for p in self.parts if p["type"] == "tool_call")
+
 
 class InvalidMessage(ValueError):
     """A message that cannot be stored, with the JSON path of the offending field."""

@@ -19,7 +19,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.database import Base
@@ -53,6 +53,10 @@ class Entry(Base):
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     source_format: Mapped[str] = mapped_column(String(16))
     tokens: Mapped[int] = mapped_column(Integer)
+    # Rendered once on write (see app.engine.view): a context read splices these.
+    call_ids: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    view_openai: Mapped[str] = mapped_column(Text)
+    view_anthropic: Mapped[str] = mapped_column(Text)
     parent_seq: Mapped[int | None] = mapped_column(BigInteger)
     pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

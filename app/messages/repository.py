@@ -10,19 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.messages.models import Entry, IdempotencyRecord, ToolCall
 
-# The columns the model's view needs; history pages read whole rows.
-CONTEXT_COLUMNS = (
-    Entry.seq,
-    Entry.role,
-    Entry.parts,
-    Entry.tool_call_id,
-    Entry.tool_name,
-    Entry.is_error,
-    Entry.name,
-    Entry.content_form,
-    Entry.tokens,
-    Entry.pruned_at,
-)
+# What a context read needs: pairing links, counts and one rendered fragment.
+_VIEW_COLUMNS = (Entry.seq, Entry.role, Entry.tool_call_id, Entry.call_ids, Entry.tokens)
 
 
 class MessageRepository:
@@ -89,10 +78,12 @@ class MessageRepository:
         params = [{"answered_call_id": c, "answered_seq": s} for c, s in answers.items()]
         await (await self.db.connection()).execute(stmt, params)
 
-    async def window(self, session_id: str, start_seq: int) -> list[Row[Any]]:
-        """The entries of the model's view: from the pivot on, light columns only."""
+    async def window(self, session_id: str, start_seq: int, fmt: str) -> list[Row[Any]]:
+        """The entries of the model's view, from the pivot on: light columns and the
+        fragment rendered for ``fmt``, never the parts."""
+        fragment = Entry.view_openai if fmt == "openai" else Entry.view_anthropic
         stmt = (
-            select(*CONTEXT_COLUMNS)
+            select(*_VIEW_COLUMNS, fragment.label("view"))
             .where(
                 Entry.session_id == session_id,
                 Entry.tenant_id == self.tenant_id,

@@ -11,7 +11,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.errors import UnprocessableContent, invalid
-from app.engine import anthropic_format, catalog, openai_format, tokens
+from app.engine import anthropic_format, catalog, openai_format, tokens, view
 from app.engine.model import Entry, InvalidMessage
 from app.messages.models import Entry as EntryRow
 from app.messages.repository import MessageRepository
@@ -137,6 +137,7 @@ class MessageService:
         for offset, (entry, count) in enumerate(zip(entries, counts, strict=True)):
             seq = session.next_seq + offset
             entry_id = uuid.uuid4()
+            view_openai, view_anthropic = view.render_view(entry)
             rows.append(
                 {
                     "session_id": session_id,
@@ -154,6 +155,9 @@ class MessageService:
                     "extra": entry.extra or None,
                     "source_format": body.format,
                     "tokens": count,
+                    "call_ids": list(entry.call_ids) or None,
+                    "view_openai": view_openai,
+                    "view_anthropic": view_anthropic,
                     "parent_seq": seq - 1 if seq > 1 else None,
                     "created_at": now,
                 }

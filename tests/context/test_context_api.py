@@ -98,7 +98,7 @@ async def test_anthropic_context(client: httpx.AsyncClient) -> None:
     msgs = ctx["messages"]
     assert all(m["role"] in ("user", "assistant") for m in msgs)
     assert check_anthropic_pairing(msgs) == []
-    assert msgs[0] == {"role": "user", "content": "Inspect the repo."}
+    assert msgs[0] == {"role": "user", "content": [{"type": "text", "text": "Inspect the repo."}]}
     uses = [b for b in msgs[1]["content"] if b["type"] == "tool_use"]
     assert [(u["id"], u["input"]) for u in uses] == [
         ("p1", {"command": "ls"}),

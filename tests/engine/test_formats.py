@@ -201,7 +201,7 @@ def test_anthropic_leading_system_becomes_top_level_and_later_system_is_wrapped(
     ]
     system, messages = anthropic_format.render_messages(entries)
     assert system == [{"type": "text", "text": "rules"}]
-    assert messages[0] == {"role": "user", "content": "hi"}
+    assert messages[0] == {"role": "user", "content": [{"type": "text", "text": "hi"}]}
     assert messages[1]["content"] == [{"type": "text", "text": "<system>\nlate\n</system>"}]
 
 

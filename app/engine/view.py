@@ -1,0 +1,129 @@
+"""The model's view, rendered once on write and assembled on read.
+
+Each entry is rendered when it is stored: its OpenAI message and its Anthropic
+blocks, as JSON text. Reading a context then costs no JSON parsing and no
+rendering: :func:`assemble_openai` and :func:`assemble_anthropic` splice the
+stored fragments in the order :func:`~app.engine.context.plan_pairing` gives.
+The only fragments parsed on read are the rare ones that must change: an
+assistant whose abandoned calls are dropped, and a system message that arrives
+mid-conversation (Anthropic has no place for it but the user's turn).
+
+The result is, byte for byte, the JSON of the engine's own renderers over
+:func:`~app.engine.context.pair_tool_calls`; the tests hold it to that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
+
+from app.engine import anthropic_format, openai_format
+from app.engine.context import Linked, plan_pairing
+from app.engine.model import Entry
+
+
+class Viewable(Linked, Protocol):
+    @property
+    def view_openai(self) -> str: ...
+    @property
+    def view_anthropic(self) -> str: ...
+
+
+def render_view(entry: Entry) -> tuple[str, str]:
+    """The entry's OpenAI message and its Anthropic blocks, as JSON text."""
+    openai = orjson.dumps(openai_format.render_message(entry)).decode()
+    anthropic = orjson.dumps(anthropic_format.entry_blocks(entry)).decode()
+    return openai, anthropic
+
+
+def _has_text_or_call(content: Any, calls: list[Any]) -> bool:
+    if calls:
+        return True
+    if isinstance(content, str):
+        return content != ""
+    return isinstance(content, list) and any(b.get("type") == "text" and b["text"] for b in content)
+
+
+def assemble_openai(items: Sequence[Viewable]) -> tuple[bytes, list[int]]:
+    """The OpenAI ``messages`` array as JSON, and the indices of the items in it."""
+    fragments: list[str] = []
+    used: list[int] = []
+    for step in plan_pairing(items):
+        fragment = items[step.index].view_openai
+        if step.drop:
+            msg = orjson.loads(fragment)
+            calls = [c for c in msg.get("tool_calls", []) if c["id"] not in step.drop]
+            if not _has_text_or_call(msg.get("content"), calls):
+                continue
+            if calls:
+                msg["tool_calls"] = calls
+            else:
+                msg.pop("tool_calls", None)
+            fragment = orjson.dumps(msg).decode()
+        fragments.append(fragment)
+        used.append(step.index)
+    return ("[" + ",".join(fragments) + "]").encode(), used
+
+
+def _inner(blocks_json: str) -> str:
+    return blocks_json[1:-1]
+
+
+def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[int]]:
+    """The Anthropic ``system`` and ``messages`` arrays as JSON, and the indices used.
+
+    Mirrors :func:`~app.engine.anthropic_format.render_messages`: leading system
+    entries make the top-level system; tool results open a user message that
+    the next user entry joins.
+    """
+    system: list[str] = []
+    messages: list[tuple[str, list[str]]] = []  # role, block fragments
+    open_results: list[str] | None = None
+    used: list[int] = []
+    for step in plan_pairing(items):
+        item = items[step.index]
+        role = item.role
+        blocks = item.view_anthropic
+        if role in ("system", "developer"):
+            texts = [b["text"] for b in orjson.loads(blocks)]
+            if not messages:
+                system.extend(
+                    orjson.dumps({"type": "text", "text": t}).decode() for t in texts if t
+                )
+                used.append(step.index)
+                continue
+            wrapped = "<system>\n" + "\n".join(texts) + "\n</system>"
+            role, blocks = "user", orjson.dumps([{"type": "text", "text": wrapped}]).decode()
+        elif step.drop:
+            kept = [
+                b
+                for b in orjson.loads(blocks)
+                if b["type"] != "tool_use" or b["id"] not in step.drop
+            ]
+            if not any(b["type"] in ("text", "tool_use") for b in kept):
+                continue  # as pair_tool_calls: no words and no calls left
+            blocks = orjson.dumps(kept).decode()
+        used.append(step.index)
+        if role == "tool":
+            if open_results is None:
+                open_results = []
+                messages.append(("user", open_results))
+            open_results.append(_inner(blocks))
+            continue
+        if role == "user" and open_results is not None:
+            if blocks != "[]":
+                open_results.append(_inner(blocks))
+            open_results = None
+            continue
+        open_results = None
+        if blocks == "[]":
+            continue
+        messages.append((role, [_inner(blocks)]))
+    system_json = "[" + ",".join(system) + "]"
+    messages_json = ",".join(
+        '{"role":' + orjson.dumps(role).decode() + ',"content":[' + ",".join(parts) + "]}"
+        for role, parts in messages
+    )
+    return system_json.encode(), ("[" + messages_json + "]").encode(), used
