@@ -256,6 +256,7 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        embedded.stop(folder / "pgdata")
         shutil.rmtree(folder, ignore_errors=True)
     return 0
 

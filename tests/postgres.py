@@ -63,6 +63,8 @@ def postgres_server() -> Iterator[tuple[str, str]]:
         asyncio.run(_throwaway_durability(url))
         yield "embedded-postgres", url
     finally:
+        if (folder / "data").exists():
+            embedded.stop(folder / "data")
         shutil.rmtree(folder, ignore_errors=True)
 
 

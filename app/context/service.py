@@ -3,8 +3,7 @@ rendering: both were done once, when each message was written."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -26,22 +25,19 @@ _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
 class _Item:
-    role: str
-    tool_call_id: str | None
-    call_ids: tuple[str, ...]
-    tokens: int
-    view: str
+    """One row of the window, as the assemblers read it (both names hold the
+    fragment of the requested format)."""
 
-    # The fragment is the one of the requested format; the assemblers name theirs.
-    @property
-    def view_openai(self) -> str:
-        return self.view
+    __slots__ = ("call_ids", "role", "tokens", "tool_call_id", "view_anthropic", "view_openai")
 
-    @property
-    def view_anthropic(self) -> str:
-        return self.view
+    def __init__(self, row: Any) -> None:
+        self.role: str = row[1]
+        self.tool_call_id: str | None = row[2]
+        self.call_ids: tuple[str, ...] = tuple(row[3]) if row[3] else ()
+        self.tokens: int = row[4]
+        self.view_openai: str = row[5]
+        self.view_anthropic: str = row[5]
 
 
 class ContextService:
@@ -53,9 +49,7 @@ class ContextService:
         """The ``ContextOut`` document as JSON bytes."""
         session = await self.sessions.require(session_id)
         rows = await self.messages.window(session_id, session.context_start_seq, fmt)
-        items = [
-            _Item(r.role, r.tool_call_id, tuple(r.call_ids or ()), r.tokens, r.view) for r in rows
-        ]
+        items = [_Item(row) for row in rows]
         system_json: bytes | None = None
         if fmt == "openai":
             messages_json, used = assemble_openai(items)

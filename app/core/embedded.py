@@ -53,3 +53,9 @@ def to_async_url(url: str) -> str:
     if "sslmode" in params:  # libpq's name; asyncpg calls it ssl
         url = url.replace("sslmode=", "ssl=")
     return url
+
+
+def stop(data_dir: Path) -> None:
+    """Stop the server of ``data_dir`` now rather than when this process exits
+    (and delete its data if it was started with ``cleanup_mode="delete"``)."""
+    _server(data_dir, None).cleanup()

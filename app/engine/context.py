@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from app.engine.model import Entry
 
@@ -29,12 +29,14 @@ class Linked(Protocol):
     def call_ids(self) -> tuple[str, ...]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """Emit item ``index``, without the tool calls in ``drop``."""
+_KEEP_ALL: frozenset[str] = frozenset()
 
-    index: int
-    drop: frozenset[str] = frozenset()
+
+class Step(NamedTuple):
+    """Emit item ``at``, without the tool calls in ``drop``."""
+
+    at: int
+    drop: frozenset[str] = _KEEP_ALL
 
 
 def plan_pairing(items: Sequence[Linked]) -> list[Step]:
@@ -59,9 +61,12 @@ def plan_pairing(items: Sequence[Linked]) -> list[Step]:
         if item.role == "tool":
             continue  # emitted behind its call, or left out as an orphan
         calls = item.call_ids if item.role == "assistant" else ()
+        if not calls:
+            steps.append(Step(i))
+            continue
         answered = [c for c in calls if c in results]
-        drop = frozenset(c for c in calls if c not in results) if i != last_turn else frozenset()
-        steps.append(Step(i, drop))
+        missing = len(answered) < len(calls) and i != last_turn
+        steps.append(Step(i, frozenset(calls).difference(answered) if missing else _KEEP_ALL))
         steps.extend(Step(results.pop(c)) for c in answered)
     return steps
 
@@ -70,7 +75,7 @@ def pair_tool_calls(entries: Sequence[Entry]) -> list[Entry]:
     """The entries reordered and trimmed so no tool call or result is orphaned."""
     out: list[Entry] = []
     for step in plan_pairing(entries):
-        entry = entries[step.index]
+        entry = entries[step.at]
         if step.drop:
             kept = [p for p in entry.parts if p["type"] != "tool_call" or p["id"] not in step.drop]
             # Nothing left to say: no words and no calls (reasoning alone means nothing).

@@ -51,7 +51,7 @@ def assemble_openai(items: Sequence[Viewable]) -> tuple[bytes, list[int]]:
     fragments: list[str] = []
     used: list[int] = []
     for step in plan_pairing(items):
-        fragment = items[step.index].view_openai
+        fragment = items[step.at].view_openai
         if step.drop:
             msg = orjson.loads(fragment)
             calls = [c for c in msg.get("tool_calls", []) if c["id"] not in step.drop]
@@ -63,7 +63,7 @@ def assemble_openai(items: Sequence[Viewable]) -> tuple[bytes, list[int]]:
                 msg.pop("tool_calls", None)
             fragment = orjson.dumps(msg).decode()
         fragments.append(fragment)
-        used.append(step.index)
+        used.append(step.at)
     return ("[" + ",".join(fragments) + "]").encode(), used
 
 
@@ -83,7 +83,7 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
     open_results: list[str] | None = None
     used: list[int] = []
     for step in plan_pairing(items):
-        item = items[step.index]
+        item = items[step.at]
         role = item.role
         blocks = item.view_anthropic
         if role in ("system", "developer"):
@@ -92,7 +92,7 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
                 system.extend(
                     orjson.dumps({"type": "text", "text": t}).decode() for t in texts if t
                 )
-                used.append(step.index)
+                used.append(step.at)
                 continue
             wrapped = "<system>\n" + "\n".join(texts) + "\n</system>"
             role, blocks = "user", orjson.dumps([{"type": "text", "text": wrapped}]).decode()
@@ -105,7 +105,7 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
             if not any(b["type"] in ("text", "tool_use") for b in kept):
                 continue  # as pair_tool_calls: no words and no calls left
             blocks = orjson.dumps(kept).decode()
-        used.append(step.index)
+        used.append(step.at)
         if role == "tool":
             if open_results is None:
                 open_results = []

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Row, bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.messages.models import Entry, IdempotencyRecord, ToolCall
 
 # What a context read needs: pairing links, counts and one rendered fragment.
-_VIEW_COLUMNS = (Entry.seq, Entry.role, Entry.tool_call_id, Entry.call_ids, Entry.tokens)
+_WINDOW_SQL = {
+    fmt: (
+        f"SELECT seq, role, tool_call_id, call_ids, tokens, {column} AS view FROM entry"
+        " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 ORDER BY seq"
+    )
+    for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
+}
 
 
 class MessageRepository:
@@ -78,20 +84,19 @@ class MessageRepository:
         params = [{"answered_call_id": c, "answered_seq": s} for c, s in answers.items()]
         await (await self.db.connection()).execute(stmt, params)
 
-    async def window(self, session_id: str, start_seq: int, fmt: str) -> list[Row[Any]]:
+    async def window(self, session_id: str, start_seq: int, fmt: str) -> list[Any]:
         """The entries of the model's view, from the pivot on: light columns and the
-        fragment rendered for ``fmt``, never the parts."""
-        fragment = Entry.view_openai if fmt == "openai" else Entry.view_anthropic
-        stmt = (
-            select(*_VIEW_COLUMNS, fragment.label("view"))
-            .where(
-                Entry.session_id == session_id,
-                Entry.tenant_id == self.tenant_id,
-                Entry.seq >= start_seq,
-            )
-            .order_by(Entry.seq)
-        )
-        return list(await self.db.execute(stmt))
+        fragment rendered for ``fmt``, never the parts.
+
+        The hottest read of the service, so it goes to asyncpg directly: rows
+        come back as records (``seq, role, tool_call_id, call_ids, tokens, view``)
+        without a per-row ORM pass.
+        """
+        sql = _WINDOW_SQL[fmt]
+        conn = await (await self.db.connection()).get_raw_connection()
+        driver: Any = conn.driver_connection
+        records: list[Any] = await driver.fetch(sql, session_id, self.tenant_id, start_seq)
+        return records
 
     async def page(self, session_id: str, after_seq: int, limit: int) -> list[Entry]:
         stmt = (
