@@ -42,8 +42,6 @@ class Settings(BaseSettings):
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )
     max_batch_messages: int = Field(default=1000, description="Most messages one append may carry.")
-    idempotency_ttl_hours: int = 24
-    default_model: str = "gpt-4o"
     tiktoken_cache_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "tiktoken",
         description="Where the offline BPE files are written for tiktoken.",
