@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # How the client shaped ``content``, so the stored message is given back as sent.
 ContentForm = Literal["string", "parts", "null", "absent"]

@@ -192,7 +192,6 @@ class SessionService:
         except IntegrityError:  # a concurrent create with the same id won
             raise Conflict(f"session {session_id!r} already exists") from None
         await self.db.refresh(session)
-        window_of(session)
         return session
 
     async def list(

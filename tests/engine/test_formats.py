@@ -224,6 +224,17 @@ def test_anthropic_model_render_drops_unsigned_thinking_and_empty_text() -> None
 # --- across formats -----------------------------------------------------------------------
 
 
+def _block_field(messages: list[dict[str, Any]], kind: str, field: str) -> list[Any]:
+    """``field`` of every ``kind`` block in Anthropic messages, in order."""
+    return [
+        b[field]
+        for m in messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b["type"] == kind
+    ]
+
+
 def _call_ids(messages: list[dict[str, Any]]) -> list[str]:
     return [c["id"] for m in messages for c in m.get("tool_calls") or []]
 
@@ -234,20 +245,8 @@ def assert_anthropic_render_keeps_calls_paired(
     """OpenAI -> canonical -> Anthropic: every tool_use answered by the next user message."""
     system, rendered = anthropic_format.render_messages(entries)
     assert check_anthropic_pairing(rendered, allow_pending=False) == []
-    uses = [
-        b["id"]
-        for m in rendered
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_use"
-    ]
-    results = [
-        b["tool_use_id"]
-        for m in rendered
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_result"
-    ]
+    uses = _block_field(rendered, "tool_use", "id")
+    results = _block_field(rendered, "tool_result", "tool_use_id")
     assert sorted(uses) == sorted(results) == sorted(_call_ids(messages))
     for m in rendered:
         assert m["role"] in ("user", "assistant")
@@ -260,13 +259,7 @@ def assert_openai_render_is_valid(entries: list[Entry], messages: list[dict[str,
     """Anthropic -> canonical -> OpenAI: a chat the API accepts, with the same calls."""
     rendered = [openai_format.render_message(e) for e in entries]
     assert check_openai_pairing(rendered, allow_pending=False) == []
-    uses = [
-        b["id"]
-        for m in messages
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_use"
-    ]
+    uses = _block_field(messages, "tool_use", "id")
     assert sorted(_call_ids(rendered)) == sorted(uses)
     for m in rendered:
         for call in m.get("tool_calls", []):
@@ -278,20 +271,20 @@ def assert_tool_input_survives_openai(entries: list[Entry], messages: list[dict[
     as_openai = [openai_format.render_message(e, for_history=False) for e in entries]
     back = parse_openai(as_openai)
     _, again = anthropic_format.render_messages(back)
-    inputs = {
-        b["id"]: b["input"]
-        for m in messages
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_use"
-    }
-    again_inputs = {
-        b["id"]: b["input"]
-        for m in again
-        if isinstance(m["content"], list)
-        for b in m["content"]
-        if b["type"] == "tool_use"
-    }
+    inputs = dict(
+        zip(
+            _block_field(messages, "tool_use", "id"),
+            _block_field(messages, "tool_use", "input"),
+            strict=True,
+        )
+    )
+    again_inputs = dict(
+        zip(
+            _block_field(again, "tool_use", "id"),
+            _block_field(again, "tool_use", "input"),
+            strict=True,
+        )
+    )
     assert again_inputs == inputs
 
 
