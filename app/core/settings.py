@@ -54,8 +54,9 @@ def get_settings() -> Settings:
     return Settings()
 
 
-def app_settings(request: Request) -> Settings:
-    """The settings the running app was created with (tests pass their own)."""
+async def app_settings(request: Request) -> Settings:
+    """The settings the running app was created with (tests pass their own). Async, so
+    FastAPI calls it in the event loop instead of its thread pool."""
     settings: Settings = request.app.state.settings
     return settings
 

@@ -9,7 +9,8 @@ from fastapi import Depends
 from app.sessions.models import DEFAULT_TENANT
 
 
-def get_tenant() -> str:
+async def get_tenant() -> str:
+    # async: FastAPI would run a plain function in its thread pool, on every request.
     return DEFAULT_TENANT
 
 
