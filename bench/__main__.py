@@ -25,6 +25,8 @@ from typing import Any
 
 import asyncpg
 import httpx
+import orjson
+import psutil
 
 from app.context.service import ContextService
 from app.core import embedded
@@ -33,6 +35,7 @@ from app.core.settings import Settings
 from app.engine import openai_format, tokens
 from app.messages.service import entry_from_row
 from app.sessions.models import DEFAULT_TENANT
+from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
 
@@ -84,57 +87,71 @@ def session_messages(all_msgs: list[dict[str, Any]], n: int, tag: str) -> list[d
     return picked
 
 
-async def bench_appends(client: httpx.AsyncClient) -> None:
+async def new_session(conn: Connection, model: str = "gpt-4o") -> str:
+    status, body = await conn.request("POST", "/v1/sessions", {"model": model})
+    assert status == 201, body
+    sid: str = orjson.loads(body)["id"]
+    return sid
+
+
+async def bench_appends(host: str, port: int, server: psutil.Process) -> None:
     print("\nAppend")
-    r = await client.post("/v1/sessions", json={"model": "gpt-4o"})
-    sid = r.json()["id"]
     msg = {
         "role": "user",
         "content": "Please run the failing test again and show me the traceback. " * 4,
     }
-    samples: list[float] = []
-    for _ in range(400):
-        t = time.perf_counter()
-        r = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": [msg]})
-        samples.append(time.perf_counter() - t)
-        assert r.status_code == 201, r.text
-    line("single message, sequential", samples, "(target p50 <= 8 ms)")
+    async with Connection(host, port) as conn:
+        sid = await new_session(conn)
+        samples: list[float] = []
+        for _ in range(400):
+            t = time.perf_counter()
+            status, body = await conn.request(
+                "POST", f"/v1/sessions/{sid}/messages", {"messages": [msg]}
+            )
+            samples.append(time.perf_counter() - t)
+            assert status == 201, body
+        line("single message, sequential", samples, "(target p50 <= 8 ms)")
+        sids = [await new_session(conn) for _ in range(16)]
 
     for clients, same in ((16, False), (16, True)):
-        sids = []
-        for _ in range(clients):
-            sids.append((await client.post("/v1/sessions", json={"model": "gpt-4o"})).json()["id"])
-        per = 100
+        per = 150
         lat: list[float] = []
 
         async def worker(target: str, lat: list[float], per: int = per) -> None:
-            for _ in range(per):
-                t = time.perf_counter()
-                resp = await client.post(
-                    f"/v1/sessions/{target}/messages", json={"messages": [msg]}
-                )
-                lat.append(time.perf_counter() - t)
-                assert resp.status_code == 201, resp.text
+            async with Connection(host, port) as conn:
+                for _ in range(per):
+                    t = time.perf_counter()
+                    status, body = await conn.request(
+                        "POST", f"/v1/sessions/{target}/messages", {"messages": [msg]}
+                    )
+                    lat.append(time.perf_counter() - t)
+                    assert status == 201, body
 
+        cpu0 = sum(server.cpu_times()[:2])
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(sids[0] if same else sids[k], lat) for k in range(clients)))
         elapsed = time.perf_counter() - t0
+        cpu = (sum(server.cpu_times()[:2]) - cpu0) / (clients * per) * 1000
         where = "one shared session" if same else "a session each"
         line(
             f"single, {clients} concurrent clients, {where}",
             lat,
-            f"{clients * per / elapsed:7.0f} appends/s (target >= 500)",
+            f"{clients * per / elapsed:7.0f} appends/s (target >= 500),"
+            f" service CPU {cpu:.2f} ms/append",
         )
 
     all_msgs = corpus()
     batch_samples: list[float] = []
-    sid = (await client.post("/v1/sessions", json={"model": "gpt-4o"})).json()["id"]
-    for b in range(40):
-        batch = session_messages(all_msgs[b * 37 :] + all_msgs, 100, f"b{b}")
-        t = time.perf_counter()
-        r = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": batch})
-        batch_samples.append(time.perf_counter() - t)
-        assert r.status_code == 201, r.text
+    async with Connection(host, port) as conn:
+        sid = await new_session(conn)
+        for b in range(40):
+            batch = session_messages(all_msgs[b * 37 :] + all_msgs, 100, f"b{b}")
+            t = time.perf_counter()
+            status, body = await conn.request(
+                "POST", f"/v1/sessions/{sid}/messages", {"messages": batch}
+            )
+            batch_samples.append(time.perf_counter() - t)
+            assert status == 201, body
     total = sum(batch_samples)
     line(
         "100-message batch (real trace messages)",
@@ -169,39 +186,40 @@ class _Row:
         return self._r[name]
 
 
-async def bench_context(client: httpx.AsyncClient, dsn: str) -> None:
+async def bench_context(host: str, port: int, dsn: str) -> None:
     print("\nContext read (GET /context, openai) vs naive baseline")
     all_msgs = corpus()
+    client = await Connection(host, port).__aenter__()
     conn = await asyncpg.connect(dsn)
     engine = create_engine(dsn.replace("postgresql://", "postgresql+asyncpg://", 1), Settings())
     maker = sessionmaker(engine)
     try:
         for size in (100, 1000):
-            sid = (await client.post("/v1/sessions", json={"model": "gpt-4.1"})).json()["id"]
+            sid = await new_session(client, "gpt-4.1")
             msgs = session_messages(all_msgs, size, f"c{size}")
             for k in range(0, len(msgs), 100):
-                r = await client.post(
-                    f"/v1/sessions/{sid}/messages", json={"messages": msgs[k : k + 100]}
+                status, body = await client.request(
+                    "POST", f"/v1/sessions/{sid}/messages", {"messages": msgs[k : k + 100]}
                 )
-                assert r.status_code == 201, r.text
+                assert status == 201, body
             ours: list[float] = []
             ours_direct: list[float] = []
             naive: list[float] = []
             reads = 200 if size == 100 else 60
             for _ in range(reads):
                 t = time.perf_counter()
-                r = await client.get(f"/v1/sessions/{sid}/context")
+                status, body = await client.request("GET", f"/v1/sessions/{sid}/context")
                 ours.append(time.perf_counter() - t)
-                assert r.status_code == 200
+                assert status == 200, body
                 t = time.perf_counter()
                 async with maker() as db:
-                    body = await ContextService(db, DEFAULT_TENANT).build(sid, "openai")
+                    direct = await ContextService(db, DEFAULT_TENANT).build(sid, "openai")
                 ours_direct.append(time.perf_counter() - t)
-                assert body
+                assert direct == body
                 t = time.perf_counter()
                 await naive_context(conn, sid)
                 naive.append(time.perf_counter() - t)
-            n = len(r.json()["messages"])
+            n = len(orjson.loads(body)["messages"])
             line(f"compactd, {n} messages (over HTTP)", ours)
             line(f"compactd, {n} messages (in-process, same path)", ours_direct)
             line(
@@ -213,6 +231,7 @@ async def bench_context(client: httpx.AsyncClient, dsn: str) -> None:
     finally:
         await conn.close()
         await engine.dispose()
+        await client.__aexit__()
 
 
 def main() -> int:
@@ -243,14 +262,12 @@ def main() -> int:
         )
 
         async def run() -> None:
-            limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-            async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
-                await bench_appends(client)
-                await bench_context(client, url.replace("postgresql+asyncpg://", "postgresql://"))
+            await bench_appends("127.0.0.1", port, psutil.Process(server.pid))
+            await bench_context(
+                "127.0.0.1", port, url.replace("postgresql+asyncpg://", "postgresql://")
+            )
 
         asyncio.run(run())
-        import psutil
-
         rss = psutil.Process(server.pid).memory_info().rss / 2**20
         print(f"\nservice RSS after the run: {rss:.0f} MB")
     finally:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
 
+import asyncpg
 import orjson
 from fastapi import Depends, Request
 from sqlalchemy import MetaData
@@ -16,6 +18,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import DeclarativeBase
 
+from app.core.errors import ServiceUnavailable
 from app.core.settings import Settings
 
 # Postgres's own naming style, so Alembic names match what psql shows.
@@ -44,6 +47,7 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_pool_timeout_seconds,
         json_serializer=_dumps,
         json_deserializer=orjson.loads,
+        connect_args={"server_settings": {"plan_cache_mode": "force_generic_plan"}},
     )
 
 
@@ -61,6 +65,44 @@ async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
         except BaseException:
             await db.rollback()
             raise
+
+
+# What a dropped or refused connection raises from asyncpg itself (the raw paths
+# below); SQLAlchemy wraps the same as OperationalError on its own paths.
+DISCONNECTS = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    OSError,
+)
+
+
+@asynccontextmanager
+async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
+    """A pooled connection as a bare asyncpg connection, outside any transaction.
+
+    For the hot paths (append), where SQLAlchemy's per-statement work costs more
+    than the query itself: each statement is its own transaction unless the
+    caller opens one (``driver.transaction()``). A dropped connection is
+    invalidated, so the pool never hands it out again, and the request gets a 503.
+    """
+    async with engine.connect() as connection:
+        proxied = await connection.get_raw_connection()
+        try:
+            yield proxied.driver_connection
+        except DISCONNECTS as exc:
+            await connection.invalidate(exc)
+            raise ServiceUnavailable(
+                "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
+            ) from exc
+
+
+async def get_engine(request: Request) -> AsyncEngine:
+    engine: AsyncEngine = request.app.state.engine
+    return engine
+
+
+EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
 
 
 # scope="function": commit before the response is sent, so a client that got its

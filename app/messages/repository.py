@@ -2,13 +2,93 @@
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.messages.models import Entry, IdempotencyRecord, ToolCall
+from app.messages.models import Entry
+
+
+@dataclass(slots=True)
+class SessionState:
+    """The session columns an append reads and advances."""
+
+    model: str
+    context_window: int | None
+    max_output_tokens: int | None
+    input_limit: int | None
+    config: dict[str, Any]
+    version: int
+    next_seq: int
+    entry_count: int
+    stored_tokens: int
+    context_tokens: int
+    context_tool_tokens: int
+    calibration_factor: float
+    overhead_tokens: int
+    reported_prompt_tokens: int | None
+    context_tokens_at_report: int | None
+
+
+class StoredCall(NamedTuple):
+    name: str
+    result_seq: int | None
+
+
+@dataclass(slots=True)
+class AppendRead:
+    """Everything an append checks, read in one statement: the session, the stored
+    calls its batch names, and an earlier append with the same idempotency key."""
+
+    session: SessionState
+    calls: dict[str, StoredCall]
+    idempotency: tuple[str, str] | None  # request hash, response (JSON text)
+
+
+class EntryRow(NamedTuple):
+    """One new entry, as the append statement takes it (JSON columns as JSON text)."""
+
+    seq: int
+    id: uuid.UUID
+    role: str
+    parts: str
+    tool_call_id: str | None
+    tool_name: str | None
+    is_error: bool
+    name: str | None
+    content_form: str
+    extra: str | None
+    tokens: int
+    call_ids: str | None
+    view_openai: str
+    view_anthropic: str
+
+
+class CallRow(NamedTuple):
+    call_id: str
+    name: str
+    call_seq: int
+    result_seq: int | None
+
+
+@dataclass(slots=True)
+class AppendWrite:
+    session_id: str
+    read_version: int  # the write applies only if the session is still at this version
+    source_format: str
+    now: datetime
+    entries: list[EntryRow]
+    new_calls: list[CallRow]
+    answers: dict[str, int]  # stored call id -> the seq of its result in this batch
+    session: SessionState  # with the totals after the append
+    idempotency_key: str | None
+    request_hash: str | None
+    response: str | None  # JSON text, kept only with an idempotency key
+
 
 # What a context read needs: pairing links, counts and one rendered fragment.
 _WINDOW_SQL = {
@@ -19,70 +99,141 @@ _WINDOW_SQL = {
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
 
+_STATE_COLUMNS = ", ".join(f"s.{f.name}" for f in fields(SessionState))
+
+_READ_SQL = f"""
+SELECT {_STATE_COLUMNS},
+    (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq)) FROM tool_call AS c
+        WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.call_id = ANY($3::text[])),
+    i.request_hash, i.response::text
+FROM session AS s
+LEFT JOIN idempotency_record AS i
+    ON i.session_id = s.id AND i.tenant_id = s.tenant_id AND i.key = $4::varchar
+WHERE s.id = $1 AND s.tenant_id = $2
+"""
+
+# Arrays in, one row per entry out (unnest zips them). Everything hangs on the
+# session update, which applies only at the version the append read: if another
+# append came first, nothing is written and the append reads again. A call
+# answered in its own batch is inserted with its result; one answered later is
+# updated. The totals are absolute values, computed from what was read.
+_WRITE_SQL = """
+WITH advanced AS (
+    UPDATE session SET next_seq = $25, entry_count = $26, stored_tokens = $27,
+        context_tokens = $28, context_tool_tokens = $29, version = $30, updated_at = $4
+    WHERE id = $1 AND tenant_id = $2 AND version = $34
+    RETURNING version
+), entries AS (
+    INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
+        tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
+        view_openai, view_anthropic, parent_seq, created_at)
+    SELECT $1, $2, e.seq, e.id, 'message', e.role, e.parts, e.tool_call_id, e.tool_name,
+        e.is_error, e.name, e.content_form, e.extra, $3, e.tokens,
+        (SELECT array_agg(c) FROM jsonb_array_elements_text(e.call_ids) AS c),
+        e.view_openai, e.view_anthropic, NULLIF(e.seq - 1, 0), $4
+    FROM advanced, unnest($5::bigint[], $6::uuid[], $7::text[], $8::jsonb[], $9::text[],
+        $10::text[], $11::boolean[], $12::text[], $13::text[], $14::jsonb[], $15::int[],
+        $16::jsonb[], $17::text[], $18::text[])
+        AS e(seq, id, role, parts, tool_call_id, tool_name, is_error, name, content_form,
+            extra, tokens, call_ids, view_openai, view_anthropic)
+), new_calls AS (
+    INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq)
+    SELECT $1, $2, c.call_id, c.name, c.call_seq, c.result_seq
+    FROM advanced, unnest($19::text[], $20::text[], $21::bigint[], $22::bigint[])
+        AS c(call_id, name, call_seq, result_seq)
+), answered AS (
+    UPDATE tool_call AS t SET result_seq = a.result_seq
+    FROM advanced, unnest($23::text[], $24::bigint[]) AS a(call_id, result_seq)
+    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_id = a.call_id
+), idempotency AS (
+    INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code,
+        response)
+    SELECT $1, $2, $31::varchar, $32::varchar, 201, $33::jsonb
+    FROM advanced WHERE $31::varchar IS NOT NULL
+)
+SELECT count(*) FROM advanced
+"""
+
+
+class AppendRepository:
+    """The append's SQL, on a bare asyncpg connection (``driver``, see
+    ``app.core.database.driver_connection``): a read and a write, each one
+    statement prepared once per connection, and no transaction block around them."""
+
+    def __init__(self, tenant_id: str) -> None:
+        self.tenant_id = tenant_id
+
+    async def read_for_append(
+        self,
+        driver: Any,
+        session_id: str,
+        call_ids: list[str],
+        idempotency_key: str | None,
+        *,
+        lock: bool,
+    ) -> AppendRead | None:
+        """What an append checks; ``lock`` also locks the session row, inside the
+        caller's transaction, so that the write that follows cannot lose a race."""
+        sql = _READ_SQL + " FOR UPDATE OF s" if lock else _READ_SQL
+        row = await driver.fetchrow(sql, session_id, self.tenant_id, call_ids, idempotency_key)
+        if row is None:
+            return None
+        n = len(fields(SessionState))
+        calls = {c[0]: StoredCall(c[1], c[2]) for c in row[n] or ()}
+        record = (row[n + 1], row[n + 2]) if row[n + 1] is not None else None
+        return AppendRead(SessionState(*row[:n]), calls, record)
+
+    async def write_append(self, driver: Any, write: AppendWrite) -> bool:
+        """Insert the entries, their calls and the answers, advance the session's
+        totals and keep the idempotency record, in one statement. False, with
+        nothing written, when the session is no longer at ``write.read_version``."""
+        rows = write.entries
+        calls = write.new_calls
+        totals = write.session
+        applied: int = await driver.fetchval(
+            _WRITE_SQL,
+            write.session_id,
+            self.tenant_id,
+            write.source_format,
+            write.now,
+            [r.seq for r in rows],
+            [r.id for r in rows],
+            [r.role for r in rows],
+            [r.parts for r in rows],
+            [r.tool_call_id for r in rows],
+            [r.tool_name for r in rows],
+            [r.is_error for r in rows],
+            [r.name for r in rows],
+            [r.content_form for r in rows],
+            [r.extra for r in rows],
+            [r.tokens for r in rows],
+            [r.call_ids for r in rows],
+            [r.view_openai for r in rows],
+            [r.view_anthropic for r in rows],
+            [c.call_id for c in calls],
+            [c.name for c in calls],
+            [c.call_seq for c in calls],
+            [c.result_seq for c in calls],
+            list(write.answers),
+            list(write.answers.values()),
+            totals.next_seq,
+            totals.entry_count,
+            totals.stored_tokens,
+            totals.context_tokens,
+            totals.context_tool_tokens,
+            totals.version,
+            write.idempotency_key,
+            write.request_hash,
+            write.response,
+            write.read_version,
+        )
+        return applied == 1
+
 
 class MessageRepository:
     def __init__(self, db: AsyncSession, tenant_id: str) -> None:
         self.db = db
         self.tenant_id = tenant_id
-
-    async def idempotency_record(self, session_id: str, key: str) -> IdempotencyRecord | None:
-        stmt = select(IdempotencyRecord).where(
-            IdempotencyRecord.session_id == session_id,
-            IdempotencyRecord.tenant_id == self.tenant_id,
-            IdempotencyRecord.key == key,
-        )
-        return (await self.db.execute(stmt)).scalar_one_or_none()
-
-    async def save_idempotency_record(
-        self,
-        session_id: str,
-        key: str,
-        request_hash: str,
-        status_code: int,
-        response: dict[str, Any],
-    ) -> None:
-        await self.db.execute(
-            pg_insert(IdempotencyRecord).values(
-                session_id=session_id,
-                tenant_id=self.tenant_id,
-                key=key,
-                request_hash=request_hash,
-                status_code=status_code,
-                response=response,
-            )
-        )
-
-    async def tool_calls(self, session_id: str, call_ids: list[str]) -> dict[str, ToolCall]:
-        if not call_ids:
-            return {}
-        stmt = select(ToolCall).where(
-            ToolCall.session_id == session_id,
-            ToolCall.tenant_id == self.tenant_id,
-            ToolCall.call_id.in_(call_ids),
-        )
-        return {c.call_id: c for c in (await self.db.execute(stmt)).scalars()}
-
-    async def insert_entries(self, rows: list[dict[str, Any]]) -> None:
-        await self.db.execute(insert(Entry), rows)
-
-    async def insert_tool_calls(self, rows: list[dict[str, Any]]) -> None:
-        if rows:
-            await self.db.execute(insert(ToolCall), rows)
-
-    async def mark_answered(self, session_id: str, answers: dict[str, int]) -> None:
-        if not answers:
-            return
-        stmt = (
-            update(ToolCall)
-            .where(
-                ToolCall.session_id == session_id,
-                ToolCall.tenant_id == self.tenant_id,
-                ToolCall.call_id == bindparam("answered_call_id"),
-            )
-            .values(result_seq=bindparam("answered_seq"))
-        )
-        params = [{"answered_call_id": c, "answered_seq": s} for c, s in answers.items()]
-        await (await self.db.connection()).execute(stmt, params)
 
     async def window(self, session_id: str, start_seq: int, fmt: str) -> list[Any]:
         """The entries of the model's view, from the pivot on: light columns and the

@@ -6,43 +6,49 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from app.core.database import DbDep
+from app.core.database import DbDep, EngineDep
 from app.core.openapi import problems
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.messages.schemas import AppendRequest, AppendResponse, Format, HistoryPage
-from app.messages.service import MessageService
+from app.messages.service import AppendService, MessageService
 from app.sessions.router import IfMatch, SessionIdPath, checked_id
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/messages", tags=["messages"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=problems(404, 412, 413, 422))
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=AppendResponse,
+    responses=problems(404, 412, 413, 422),
+)
 async def append_messages(
     session_id: SessionIdPath,
     body: AppendRequest,
-    db: DbDep,
+    engine: EngineDep,
     tenant: TenantDep,
     settings: SettingsDep,
-    response: Response,
     idempotency_key: Annotated[
         str | None,
         Header(max_length=255, description="A retry with the same key returns the first response."),
     ] = None,
     if_match: IfMatch = None,
-) -> AppendResponse:
+) -> Response:
     """Append a batch of messages atomically; each is counted once, here."""
-    result, replayed = await MessageService(db, tenant).append(
+    document, version, replayed = await AppendService(engine, tenant).append(
         checked_id(session_id),
         body,
         idempotency_key=idempotency_key,
         if_match=if_match,
         max_messages=settings.max_batch_messages,
     )
-    response.headers["ETag"] = f'"{result.version}"'
+    # The service wrote the JSON itself (it is also the idempotency record); the
+    # response model above documents it.
+    headers = {"ETag": f'"{version}"'}
     if replayed:
-        response.headers["Idempotent-Replayed"] = "true"
-    return result
+        headers["Idempotent-Replayed"] = "true"
+    return Response(document, status_code=201, media_type="application/json", headers=headers)
 
 
 @router.get("", responses=problems(404, 422))

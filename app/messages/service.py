@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.core.errors import UnprocessableContent, invalid
+from app.core.database import driver_connection
+from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.engine import anthropic_format, catalog, openai_format, tokens, view
 from app.engine.model import Entry, InvalidMessage
-from app.messages.models import Entry as EntryRow
-from app.messages.repository import MessageRepository
+from app.messages import models
+from app.messages.repository import (
+    AppendRepository,
+    AppendWrite,
+    CallRow,
+    EntryRow,
+    MessageRepository,
+    StoredCall,
+)
 from app.messages.schemas import (
     AppendRequest,
-    AppendResponse,
     Format,
     HistoryEntry,
     HistoryPage,
@@ -30,6 +38,27 @@ from app.sessions.service import SessionService
 # Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
 # providers use ids of a few dozen characters.
 MAX_TOOL_CALL_ID_CHARS = 512
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+_ENTRY_KEYS = tuple(StoredEntry.model_fields)
+_VERDICT_KEYS = tuple(Verdict.model_fields)
+
+
+def append_document(doc: dict[str, Any]) -> bytes:
+    """An ``AppendResponse`` as JSON, keys in the model's order. A replay rebuilds
+    it from the stored record (jsonb reorders keys) and gets the same bytes."""
+    return orjson.dumps(
+        {
+            "entries": [{k: e[k] for k in _ENTRY_KEYS} for e in doc["entries"]],
+            "version": doc["version"],
+            "context_tokens": doc["context_tokens"],
+            "overflow": {k: doc["overflow"][k] for k in _VERDICT_KEYS},
+        }
+    )
 
 
 def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
@@ -69,7 +98,7 @@ def entry_from_row(row: Any, extra: dict[str, Any] | None = None) -> Entry:
     )
 
 
-def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
+def render_history(row: models.Entry, fmt: Format) -> dict[str, Any]:
     entry = entry_from_row(row, row.extra)
     if fmt == "openai":
         return openai_format.render_message(entry, for_history=True)
@@ -84,14 +113,85 @@ def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
     return msgs[0] if msgs else {"role": entry.role, "content": []}
 
 
-class MessageService:
-    """The message log of one tenant's sessions."""
+def batch_calls(entries: list[Entry]) -> dict[str, tuple[str, int]]:
+    """The batch's own tool calls: call id to tool name and batch offset."""
+    new_calls: dict[str, tuple[str, int]] = {}
+    for offset, entry in enumerate(entries):
+        for call in entry.tool_calls():
+            if len(call["id"]) > MAX_TOOL_CALL_ID_CHARS:
+                raise invalid(
+                    f"messages[{offset}]",
+                    f"a tool call id is {len(call['id'])} characters; at most {MAX_TOOL_CALL_ID_CHARS}",
+                )
+            if call["id"] in new_calls:
+                raise invalid(
+                    f"messages[{offset}]",
+                    f"tool call id {call['id']!r} appears twice in the batch",
+                )
+            new_calls[call["id"]] = (call["name"], offset)
+    return new_calls
 
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.db = db
-        self.tenant_id = tenant_id
-        self.repo = MessageRepository(db, tenant_id)
-        self.sessions = SessionService(db, tenant_id)
+
+def link_results(
+    entries: list[Entry],
+    new_calls: dict[str, tuple[str, int]],
+    stored: dict[str, StoredCall],
+    first_seq: int,
+) -> dict[str, int]:
+    """Check every result answers one open call and name each result's tool.
+
+    Returns the calls answered by this batch: call id to the seq of its result.
+    """
+    for call_id, (_, offset) in new_calls.items():
+        if call_id in stored:
+            raise invalid(
+                f"messages[{offset}]",
+                f"tool call id {call_id!r} is already used by an earlier message of this session",
+            )
+    answered: dict[str, int] = {}
+    for offset, entry in enumerate(entries):
+        if entry.role != "tool" or entry.tool_call_id is None:
+            continue
+        call_id = entry.tool_call_id
+        where = f"messages[{offset}].tool_call_id"
+        if call_id in answered:
+            raise invalid(where, f"tool call {call_id!r} already has a result in this batch")
+        if call_id in new_calls:
+            name, call_offset = new_calls[call_id]
+            if call_offset > offset:
+                raise invalid(where, f"the result for {call_id!r} comes before its call")
+        elif call_id in stored:
+            call = stored[call_id]
+            if call.result_seq is not None:
+                raise invalid(
+                    where,
+                    f"tool call {call_id!r} already has a result (entry seq {call.result_seq})",
+                )
+            name = call.name
+        else:
+            raise invalid(where, f"{call_id!r} matches no tool call of this session")
+        entry.tool_name = name
+        answered[call_id] = first_seq + offset
+    return answered
+
+
+# Appends read, then write only if the session is still at the version they read.
+# After this many lost races (many writers on one session), an append takes the
+# session's row lock instead, and cannot lose again.
+OPTIMISTIC_ATTEMPTS = 1
+
+
+class AppendService:
+    """Appending to one tenant's sessions: the hottest write of the service.
+
+    An append is a read and a conditional write on a bare asyncpg connection,
+    two round trips and no transaction block: the write statement inserts the
+    entries and advances the session only if no other append came first.
+    """
+
+    def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
+        self.engine = engine
+        self.repo = AppendRepository(tenant_id)
 
     async def append(
         self,
@@ -101,164 +201,151 @@ class MessageService:
         idempotency_key: str | None,
         if_match: str | None,
         max_messages: int | None = None,
-    ) -> tuple[AppendResponse, bool]:
-        """Store a batch atomically. Returns the response and whether it is a replay."""
+    ) -> tuple[bytes, int, bool]:
+        """Store a batch atomically.
+
+        Returns the ``AppendResponse`` document as JSON bytes, the session's
+        version after it, and whether it is the replay of an earlier append.
+        """
         if max_messages is not None and len(body.messages) > max_messages:
             raise invalid(
                 "messages",
                 f"holds {len(body.messages)} messages; at most {max_messages} per append",
             )
-        entries = parse_batch(body.messages, body.format)
-        digest = request_hash(body) if idempotency_key else ""
-        # The row lock serializes appends to one session (seq without gaps); it
-        # costs nothing to other sessions. One read, then count under it.
-        session = await self.sessions.require(session_id, for_update=True)
-        if idempotency_key:
-            record = await self.repo.idempotency_record(session_id, idempotency_key)
-            if record is not None:
-                if record.request_hash != digest:
-                    raise UnprocessableContent(
-                        f"Idempotency-Key {idempotency_key!r} was already used with a different body",
-                        errors=[
-                            {"field": "Idempotency-Key", "detail": "reused with a different body"}
-                        ],
-                    )
-                return AppendResponse.model_validate(record.response), True
+        batch = _Batch(body, idempotency_key)
+        async with driver_connection(self.engine) as driver:
+            for _ in range(OPTIMISTIC_ATTEMPTS):
+                outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
+                if outcome is not None:
+                    return outcome
+            async with driver.transaction():
+                outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
+            if outcome is None:  # pragma: no cover - the row lock rules this out
+                raise RuntimeError("a locked append lost its race")
+            return outcome
+
+    async def _attempt(
+        self, driver: Any, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
+    ) -> tuple[bytes, int, bool] | None:
+        """One read and one write; None when another append got there first."""
+        read = await self.repo.read_for_append(
+            driver, session_id, batch.looked_up, batch.idempotency_key, lock=lock
+        )
+        if read is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        if read.idempotency is not None:
+            request_hash, response = read.idempotency
+            if request_hash != batch.digest:
+                raise UnprocessableContent(
+                    f"Idempotency-Key {batch.idempotency_key!r} was already used with a different body",
+                    errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
+                )
+            first = orjson.loads(response)
+            return append_document(first), first["version"], True
+        session = read.session
         sessions.check_if_match(if_match, session.version)
-        encoding = catalog.lookup(session.model).encoding
-        counts = [tokens.count_entry(e, encoding) for e in entries]
+        counts = batch.counts(catalog.lookup(session.model).encoding)
+        first_seq = session.next_seq
+        answers = link_results(batch.entries, batch.new_calls, read.calls, first_seq)
 
-        answers, new_calls = await self._link_tool_calls(session_id, entries, session.next_seq)
-
-        now = datetime.now(UTC)
-        rows: list[dict[str, Any]] = []
-        stored: list[StoredEntry] = []
+        rows: list[EntryRow] = []
+        stored: list[dict[str, Any]] = []
         tool_tokens = 0
-        for offset, (entry, count) in enumerate(zip(entries, counts, strict=True)):
-            seq = session.next_seq + offset
+        for offset, (entry, count) in enumerate(zip(batch.entries, counts, strict=True)):
+            seq = first_seq + offset
             entry_id = uuid.uuid4()
-            view_openai, view_anthropic = view.render_view(entry)
+            view_openai, view_anthropic = batch.views[offset]
             rows.append(
-                {
-                    "session_id": session_id,
-                    "tenant_id": self.tenant_id,
-                    "seq": seq,
-                    "id": entry_id,
-                    "kind": "message",
-                    "role": entry.role,
-                    "parts": entry.parts,
-                    "tool_call_id": entry.tool_call_id,
-                    "tool_name": entry.tool_name,
-                    "is_error": entry.is_error,
-                    "name": entry.name,
-                    "content_form": entry.content_form,
-                    "extra": entry.extra or None,
-                    "source_format": body.format,
-                    "tokens": count,
-                    "call_ids": list(entry.call_ids) or None,
-                    "view_openai": view_openai,
-                    "view_anthropic": view_anthropic,
-                    "parent_seq": seq - 1 if seq > 1 else None,
-                    "created_at": now,
-                }
+                EntryRow(
+                    seq=seq,
+                    id=entry_id,
+                    role=entry.role,
+                    parts=batch.parts[offset],
+                    tool_call_id=entry.tool_call_id,
+                    tool_name=entry.tool_name,
+                    is_error=entry.is_error,
+                    name=entry.name,
+                    content_form=entry.content_form,
+                    extra=batch.extra[offset],
+                    tokens=count,
+                    call_ids=_json(list(entry.call_ids)) if entry.call_ids else None,
+                    view_openai=view_openai,
+                    view_anthropic=view_anthropic,
+                )
             )
-            stored.append(StoredEntry(id=entry_id, seq=seq, role=entry.role, tokens=count))
+            stored.append({"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": count})
             if entry.role == "tool":
                 tool_tokens += count
-        await self.repo.insert_entries(rows)
-        await self.repo.insert_tool_calls(
-            [
-                {
-                    "session_id": session_id,
-                    "tenant_id": self.tenant_id,
-                    "call_id": call_id,
-                    "name": name,
-                    "call_seq": session.next_seq + offset,
-                    "result_seq": answers.pop(call_id, None),
-                }
-                for call_id, (name, offset) in new_calls.items()
-            ]
-        )
-        await self.repo.mark_answered(session_id, answers)
 
+        read_version = session.version
         added = sum(counts)
-        session.next_seq += len(entries)
-        session.entry_count += len(entries)
+        session.next_seq += len(rows)
+        session.entry_count += len(rows)
         session.stored_tokens += added
         session.context_tokens += added
         session.context_tool_tokens += tool_tokens
         session.version += 1
-        session.updated_at = now
-        await self.db.flush()
-
-        response = AppendResponse(
-            entries=stored,
-            version=session.version,
-            context_tokens=session.context_tokens,
-            overflow=Verdict.model_validate(sessions.verdict_of(session), from_attributes=True),
+        document = append_document(
+            {
+                "entries": stored,
+                "version": session.version,
+                "context_tokens": session.context_tokens,
+                "overflow": dataclasses.asdict(sessions.verdict_of(session)),
+            }
         )
-        if idempotency_key:
-            await self.repo.save_idempotency_record(
-                session_id, idempotency_key, digest, 201, response.model_dump(mode="json")
-            )
-        return response, False
+        written = await self.repo.write_append(
+            driver,
+            AppendWrite(
+                session_id=session_id,
+                read_version=read_version,
+                source_format=batch.format,
+                now=datetime.now(UTC),
+                entries=rows,
+                new_calls=[
+                    CallRow(call_id, name, first_seq + offset, answers.pop(call_id, None))
+                    for call_id, (name, offset) in batch.new_calls.items()
+                ],
+                answers=answers,
+                session=session,
+                idempotency_key=batch.idempotency_key,
+                request_hash=batch.digest,
+                response=document.decode() if batch.idempotency_key else None,
+            ),
+        )
+        return (document, session.version, False) if written else None
 
-    async def _link_tool_calls(
-        self, session_id: str, entries: list[Entry], first_seq: int
-    ) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
-        """Check every result answers one open call; name each result's tool.
 
-        Returns the stored calls answered by this batch (call id to result seq)
-        and the batch's own calls (call id to tool name and batch offset).
-        """
-        new_calls: dict[str, tuple[str, int]] = {}
-        for offset, entry in enumerate(entries):
-            for call in entry.tool_calls():
-                if len(call["id"]) > MAX_TOOL_CALL_ID_CHARS:
-                    raise invalid(
-                        f"messages[{offset}]",
-                        f"a tool call id is {len(call['id'])} characters; at most {MAX_TOOL_CALL_ID_CHARS}",
-                    )
-                if call["id"] in new_calls:
-                    raise invalid(
-                        f"messages[{offset}]",
-                        f"tool call id {call['id']!r} appears twice in the batch",
-                    )
-                new_calls[call["id"]] = (call["name"], offset)
-        result_ids = [e.tool_call_id for e in entries if e.role == "tool" and e.tool_call_id]
-        known = await self.repo.tool_calls(session_id, list(new_calls) + result_ids)
-        for call_id in new_calls:
-            if call_id in known:
-                offset = new_calls[call_id][1]
-                raise invalid(
-                    f"messages[{offset}]",
-                    f"tool call id {call_id!r} is already used by an earlier message of this session",
-                )
-        answered: dict[str, int] = {}
-        for offset, entry in enumerate(entries):
-            if entry.role != "tool" or entry.tool_call_id is None:
-                continue
-            call_id = entry.tool_call_id
-            where = f"messages[{offset}].tool_call_id"
-            if call_id in answered:
-                raise invalid(where, f"tool call {call_id!r} already has a result in this batch")
-            if call_id in new_calls:
-                name, call_offset = new_calls[call_id]
-                if call_offset > offset:
-                    raise invalid(where, f"the result for {call_id!r} comes before its call")
-            elif call_id in known:
-                stored = known[call_id]
-                if stored.result_seq is not None:
-                    raise invalid(
-                        where,
-                        f"tool call {call_id!r} already has a result (entry seq {stored.result_seq})",
-                    )
-                name = stored.name
-            else:
-                raise invalid(where, f"{call_id!r} matches no tool call of this session")
-            entry.tool_name = name
-            answered[call_id] = first_seq + offset
-        return answered, new_calls
+class _Batch:
+    """A parsed batch and what does not change between attempts: the entries,
+    their rendered views and JSON columns, and their token counts by encoding."""
+
+    def __init__(self, body: AppendRequest, idempotency_key: str | None) -> None:
+        self.format = body.format
+        self.entries = parse_batch(body.messages, body.format)
+        self.new_calls = batch_calls(self.entries)
+        results = [e.tool_call_id for e in self.entries if e.role == "tool" and e.tool_call_id]
+        self.looked_up = list(self.new_calls) + results
+        self.idempotency_key = idempotency_key
+        self.digest = request_hash(body) if idempotency_key else None
+        self.views = [view.render_view(e) for e in self.entries]
+        self.parts = [_json(e.parts) for e in self.entries]
+        self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
+        self._counts: dict[str, list[int]] = {}
+
+    def counts(self, encoding: tokens.EncodingName) -> list[int]:
+        if encoding not in self._counts:
+            self._counts[encoding] = [tokens.count_entry(e, encoding) for e in self.entries]
+        return self._counts[encoding]
+
+
+class MessageService:
+    """Reading the message log of one tenant's sessions."""
+
+    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
+        self.db = db
+        self.tenant_id = tenant_id
+        self.repo = MessageRepository(db, tenant_id)
+        self.sessions = SessionService(db, tenant_id)
 
     async def history(
         self, session_id: str, *, after_seq: int, limit: int, fmt: Format

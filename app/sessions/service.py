@@ -6,7 +6,7 @@ import base64
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from pydantic import ValidationError
@@ -55,7 +55,32 @@ def effective_config(overrides: dict[str, Any]) -> SessionConfig:
         ) from None
 
 
-def window_of(session: Session) -> tuple[budget.Window, catalog.ModelSpec]:
+class Budgeted(Protocol):
+    """What the budget maths reads of a session: an ORM row, or the locked row of an append."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def context_window(self) -> int | None: ...
+    @property
+    def max_output_tokens(self) -> int | None: ...
+    @property
+    def input_limit(self) -> int | None: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def calibration_factor(self) -> float: ...
+    @property
+    def overhead_tokens(self) -> int: ...
+    @property
+    def reported_prompt_tokens(self) -> int | None: ...
+    @property
+    def context_tokens_at_report(self) -> int | None: ...
+
+
+def window_of(session: Budgeted) -> tuple[budget.Window, catalog.ModelSpec]:
     spec = catalog.lookup(session.model)
     window = budget.Window(
         context_window=session.context_window or spec.context_window,
@@ -76,7 +101,7 @@ def thresholds_of(config: SessionConfig) -> budget.Thresholds:
     )
 
 
-def accounting_of(session: Session) -> budget.Accounting:
+def accounting_of(session: Budgeted) -> budget.Accounting:
     return budget.Accounting(
         context_tokens=session.context_tokens,
         calibration_factor=session.calibration_factor,
@@ -86,7 +111,7 @@ def accounting_of(session: Session) -> budget.Accounting:
     )
 
 
-def verdict_of(session: Session) -> budget.Verdict:
+def verdict_of(session: Budgeted) -> budget.Verdict:
     window, _ = window_of(session)
     config = effective_config(session.config)
     return budget.verdict(accounting_of(session), window, thresholds_of(config))
