@@ -30,7 +30,7 @@ import psutil
 
 from app.context.service import ContextService
 from app.core import embedded
-from app.core.database import create_engine, sessionmaker
+from app.core.database import create_engine
 from app.core.settings import Settings
 from app.engine import openai_format, tokens
 from app.messages.service import entry_from_row
@@ -192,7 +192,6 @@ async def bench_context(host: str, port: int, dsn: str) -> None:
     client = await Connection(host, port).__aenter__()
     conn = await asyncpg.connect(dsn)
     engine = create_engine(dsn.replace("postgresql://", "postgresql+asyncpg://", 1), Settings())
-    maker = sessionmaker(engine)
     try:
         for size in (100, 1000):
             sid = await new_session(client, "gpt-4.1")
@@ -212,8 +211,7 @@ async def bench_context(host: str, port: int, dsn: str) -> None:
                 ours.append(time.perf_counter() - t)
                 assert status == 200, body
                 t = time.perf_counter()
-                async with maker() as db:
-                    direct = await ContextService(db, DEFAULT_TENANT).build(sid, "openai")
+                direct = await ContextService(engine, DEFAULT_TENANT).build(sid, "openai")
                 ours_direct.append(time.perf_counter() - t)
                 assert direct == body
                 t = time.perf_counter()

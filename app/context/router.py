@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
-from app.core.database import DbDep
+from app.core.database import DbDep, EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
 from app.messages.schemas import Format, Verdict
@@ -21,12 +21,12 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
 @router.get("/context", response_model=ContextOut, responses=problems(404, 422))
 async def get_context(
     session_id: SessionIdPath,
-    db: DbDep,
+    engine: EngineDep,
     tenant: TenantDep,
     format: Annotated[Format, Query()] = "openai",
 ) -> Response:
     """The messages to send to the model now, with their token figures."""
-    body = await ContextService(db, tenant).build(checked_id(session_id), format)
+    body = await ContextService(engine, tenant).build(checked_id(session_id), format)
     return Response(body, media_type="application/json")
 
 

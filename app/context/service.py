@@ -6,16 +6,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.context.schemas import ContextTokens, TokenBreakdown
+from app.core.database import driver_connection
+from app.core.errors import NotFound
 from app.engine import budget
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.engine.view import assemble_anthropic, assemble_openai
-from app.messages.repository import MessageRepository
+from app.messages.repository import read_window
 from app.messages.schemas import Format
 from app.sessions import service as sessions
-from app.sessions.service import SessionService
+from app.sessions.repository import read_state
 
 _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
     "none": "ok",
@@ -41,14 +43,28 @@ class _Item:
 
 
 class ContextService:
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.sessions = SessionService(db, tenant_id)
-        self.messages = MessageRepository(db, tenant_id)
+    """The context read: two statements on a bare asyncpg connection. The window
+    stops below the ``next_seq`` read with the session, so it matches the totals
+    even when an append commits between the two."""
+
+    def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
+        self.engine = engine
+        self.tenant_id = tenant_id
 
     async def build(self, session_id: str, fmt: Format) -> bytes:
         """The ``ContextOut`` document as JSON bytes."""
-        session = await self.sessions.require(session_id)
-        rows = await self.messages.window(session_id, session.context_start_seq, fmt)
+        async with driver_connection(self.engine) as driver:
+            session = await read_state(driver, self.tenant_id, session_id)
+            if session is None:
+                raise NotFound(f"session {session_id!r} does not exist")
+            rows = await read_window(
+                driver,
+                self.tenant_id,
+                session_id,
+                session.context_start_seq,
+                session.next_seq,
+                fmt,
+            )
         items = [_Item(row) for row in rows]
         system_json: bytes | None = None
         if fmt == "openai":

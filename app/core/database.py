@@ -47,6 +47,8 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_pool_timeout_seconds,
         json_serializer=_dumps,
         json_deserializer=orjson.loads,
+        # Every query is a keyed lookup; the append's write statement (CTEs over
+        # unnest) cost more to plan on each call than to run. See the README.
         connect_args={"server_settings": {"plan_cache_mode": "force_generic_plan"}},
     )
 

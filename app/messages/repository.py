@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -11,27 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.messages.models import Entry
-
-
-@dataclass(slots=True)
-class SessionState:
-    """The session columns an append reads and advances."""
-
-    model: str
-    context_window: int | None
-    max_output_tokens: int | None
-    input_limit: int | None
-    config: dict[str, Any]
-    version: int
-    next_seq: int
-    entry_count: int
-    stored_tokens: int
-    context_tokens: int
-    context_tool_tokens: int
-    calibration_factor: float
-    overhead_tokens: int
-    reported_prompt_tokens: int | None
-    context_tokens_at_report: int | None
+from app.sessions.repository import STATE_COLUMNS, STATE_FIELDS, SessionState
 
 
 class StoredCall(NamedTuple):
@@ -94,15 +74,13 @@ class AppendWrite:
 _WINDOW_SQL = {
     fmt: (
         f"SELECT seq, role, tool_call_id, call_ids, tokens, {column} AS view FROM entry"
-        " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 ORDER BY seq"
+        " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
 
-_STATE_COLUMNS = ", ".join(f"s.{f.name}" for f in fields(SessionState))
-
 _READ_SQL = f"""
-SELECT {_STATE_COLUMNS},
+SELECT {STATE_COLUMNS},
     (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq)) FROM tool_call AS c
         WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.call_id = ANY($3::text[])),
     i.request_hash, i.response::text
@@ -155,6 +133,18 @@ SELECT count(*) FROM advanced
 """
 
 
+async def read_window(
+    driver: Any, tenant_id: str, session_id: str, start_seq: int, end_seq: int, fmt: str
+) -> list[Any]:
+    """The entries of the model's view, ``start_seq <= seq < end_seq``: light
+    columns and the fragment rendered for ``fmt``, never the parts. Records
+    (``seq, role, tool_call_id, call_ids, tokens, view``), no per-row ORM pass."""
+    records: list[Any] = await driver.fetch(
+        _WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq
+    )
+    return records
+
+
 class AppendRepository:
     """The append's SQL, on a bare asyncpg connection (``driver``, see
     ``app.core.database.driver_connection``): a read and a write, each one
@@ -178,7 +168,7 @@ class AppendRepository:
         row = await driver.fetchrow(sql, session_id, self.tenant_id, call_ids, idempotency_key)
         if row is None:
             return None
-        n = len(fields(SessionState))
+        n = len(STATE_FIELDS)
         calls = {c[0]: StoredCall(c[1], c[2]) for c in row[n] or ()}
         record = (row[n + 1], row[n + 2]) if row[n + 1] is not None else None
         return AppendRead(SessionState(*row[:n]), calls, record)
@@ -234,20 +224,6 @@ class MessageRepository:
     def __init__(self, db: AsyncSession, tenant_id: str) -> None:
         self.db = db
         self.tenant_id = tenant_id
-
-    async def window(self, session_id: str, start_seq: int, fmt: str) -> list[Any]:
-        """The entries of the model's view, from the pivot on: light columns and the
-        fragment rendered for ``fmt``, never the parts.
-
-        The hottest read of the service, so it goes to asyncpg directly: rows
-        come back as records (``seq, role, tool_call_id, call_ids, tokens, view``)
-        without a per-row ORM pass.
-        """
-        sql = _WINDOW_SQL[fmt]
-        conn = await (await self.db.connection()).get_raw_connection()
-        driver: Any = conn.driver_connection
-        records: list[Any] = await driver.fetch(sql, session_id, self.tenant_id, start_seq)
-        return records
 
     async def page(self, session_id: str, after_seq: int, limit: int) -> list[Entry]:
         stmt = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -9,6 +10,39 @@ from sqlalchemy import and_, delete, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.sessions.models import Session
+
+
+@dataclass(slots=True)
+class SessionState:
+    """The session columns the hot paths (append, context) read on a bare
+    asyncpg connection; an append also advances the totals."""
+
+    model: str
+    context_window: int | None
+    max_output_tokens: int | None
+    input_limit: int | None
+    config: dict[str, Any]
+    version: int
+    next_seq: int
+    entry_count: int
+    stored_tokens: int
+    context_tokens: int
+    context_tool_tokens: int
+    calibration_factor: float
+    overhead_tokens: int
+    reported_prompt_tokens: int | None
+    context_tokens_at_report: int | None
+    context_start_seq: int
+
+
+STATE_FIELDS = tuple(f.name for f in fields(SessionState))
+STATE_COLUMNS = ", ".join(f"s.{name}" for name in STATE_FIELDS)
+_STATE_SQL = f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2"
+
+
+async def read_state(driver: Any, tenant_id: str, session_id: str) -> SessionState | None:
+    row = await driver.fetchrow(_STATE_SQL, session_id, tenant_id)
+    return None if row is None else SessionState(*row)
 
 
 class SessionRepository:
