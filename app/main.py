@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 
 from app import __version__
+from app.budget.router import router as budget_router
 from app.context.router import router as context_router
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
@@ -85,6 +86,6 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     install_error_handlers(app)
     install_problem_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for router in (health_router, sessions_router, messages_router, context_router):
+    for router in (health_router, sessions_router, messages_router, context_router, budget_router):
         app.include_router(router)
     return app

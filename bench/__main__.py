@@ -232,6 +232,102 @@ async def bench_context(host: str, port: int, dsn: str) -> None:
         await client.__aexit__()
 
 
+def tool_session(entries: int, tag: str, output_tokens: int = 300) -> list[dict[str, Any]]:
+    """``entries`` messages: a user turn every 100 steps, then per step an assistant
+    call and a bash result of about ``output_tokens`` tokens."""
+    msgs: list[dict[str, Any]] = []
+    k = 0
+    while len(msgs) < entries:
+        if k % 100 == 0:
+            msgs.append({"role": "user", "content": f"Continue with part {k // 100}."})
+        call = {
+            "id": f"{tag}-{k}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"command": "pytest -x"}'},
+        }
+        lines = "\n".join(f"test_{k}_{i} PASSED" for i in range(output_tokens // 6))
+        msgs.append({"role": "assistant", "content": f"Step {k}.", "tool_calls": [call]})
+        msgs.append({"role": "tool", "tool_call_id": call["id"], "content": lines})
+        k += 1
+    return msgs[:entries]
+
+
+async def fill(conn: Connection, sid: str, msgs: list[dict[str, Any]]) -> None:
+    for k in range(0, len(msgs), 200):
+        status, body = await conn.request(
+            "POST", f"/v1/sessions/{sid}/messages", {"messages": msgs[k : k + 200]}
+        )
+        assert status == 201, body
+
+
+async def bench_budget(host: str, port: int) -> None:
+    print("\nBudget and pruning")
+    manual = {"prune": {"auto": False}}
+    async with Connection(host, port) as conn:
+        verdicts: dict[int, list[float]] = {}
+        for size in (100, 10_000):
+            sid = await new_session(conn)
+            await fill(conn, sid, tool_session(size, f"v{size}"))
+            samples = verdicts[size] = []
+            for _ in range(300):
+                t = time.perf_counter()
+                status, body = await conn.request("GET", f"/v1/sessions/{sid}/overflow")
+                samples.append(time.perf_counter() - t)
+                assert status == 200, body
+            line(f"overflow verdict, {size} entries", samples)
+        ratio = pct(verdicts[10_000], 0.5) / pct(verdicts[100], 0.5)
+        print(f"  {'verdict p50 ratio, 10,000 vs 100 entries':<44} {ratio:5.2f}   (target <= 1.5)")
+
+        first: list[float] = []
+        again: list[float] = []
+        saved: list[int] = []
+        for run in range(5):
+            status, body = await conn.request(
+                "POST", "/v1/sessions", {"model": "gpt-4o", "config": manual}
+            )
+            sid = orjson.loads(body)["id"]
+            await fill(conn, sid, tool_session(10_000, f"p{run}"))
+            t = time.perf_counter()
+            status, body = await conn.request("POST", f"/v1/sessions/{sid}/prune", {})
+            first.append(time.perf_counter() - t)
+            assert status == 200, body
+            result = orjson.loads(body)
+            saved.append(result["tokens_saved"])
+            for _ in range(20):
+                t = time.perf_counter()
+                status, body = await conn.request("POST", f"/v1/sessions/{sid}/prune", {})
+                again.append(time.perf_counter() - t)
+                assert status == 200, body
+                assert not orjson.loads(body)["pruned"], body
+        outputs = sum(m["role"] == "tool" for m in tool_session(10_000, "count"))
+        line(
+            f"prune, 10,000 entries ({outputs} tool outputs)",
+            first,
+            f"{len(result['pruned'])} pruned, {saved[0]} tokens saved (target p50 <= 100 ms)",
+        )
+        line("prune again, nothing left to do", again, "(target p50 <= 10 ms)")
+
+    from app.engine.truncate import CATEGORIES, truncate
+
+    output = "".join(
+        f"[{i:06d}] tests/test_mod_{i % 97}.py::test_case_{i} PASSED\n" for i in range(20_000)
+    )
+    output = output[: 1 << 20]
+    for category in CATEGORIES:
+        samples = []
+        for _ in range(30):
+            t = time.perf_counter()
+            cut = truncate(output, category, 4_000)
+            samples.append(time.perf_counter() - t)
+        assert cut.truncated
+        mbps = len(output.encode()) / 2**20 / (pct(samples, 0.5) / 1000)
+        line(
+            f"ingest truncation, 1 MB output, {category}",
+            samples,
+            f"{mbps:8.0f} MB/s (target >= 20)",
+        )
+
+
 def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="compactd-bench-"))
     port = free_port()
@@ -264,6 +360,7 @@ def main() -> int:
             await bench_context(
                 "127.0.0.1", port, url.replace("postgresql+asyncpg://", "postgresql://")
             )
+            await bench_budget("127.0.0.1", port)
 
         asyncio.run(run())
         rss = psutil.Process(server.pid).memory_info().rss / 2**20

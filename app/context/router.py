@@ -6,12 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
+from app.budget.schemas import Verdict
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
 from app.core.database import DbDep, EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
-from app.messages.schemas import Format, Verdict
+from app.messages.schemas import Format
 from app.sessions.router import SessionIdPath, checked_id
 from app.sessions.service import SessionService, verdict_of
 

@@ -100,3 +100,40 @@ def verdict(acc: Accounting, window: Window, thresholds: Thresholds) -> Verdict:
         overflow=est > usable,
         action=action,
     )
+
+
+CALIBRATION_ALPHA = 0.2
+CALIBRATION_MIN = 0.5
+CALIBRATION_MAX = 3.0
+
+
+def calibrate(factor: float, actual_tokens: int, counted_tokens: int) -> float:
+    """The calibration factor after a usage report (seed 002, layer 1).
+
+    An exponential moving average (alpha 0.2) of actual/counted, clamped to
+    [0.5, 3.0]: slow enough to ride out one odd turn, and bounded so an unusual
+    payload cannot run the estimate away. A report with nothing to compare
+    (either side zero) leaves the factor as it is.
+    """
+    if actual_tokens <= 0 or counted_tokens <= 0:
+        return factor
+    ratio = actual_tokens / counted_tokens
+    updated = (1 - CALIBRATION_ALPHA) * factor + CALIBRATION_ALPHA * ratio
+    return round(min(CALIBRATION_MAX, max(CALIBRATION_MIN, updated)), 6)
+
+
+def should_auto_prune(
+    action: Action, context_tool_tokens: int, checked_tool_tokens: int | None, minimum: int
+) -> bool:
+    """Whether an append or usage report should look for tool outputs to prune.
+
+    Only when the verdict asks for relief, and only once enough new tool output
+    (``minimum`` tokens) arrived since the last look: what was below the minimum
+    then can only have grown by what came since. That keeps automatic pruning
+    amortized O(1) per append while the verdict stays at ``prune``.
+    """
+    if action == "none":
+        return False
+    if checked_tool_tokens is None:
+        return True
+    return context_tool_tokens - checked_tool_tokens >= max(1, minimum)

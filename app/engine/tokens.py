@@ -18,8 +18,9 @@ import threading
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import orjson
 import tiktoken
 
 from app.engine.model import Entry, Part
@@ -143,4 +144,19 @@ def count_entry(entry: Entry, encoding: EncodingName = "o200k_base") -> int:
         total += NAME_OVERHEAD_TOKENS + count_text(entry.name, encoding)
     if entry.tool_call_id:
         total += count_text(entry.tool_call_id, encoding)
+    return total
+
+
+TOOL_OVERHEAD_TOKENS = 8  # per tool definition: the provider's own wrapping of the schema
+
+
+def count_tools(tools: list[dict[str, Any]], encoding: EncodingName = "o200k_base") -> int:
+    """Tokens the tool definitions add to every request, never stored as messages.
+
+    Each schema is counted as its compact JSON plus a small wrapping; providers
+    render schemas in their own formats, and calibration absorbs the difference.
+    """
+    total = 0
+    for tool in tools:
+        total += TOOL_OVERHEAD_TOKENS + count_text(orjson.dumps(tool).decode(), encoding)
     return total

@@ -38,6 +38,21 @@ def render_view(entry: Entry) -> tuple[str, str]:
     return openai, anthropic
 
 
+def placeholder_entry(
+    tool_call_id: str | None, tool_name: str | None, is_error: bool, text: str
+) -> Entry:
+    """What a pruned tool result becomes in the model's view: its call still
+    answered, its output replaced by ``text``."""
+    return Entry(
+        role="tool",
+        parts=[{"type": "text", "text": text}],
+        tool_call_id=tool_call_id,
+        tool_name=tool_name,
+        is_error=is_error,
+        content_form="string",
+    )
+
+
 def _has_text_or_call(content: Any, calls: list[Any]) -> bool:
     if calls:
         return True

@@ -59,6 +59,12 @@ class Entry(Base):
     view_anthropic: Mapped[str] = mapped_column(Text)
     parent_seq: Mapped[int | None] = mapped_column(BigInteger)
     pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    pruned_tokens: Mapped[int | None] = mapped_column(Integer)  # the placeholder's tokens
+    erased_bytes: Mapped[int | None] = mapped_column(
+        Integer
+    )  # stored content cleared (prune.erase)
+    omitted_lines: Mapped[int | None] = mapped_column(Integer)  # ingest truncation of the view
+    omitted_bytes: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

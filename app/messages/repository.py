@@ -46,6 +46,8 @@ class EntryRow(NamedTuple):
     call_ids: str | None
     view_openai: str
     view_anthropic: str
+    omitted_lines: int | None
+    omitted_bytes: int | None
 
 
 class CallRow(NamedTuple):
@@ -73,7 +75,8 @@ class AppendWrite:
 # What a context read needs: pairing links, counts and one rendered fragment.
 _WINDOW_SQL = {
     fmt: (
-        f"SELECT seq, role, tool_call_id, call_ids, tokens, {column} AS view FROM entry"
+        f"SELECT seq, role, tool_call_id, call_ids, coalesce(pruned_tokens, tokens), {column}"
+        " FROM entry"
         " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
@@ -104,16 +107,18 @@ WITH advanced AS (
 ), entries AS (
     INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
-        view_openai, view_anthropic, parent_seq, created_at)
+        view_openai, view_anthropic, omitted_lines, omitted_bytes, parent_seq, created_at)
     SELECT $1, $2, e.seq, e.id, 'message', e.role, e.parts, e.tool_call_id, e.tool_name,
         e.is_error, e.name, e.content_form, e.extra, $3, e.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(e.call_ids) AS c),
-        e.view_openai, e.view_anthropic, NULLIF(e.seq - 1, 0), $4
+        e.view_openai, e.view_anthropic, e.omitted_lines, e.omitted_bytes,
+        NULLIF(e.seq - 1, 0), $4
     FROM advanced, unnest($5::bigint[], $6::uuid[], $7::text[], $8::jsonb[], $9::text[],
         $10::text[], $11::boolean[], $12::text[], $13::text[], $14::jsonb[], $15::int[],
-        $16::jsonb[], $17::text[], $18::text[])
+        $16::jsonb[], $17::text[], $18::text[], $35::int[], $36::int[])
         AS e(seq, id, role, parts, tool_call_id, tool_name, is_error, name, content_form,
-            extra, tokens, call_ids, view_openai, view_anthropic)
+            extra, tokens, call_ids, view_openai, view_anthropic, omitted_lines,
+            omitted_bytes)
 ), new_calls AS (
     INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq)
     SELECT $1, $2, c.call_id, c.name, c.call_seq, c.result_seq
@@ -216,6 +221,8 @@ class AppendRepository:
             write.request_hash,
             write.response,
             write.read_version,
+            [r.omitted_lines for r in rows],
+            [r.omitted_bytes for r in rows],
         )
         return applied == 1
 

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.budget.schemas import PruneResult, Verdict
+
 Format = Literal["openai", "anthropic"]
 
 
@@ -52,21 +54,14 @@ class StoredEntry(BaseModel):
     tokens: int
 
 
-class Verdict(BaseModel):
-    estimated_tokens: int
-    usable_tokens: int
-    threshold_tokens: int
-    fraction: float
-    calibration_factor: float
-    overflow: bool
-    action: Literal["none", "prune", "compact", "emergency"]
-
-
 class AppendResponse(BaseModel):
     entries: list[StoredEntry]
     version: int = Field(description="The session's version after the append.")
     context_tokens: int
     overflow: Verdict
+    pruned: PruneResult | None = Field(
+        description="The automatic prune this append started, when the verdict asked for one."
+    )
 
 
 class HistoryEntry(BaseModel):
@@ -78,7 +73,17 @@ class HistoryEntry(BaseModel):
     source_format: Format
     tool_name: str | None
     created_at: datetime
-    pruned_at: datetime | None
+    pruned_at: datetime | None = Field(
+        description="When pruning hid this tool output from the model; it stays here."
+    )
+    erased_bytes: int | None = Field(
+        description="Bytes of stored content cleared by pruning (prune.erase)."
+    )
+    omitted_lines: int | None = Field(
+        description="Lines the model's view leaves out (ingest truncation); the message "
+        "below is whole."
+    )
+    omitted_bytes: int | None
     message: dict[str, Any] = Field(description="The message as stored, in the requested format.")
 
 

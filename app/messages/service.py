@@ -6,14 +6,17 @@ import dataclasses
 import hashlib
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.budget.repository import BudgetRepository
+from app.budget.schemas import PruneResult, Verdict
+from app.budget.service import auto_prune, locked_state, wants_auto_prune
 from app.core.database import driver_connection
 from app.core.errors import NotFound, UnprocessableContent, invalid
-from app.engine import anthropic_format, catalog, openai_format, tokens, view
+from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
 from app.engine.model import Entry, InvalidMessage
 from app.messages import models
 from app.messages.repository import (
@@ -30,9 +33,10 @@ from app.messages.schemas import (
     HistoryEntry,
     HistoryPage,
     StoredEntry,
-    Verdict,
 )
 from app.sessions import service as sessions
+from app.sessions.repository import SessionState
+from app.sessions.schemas import SessionConfig, TruncateConfig
 from app.sessions.service import SessionService
 
 # Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
@@ -51,12 +55,16 @@ _VERDICT_KEYS = tuple(Verdict.model_fields)
 def append_document(doc: dict[str, Any]) -> bytes:
     """An ``AppendResponse`` as JSON, keys in the model's order. A replay rebuilds
     it from the stored record (jsonb reorders keys) and gets the same bytes."""
+    pruned = doc.get("pruned")
     return orjson.dumps(
         {
             "entries": [{k: e[k] for k in _ENTRY_KEYS} for e in doc["entries"]],
             "version": doc["version"],
             "context_tokens": doc["context_tokens"],
             "overflow": {k: doc["overflow"][k] for k in _VERDICT_KEYS},
+            "pruned": None
+            if pruned is None
+            else PruneResult.model_validate(pruned).model_dump(mode="json"),
         }
     )
 
@@ -186,11 +194,14 @@ class AppendService:
 
     An append is a read and a conditional write on a bare asyncpg connection,
     two round trips and no transaction block: the write statement inserts the
-    entries and advances the session only if no other append came first.
+    entries and advances the session only if no other append came first. When
+    the verdict then asks for relief, an automatic prune follows in its own
+    short transaction.
     """
 
     def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
         self.engine = engine
+        self.tenant_id = tenant_id
         self.repo = AppendRepository(tenant_id)
 
     async def append(
@@ -214,19 +225,50 @@ class AppendService:
             )
         batch = _Batch(body, idempotency_key)
         async with driver_connection(self.engine) as driver:
+            outcome = None
             for _ in range(OPTIMISTIC_ATTEMPTS):
                 outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
                 if outcome is not None:
-                    return outcome
-            async with driver.transaction():
-                outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
+                    break
+            else:
+                async with driver.transaction():
+                    outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
             if outcome is None:  # pragma: no cover - the row lock rules this out
                 raise RuntimeError("a locked append lost its race")
-            return outcome
+            if isinstance(outcome, _Replay):
+                return outcome.document, outcome.version, True
+            document, state, config = outcome
+            if wants_auto_prune(state, config):
+                document = await self._auto_prune(driver, session_id, batch, document)
+            return append_document(document), document["version"], False
+
+    async def _auto_prune(
+        self, driver: Any, session_id: str, batch: _Batch, document: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Prune after the append, under the row lock; the response (and the
+        idempotency record) then carry the prune and the verdict after it."""
+        async with driver.transaction():
+            state = await locked_state(driver, self.tenant_id, session_id)
+            config = sessions.effective_config(state.config)
+            if not wants_auto_prune(state, config):  # another request pruned first
+                return document
+            pruned = await auto_prune(driver, self.tenant_id, session_id, state, config)
+            document = {
+                **document,
+                "version": state.version,
+                "context_tokens": state.context_tokens,
+                "overflow": dataclasses.asdict(sessions.verdict_of(state)),
+                "pruned": pruned.model_dump(mode="json"),
+            }
+            if batch.idempotency_key:
+                await BudgetRepository(self.tenant_id).replace_idempotent_response(
+                    driver, session_id, batch.idempotency_key, append_document(document).decode()
+                )
+        return document
 
     async def _attempt(
         self, driver: Any, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
-    ) -> tuple[bytes, int, bool] | None:
+    ) -> tuple[dict[str, Any], SessionState, SessionConfig] | _Replay | None:
         """One read and one write; None when another append got there first."""
         read = await self.repo.read_for_append(
             driver, session_id, batch.looked_up, batch.idempotency_key, lock=lock
@@ -241,20 +283,21 @@ class AppendService:
                     errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
                 )
             first = orjson.loads(response)
-            return append_document(first), first["version"], True
+            return _Replay(append_document(first), first["version"])
         session = read.session
         sessions.check_if_match(if_match, session.version)
-        counts = batch.counts(catalog.lookup(session.model).encoding)
+        config = sessions.effective_config(session.config)
+        encoding = catalog.lookup(session.model).encoding
         first_seq = session.next_seq
         answers = link_results(batch.entries, batch.new_calls, read.calls, first_seq)
 
         rows: list[EntryRow] = []
         stored: list[dict[str, Any]] = []
-        tool_tokens = 0
-        for offset, (entry, count) in enumerate(zip(batch.entries, counts, strict=True)):
+        added = tool_tokens = 0
+        for offset, entry in enumerate(batch.entries):
             seq = first_seq + offset
             entry_id = uuid.uuid4()
-            view_openai, view_anthropic = batch.views[offset]
+            shown = batch.shown(offset, encoding, config.truncate)
             rows.append(
                 EntryRow(
                     seq=seq,
@@ -267,32 +310,35 @@ class AppendService:
                     name=entry.name,
                     content_form=entry.content_form,
                     extra=batch.extra[offset],
-                    tokens=count,
+                    tokens=shown.tokens,
                     call_ids=_json(list(entry.call_ids)) if entry.call_ids else None,
-                    view_openai=view_openai,
-                    view_anthropic=view_anthropic,
+                    view_openai=shown.view_openai,
+                    view_anthropic=shown.view_anthropic,
+                    omitted_lines=shown.omitted_lines,
+                    omitted_bytes=shown.omitted_bytes,
                 )
             )
-            stored.append({"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": count})
+            stored.append(
+                {"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": shown.tokens}
+            )
+            added += shown.tokens
             if entry.role == "tool":
-                tool_tokens += count
+                tool_tokens += shown.tokens
 
         read_version = session.version
-        added = sum(counts)
         session.next_seq += len(rows)
         session.entry_count += len(rows)
         session.stored_tokens += added
         session.context_tokens += added
         session.context_tool_tokens += tool_tokens
         session.version += 1
-        document = append_document(
-            {
-                "entries": stored,
-                "version": session.version,
-                "context_tokens": session.context_tokens,
-                "overflow": dataclasses.asdict(sessions.verdict_of(session)),
-            }
-        )
+        document: dict[str, Any] = {
+            "entries": stored,
+            "version": session.version,
+            "context_tokens": session.context_tokens,
+            "overflow": dataclasses.asdict(sessions.verdict_of(session)),
+            "pruned": None,
+        }
         written = await self.repo.write_append(
             driver,
             AppendWrite(
@@ -309,15 +355,31 @@ class AppendService:
                 session=session,
                 idempotency_key=batch.idempotency_key,
                 request_hash=batch.digest,
-                response=document.decode() if batch.idempotency_key else None,
+                response=append_document(document).decode() if batch.idempotency_key else None,
             ),
         )
-        return (document, session.version, False) if written else None
+        return (document, session, config) if written else None
+
+
+class _Replay(NamedTuple):
+    document: bytes
+    version: int
+
+
+class _Shown(NamedTuple):
+    """An entry as the model is shown it: after ingest truncation, rendered, counted."""
+
+    view_openai: str
+    view_anthropic: str
+    tokens: int
+    omitted_lines: int | None
+    omitted_bytes: int | None
 
 
 class _Batch:
     """A parsed batch and what does not change between attempts: the entries,
-    their rendered views and JSON columns, and their token counts by encoding."""
+    their JSON columns, and what the model is shown of each (which depends on
+    the session's encoding and truncation config, read with the session)."""
 
     def __init__(self, body: AppendRequest, idempotency_key: str | None) -> None:
         self.format = body.format
@@ -327,15 +389,48 @@ class _Batch:
         self.looked_up = list(self.new_calls) + results
         self.idempotency_key = idempotency_key
         self.digest = request_hash(body) if idempotency_key else None
-        self.views = [view.render_view(e) for e in self.entries]
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
-        self._counts: dict[str, list[int]] = {}
+        self._shown: dict[tuple[Any, ...], _Shown] = {}
 
-    def counts(self, encoding: tokens.EncodingName) -> list[int]:
-        if encoding not in self._counts:
-            self._counts[encoding] = [tokens.count_entry(e, encoding) for e in self.entries]
-        return self._counts[encoding]
+    def shown(self, offset: int, encoding: tokens.EncodingName, config: TruncateConfig) -> _Shown:
+        entry = self.entries[offset]
+        category: truncate.Category | None = None
+        if entry.role == "tool" and config.enabled:
+            category = truncate.category_for(entry.tool_name, config.categories)
+        key = (offset, encoding, category, config.tool_result_token_cap if category else 0)
+        if key not in self._shown:
+            self._shown[key] = _show(entry, encoding, category, config.tool_result_token_cap)
+        return self._shown[key]
+
+
+def _show(
+    entry: Entry, encoding: tokens.EncodingName, category: truncate.Category | None, cap: int
+) -> _Shown:
+    """Cut a long tool result's text to ``cap`` tokens by its category (seed 002,
+    layer 4), then render and count what is left. The stored parts keep it all."""
+    omitted_lines = omitted_bytes = 0
+    if category is not None:
+        texts = [p for p in entry.parts if p["type"] == "text" and p["text"]]
+        parts = []
+        for part in entry.parts:
+            if part["type"] == "text" and part["text"]:
+                cut = truncate.truncate(part["text"], category, cap // len(texts))
+                if cut.truncated:
+                    omitted_lines += cut.omitted_lines
+                    omitted_bytes += cut.omitted_bytes
+                    part = {**part, "text": cut.text}
+            parts.append(part)
+        if omitted_bytes:
+            entry = dataclasses.replace(entry, parts=parts)
+    view_openai, view_anthropic = view.render_view(entry)
+    return _Shown(
+        view_openai,
+        view_anthropic,
+        tokens.count_entry(entry, encoding),
+        omitted_lines if omitted_bytes else None,
+        omitted_bytes or None,
+    )
 
 
 class MessageService:
@@ -365,6 +460,9 @@ class MessageService:
                     tool_name=r.tool_name,
                     created_at=r.created_at,
                     pruned_at=r.pruned_at,
+                    erased_bytes=r.erased_bytes,
+                    omitted_lines=r.omitted_lines,
+                    omitted_bytes=r.omitted_bytes,
                     message=render_history(r, fmt),
                 )
                 for r in page

@@ -33,6 +33,7 @@ class SessionState:
     reported_prompt_tokens: int | None
     context_tokens_at_report: int | None
     context_start_seq: int
+    prune_checked_tool_tokens: int | None
 
 
 STATE_FIELDS = tuple(f.name for f in fields(SessionState))
@@ -40,8 +41,13 @@ STATE_COLUMNS = ", ".join(f"s.{name}" for name in STATE_FIELDS)
 _STATE_SQL = f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2"
 
 
-async def read_state(driver: Any, tenant_id: str, session_id: str) -> SessionState | None:
-    row = await driver.fetchrow(_STATE_SQL, session_id, tenant_id)
+async def read_state(
+    driver: Any, tenant_id: str, session_id: str, *, lock: bool = False
+) -> SessionState | None:
+    """The session's state; ``lock`` also locks the row for the caller's transaction."""
+    row = await driver.fetchrow(
+        _STATE_SQL + " FOR UPDATE" if lock else _STATE_SQL, session_id, tenant_id
+    )
     return None if row is None else SessionState(*row)
 
 

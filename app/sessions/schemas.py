@@ -34,7 +34,10 @@ class CompactionConfig(Strict):
 
 
 class PruneConfig(Strict):
-    enabled: bool = True
+    enabled: bool = Field(True, description="False: nothing is pruned, not even on request.")
+    auto: bool = Field(
+        True, description="Prune when an append or usage report moves the verdict to prune."
+    )
     protect_tokens: int = Field(40_000, ge=0, le=10_000_000)
     minimum_tokens: int = Field(20_000, ge=0, le=10_000_000)
     protect_turns: int = Field(2, ge=0, le=1000)
@@ -47,6 +50,7 @@ OutputCategory = Literal["head_tail", "match_list", "file_content", "generic"]
 
 
 class TruncateConfig(Strict):
+    enabled: bool = True
     tool_result_token_cap: int = Field(4_000, ge=100, le=1_000_000)
     categories: dict[str, OutputCategory] = Field(
         default_factory=dict, description="Tool name to output category, over the defaults."
@@ -126,6 +130,9 @@ class SessionOut(BaseModel):
     context_tokens: int
     calibration_factor: float
     last_usage: dict[str, Any] | None
+    usage_count: int = Field(description="Usage reports received.")
+    pruned_tokens: int = Field(description="Tokens pruning has taken out of the context.")
+    prune_count: int
     compaction_count: int
     version: int
     created_at: datetime

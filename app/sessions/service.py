@@ -134,6 +134,9 @@ def to_schema(session: Session) -> SessionOut:
         context_tokens=session.context_tokens,
         calibration_factor=session.calibration_factor,
         last_usage=session.last_usage,
+        usage_count=session.usage_count,
+        pruned_tokens=session.pruned_tokens,
+        prune_count=session.prune_count,
         compaction_count=session.compaction_count,
         version=session.version,
         created_at=session.created_at,
@@ -210,6 +213,9 @@ class SessionService:
             calibration_factor=1.0,
             overhead_tokens=0,
             compaction_count=0,
+            pruned_tokens=0,
+            prune_count=0,
+            usage_count=0,
         )
         try:
             async with self.db.begin_nested():

@@ -1,0 +1,1 @@
+"""Usage reports, calibration, overflow verdicts and errors, and pruning."""

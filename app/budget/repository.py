@@ -1,0 +1,171 @@
+"""SQL for usage reports and pruning, on a bare asyncpg connection (``driver``).
+
+Every function runs inside the caller's transaction, after the session row was
+locked (``read_state(..., lock=True)``), so the running totals stay exact.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, NamedTuple
+
+_ITEMS_SQL = """
+SELECT seq, role, kind, tool_name, coalesce(pruned_tokens, tokens), pruned_at IS NOT NULL,
+    tool_call_id, is_error
+FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
+ORDER BY seq DESC
+LIMIT $5
+"""
+
+_FIRST_CHUNK = 512
+
+_PRUNE_SQL = """
+UPDATE entry AS e SET pruned_at = $3, pruned_tokens = p.tokens,
+    view_openai = p.view_openai, view_anthropic = p.view_anthropic,
+    parts = CASE WHEN $4 THEN p.parts ELSE e.parts END,
+    erased_bytes = CASE WHEN $4 THEN octet_length(e.parts::text) END
+FROM unnest($5::bigint[], $6::int[], $7::text[], $8::text[], $9::jsonb[])
+    AS p(seq, tokens, view_openai, view_anthropic, parts)
+WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = p.seq AND e.pruned_at IS NULL
+"""
+
+_PRUNED_TOTALS_SQL = """
+UPDATE session SET context_tokens = context_tokens - $3,
+    context_tool_tokens = context_tool_tokens - $3, pruned_tokens = pruned_tokens + $3,
+    prune_count = prune_count + 1, prune_checked_tool_tokens = context_tool_tokens - $3,
+    version = version + 1, updated_at = $4
+WHERE id = $1 AND tenant_id = $2
+RETURNING version
+"""
+
+_CHECKED_SQL = """
+UPDATE session SET prune_checked_tool_tokens = context_tool_tokens
+WHERE id = $1 AND tenant_id = $2
+"""
+
+_USAGE_SQL = """
+UPDATE session SET calibration_factor = $3, overhead_tokens = $4,
+    reported_prompt_tokens = $5, context_tokens_at_report = context_tokens,
+    last_usage = $6::jsonb, usage_count = usage_count + 1, version = version + 1,
+    updated_at = $7
+WHERE id = $1 AND tenant_id = $2
+RETURNING version
+"""
+
+_IDEMPOTENT_RESPONSE_SQL = """
+UPDATE idempotency_record SET response = $4::jsonb
+WHERE session_id = $1 AND tenant_id = $2 AND key = $3
+"""
+
+
+class WindowItem(NamedTuple):
+    """An entry of the current view, as pruning reads it."""
+
+    seq: int
+    role: str
+    kind: str
+    tool_name: str | None
+    tokens: int
+    pruned: bool
+    tool_call_id: str | None
+    is_error: bool
+
+
+class PrunedRow(NamedTuple):
+    seq: int
+    tokens: int  # the placeholder's
+    view_openai: str
+    view_anthropic: str
+    parts: str  # JSON text, written only when the session erases
+
+
+class BudgetRepository:
+    def __init__(self, tenant_id: str) -> None:
+        self.tenant_id = tenant_id
+
+    async def window_items(
+        self, driver: Any, session_id: str, start_seq: int, end_seq: int
+    ) -> list[WindowItem]:
+        """The view's entries, oldest first, but only as far back as pruning walks.
+
+        Pruning walks back from the newest entry and stops at a summary or at an
+        entry an earlier prune marked; so entries are fetched newest first, in
+        growing chunks, until a chunk holds such a stop. A prune that finds
+        nothing new reads what arrived since the last one, not the whole view.
+        """
+        newest_first: list[WindowItem] = []
+        upper, chunk = end_seq, _FIRST_CHUNK
+        while upper > start_seq:
+            rows = await driver.fetch(
+                _ITEMS_SQL, session_id, self.tenant_id, start_seq, upper, chunk
+            )
+            batch = [WindowItem(*r) for r in rows]
+            newest_first.extend(batch)
+            if len(batch) < chunk or any(i.pruned or i.kind == "summary" for i in batch):
+                break
+            upper, chunk = batch[-1].seq, chunk * 4
+        newest_first.reverse()
+        return newest_first
+
+    async def mark_pruned(
+        self,
+        driver: Any,
+        session_id: str,
+        rows: list[PrunedRow],
+        saved: int,
+        now: datetime,
+        *,
+        erase: bool,
+    ) -> int:
+        """Mark the entries, replace their view, take ``saved`` off the totals.
+        Returns the session's new version."""
+        await driver.execute(
+            _PRUNE_SQL,
+            session_id,
+            self.tenant_id,
+            now,
+            erase,
+            [r.seq for r in rows],
+            [r.tokens for r in rows],
+            [r.view_openai for r in rows],
+            [r.view_anthropic for r in rows],
+            [r.parts for r in rows],
+        )
+        version: int = await driver.fetchval(
+            _PRUNED_TOTALS_SQL, session_id, self.tenant_id, saved, now
+        )
+        return version
+
+    async def mark_checked(self, driver: Any, session_id: str) -> None:
+        await driver.execute(_CHECKED_SQL, session_id, self.tenant_id)
+
+    async def record_usage(
+        self,
+        driver: Any,
+        session_id: str,
+        *,
+        calibration_factor: float,
+        overhead_tokens: int,
+        reported_prompt_tokens: int,
+        usage_json: str,
+        now: datetime,
+    ) -> int:
+        version: int = await driver.fetchval(
+            _USAGE_SQL,
+            session_id,
+            self.tenant_id,
+            calibration_factor,
+            overhead_tokens,
+            reported_prompt_tokens,
+            usage_json,
+            now,
+        )
+        return version
+
+    async def replace_idempotent_response(
+        self, driver: Any, session_id: str, key: str, response_json: str
+    ) -> None:
+        await driver.execute(
+            _IDEMPOTENT_RESPONSE_SQL, session_id, self.tenant_id, key, response_json
+        )

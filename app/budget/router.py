@@ -1,0 +1,53 @@
+"""HTTP routes for usage reports, pruning and provider errors."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.budget.schemas import (
+    ProviderError,
+    ProviderErrorVerdict,
+    PruneRequest,
+    PruneResult,
+    UsageReport,
+    UsageResponse,
+)
+from app.budget.service import BudgetService
+from app.core.database import EngineDep
+from app.core.openapi import problems
+from app.core.tenancy import TenantDep
+from app.sessions.router import SessionIdPath, checked_id
+
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["budget"])
+
+
+@router.post("/usage", responses=problems(404, 413, 422))
+async def report_usage(
+    session_id: SessionIdPath, body: UsageReport, engine: EngineDep, tenant: TenantDep
+) -> UsageResponse:
+    """Report the provider's usage for the last model call, right after it and
+    before appending its reply. Calibrates the estimate, gives the new verdict,
+    and prunes when the verdict asks for it (``prune.auto``)."""
+    return await BudgetService(engine, tenant).usage(checked_id(session_id), body)
+
+
+@router.post("/prune", responses=problems(404, 413, 422))
+async def prune(
+    session_id: SessionIdPath,
+    engine: EngineDep,
+    tenant: TenantDep,
+    body: PruneRequest | None = None,
+) -> PruneResult:
+    """Hide old tool outputs from the model (they stay stored), or with
+    ``dry_run`` say which would be hidden. Optional thresholds override the
+    session's ``prune`` config for this call."""
+    return await BudgetService(engine, tenant).prune(checked_id(session_id), body or PruneRequest())
+
+
+@router.post("/overflow-errors", responses=problems(404, 413, 422))
+async def report_provider_error(
+    session_id: SessionIdPath, body: ProviderError, engine: EngineDep, tenant: TenantDep
+) -> ProviderErrorVerdict:
+    """Forward a provider's error: says whether it is a context-window overflow
+    and, if so, relieves the window at once (pruning, with no minimum)."""
+    return await BudgetService(engine, tenant).provider_error(checked_id(session_id), body)

@@ -1,0 +1,133 @@
+"""API models for usage reports, pruning and provider errors."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# No prompt is larger than this; anything above is a client bug, not a usage figure.
+MAX_REPORTED_TOKENS = 100_000_000
+TokenFigure = Field(0, ge=0, le=MAX_REPORTED_TOKENS)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Verdict(BaseModel):
+    """How full the window is, from running totals, and what to do about it."""
+
+    estimated_tokens: int
+    usable_tokens: int
+    threshold_tokens: int
+    fraction: float
+    calibration_factor: float
+    overflow: bool
+    action: Literal["none", "prune", "compact", "emergency"]
+
+
+class UsageReport(Strict):
+    """The usage the provider reported for the last model call.
+
+    Send it right after the call, before appending the reply: the prompt it
+    measures is then exactly the context the session holds. The prompt size is
+    ``input_tokens + cache_read_tokens + cache_write_tokens`` (Anthropic's
+    figures as they come; for OpenAI, whose ``prompt_tokens`` already include
+    cached tokens, send ``prompt_tokens`` as ``input_tokens`` and no cache figures).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"input_tokens": 1834, "output_tokens": 212, "cache_read_tokens": 12000}]
+        },
+    )
+
+    input_tokens: int = Field(ge=0, le=MAX_REPORTED_TOKENS)
+    output_tokens: int = TokenFigure
+    cache_read_tokens: int = TokenFigure
+    cache_write_tokens: int = TokenFigure
+    tools_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_REPORTED_TOKENS,
+        description="Tokens the tool schemas and other unstored text add to each request.",
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=2000,
+        description="The tool schemas sent with each request, counted here when "
+        "tools_tokens is not given.",
+    )
+
+
+class PrunedEntry(BaseModel):
+    seq: int
+    tool_name: str | None
+    tokens: int = Field(description="Tokens the output took in the model's view.")
+
+
+class PruneRequest(Strict):
+    dry_run: bool = False
+    protect_tokens: int | None = Field(None, ge=0, le=10_000_000)
+    minimum_tokens: int | None = Field(None, ge=0, le=10_000_000)
+    protect_turns: int | None = Field(None, ge=0, le=1000)
+
+
+class PruneResult(BaseModel):
+    dry_run: bool
+    pruned: list[PrunedEntry] = Field(
+        description="Outputs hidden (or that would be, on a dry run)."
+    )
+    tokens_saved: int
+    candidate_tokens: int = Field(description="What pruning could save with no minimum.")
+    protected_tokens: int = Field(description="Tool-output tokens kept in the protected window.")
+    reason: str | None = Field(
+        description="Why nothing was pruned: nothing_prunable, below_minimum or disabled."
+    )
+    version: int
+    overflow: Verdict
+
+
+class UsageResponse(BaseModel):
+    calibration_factor: float
+    reported_prompt_tokens: int
+    overhead_tokens: int
+    version: int
+    overflow: Verdict
+    pruned: PruneResult | None = Field(description="The automatic prune this report started.")
+
+
+class ProviderError(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "status": 400,
+                    "message": "prompt is too long: 208310 tokens > 200000 maximum",
+                }
+            ]
+        },
+    )
+
+    status: int | None = Field(None, ge=100, le=599, description="The provider's HTTP status.")
+    message: str = Field(
+        max_length=1_000_000, description="The error message, or the whole error body as text."
+    )
+
+
+class Recovery(BaseModel):
+    action: Literal["prune", "none"]
+    pruned: PruneResult | None
+
+
+class ProviderErrorVerdict(BaseModel):
+    overflow: bool = Field(description="Whether the error is a context-window overflow.")
+    provider: str | None
+    pattern: str | None
+    requested_tokens: int | None = Field(description="The prompt size the error states.")
+    limit_tokens: int | None = Field(description="The context limit the error states.")
+    recovery: Recovery | None
+    verdict: Verdict

@@ -1,0 +1,253 @@
+"""Usage reports, pruning and provider errors: the model-free half of compaction.
+
+Each use case is one short transaction on a bare asyncpg connection that locks
+the session row first, so the running totals stay exact against concurrent
+appends (which then read again, see ``app.messages.service``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.budget.repository import BudgetRepository, PrunedRow
+from app.budget.schemas import (
+    ProviderError,
+    ProviderErrorVerdict,
+    PrunedEntry,
+    PruneRequest,
+    PruneResult,
+    Recovery,
+    UsageReport,
+    UsageResponse,
+    Verdict,
+)
+from app.core.database import driver_connection
+from app.core.errors import NotFound
+from app.engine import budget, catalog, overflow_errors, tokens, view
+from app.engine.prune import PruneSettings, plan_prune
+from app.sessions import service as sessions
+from app.sessions.repository import SessionState, read_state
+from app.sessions.schemas import SessionConfig
+
+# What the planner assumes a placeholder costs beyond its text: a typical call id.
+# The totals use each placeholder's exact count.
+_TYPICAL_CALL_ID_TOKENS = 8
+
+
+def verdict_model(state: SessionState) -> Verdict:
+    return Verdict.model_validate(dataclasses.asdict(sessions.verdict_of(state)))
+
+
+async def locked_state(driver: Any, tenant_id: str, session_id: str) -> SessionState:
+    state = await read_state(driver, tenant_id, session_id, lock=True)
+    if state is None:
+        raise NotFound(f"session {session_id!r} does not exist")
+    return state
+
+
+async def prune_locked(
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    *,
+    dry_run: bool = False,
+    request: PruneRequest | None = None,
+    minimum_tokens: int | None = None,
+    urgent: bool = False,
+) -> PruneResult:
+    """Plan and (unless ``dry_run``) apply a prune of the session's current view.
+
+    Runs in the caller's transaction with the session row locked; ``state`` is
+    updated in place to the totals after the prune.
+
+    ``urgent`` (the window is past the compaction threshold, or the provider
+    refused the prompt): the last user turns are no longer protected as such,
+    only the newest ``protect_tokens`` of tool output. An agent working on its
+    own runs hundreds of tool calls inside one user turn; protecting that whole
+    turn would leave compaction, which summarizes everything away, as the only
+    relief, where hiding its oldest outputs is enough.
+    """
+    repo = BudgetRepository(tenant_id)
+    cfg = config.prune
+
+    def result(
+        pruned: list[PrunedEntry], saved: int, candidate: int, protected: int, reason: str | None
+    ) -> PruneResult:
+        return PruneResult(
+            dry_run=dry_run,
+            pruned=pruned,
+            tokens_saved=saved,
+            candidate_tokens=candidate,
+            protected_tokens=protected,
+            reason=reason,
+            version=state.version,
+            overflow=verdict_model(state),
+        )
+
+    if not cfg.enabled:
+        return result([], 0, 0, 0, "disabled")
+    encoding = catalog.lookup(state.model).encoding
+    base_placeholder = tokens.count_entry(
+        view.placeholder_entry(None, None, False, cfg.placeholder), encoding
+    )
+    asked = request or PruneRequest()
+    settings = PruneSettings(
+        protect_tokens=_pick(asked.protect_tokens, cfg.protect_tokens),
+        minimum_tokens=_pick(minimum_tokens, _pick(asked.minimum_tokens, cfg.minimum_tokens)),
+        protect_turns=0 if urgent else _pick(asked.protect_turns, cfg.protect_turns),
+        protected_tools=frozenset(t.lower() for t in cfg.protected_tools),
+        placeholder_tokens=base_placeholder + _TYPICAL_CALL_ID_TOKENS,
+    )
+    items = await repo.window_items(driver, session_id, state.context_start_seq, state.next_seq)
+    plan = plan_prune(items, settings)
+    if not plan.seqs:
+        if not dry_run:
+            await repo.mark_checked(driver, session_id)
+            state.prune_checked_tool_tokens = state.context_tool_tokens
+        return result([], 0, plan.candidate_tokens, plan.protected_tokens, plan.reason)
+
+    by_seq = {item.seq: item for item in items}
+    rows: list[PrunedRow] = []
+    pruned: list[PrunedEntry] = []
+    saved = 0
+    for seq in plan.seqs:
+        item = by_seq[seq]
+        placeholder = view.placeholder_entry(
+            item.tool_call_id, item.tool_name, item.is_error, cfg.placeholder
+        )
+        cost = tokens.count_entry(placeholder, encoding)
+        saved += item.tokens - cost
+        pruned.append(PrunedEntry(seq=seq, tool_name=item.tool_name, tokens=item.tokens))
+        if not dry_run:
+            view_openai, view_anthropic = view.render_view(placeholder)
+            parts = orjson.dumps(placeholder.parts).decode()
+            rows.append(PrunedRow(seq, cost, view_openai, view_anthropic, parts))
+    if not dry_run:
+        state.version = await repo.mark_pruned(
+            driver, session_id, rows, saved, datetime.now(UTC), erase=cfg.erase
+        )
+        state.context_tokens -= saved
+        state.context_tool_tokens -= saved
+        state.prune_checked_tool_tokens = state.context_tool_tokens
+    return result(pruned, saved, plan.candidate_tokens, plan.protected_tokens, None)
+
+
+def _pick(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def wants_auto_prune(state: SessionState, config: SessionConfig) -> bool:
+    """After an append or a usage report: does the verdict ask for a prune now?"""
+    if not (config.prune.enabled and config.prune.auto):
+        return False
+    action = sessions.verdict_of(state).action
+    return budget.should_auto_prune(
+        action,
+        state.context_tool_tokens,
+        state.prune_checked_tool_tokens,
+        config.prune.minimum_tokens,
+    )
+
+
+def is_urgent(state: SessionState) -> bool:
+    """Past the compaction threshold: pruning must not wait for turns to end."""
+    return sessions.verdict_of(state).action in ("compact", "emergency")
+
+
+async def auto_prune(
+    driver: Any, tenant_id: str, session_id: str, state: SessionState, config: SessionConfig
+) -> PruneResult:
+    return await prune_locked(driver, tenant_id, session_id, state, config, urgent=is_urgent(state))
+
+
+class BudgetService:
+    def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
+        self.engine = engine
+        self.tenant_id = tenant_id
+        self.repo = BudgetRepository(tenant_id)
+
+    async def usage(self, session_id: str, report: UsageReport) -> UsageResponse:
+        """Calibrate against the provider's figures and give the new verdict."""
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await locked_state(driver, self.tenant_id, session_id)
+            config = sessions.effective_config(state.config)
+            encoding = catalog.lookup(state.model).encoding
+            if report.tools_tokens is not None:
+                overhead = report.tools_tokens
+            elif report.tools is not None:
+                overhead = tokens.count_tools(report.tools, encoding)
+            else:
+                overhead = state.overhead_tokens
+            prompt = report.input_tokens + report.cache_read_tokens + report.cache_write_tokens
+            # The prompt just measured is the context the session holds, plus what
+            # each request adds: compare like with like, uncalibrated.
+            counted = state.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
+            factor = budget.calibrate(state.calibration_factor, prompt, counted)
+            state.version = await self.repo.record_usage(
+                driver,
+                session_id,
+                calibration_factor=factor,
+                overhead_tokens=overhead,
+                reported_prompt_tokens=prompt,
+                usage_json=report.model_dump_json(exclude={"tools"}),
+                now=datetime.now(UTC),
+            )
+            state.calibration_factor = factor
+            state.overhead_tokens = overhead
+            state.reported_prompt_tokens = prompt
+            state.context_tokens_at_report = state.context_tokens
+            pruned = None
+            if wants_auto_prune(state, config):
+                pruned = await auto_prune(driver, self.tenant_id, session_id, state, config)
+            return UsageResponse(
+                calibration_factor=factor,
+                reported_prompt_tokens=prompt,
+                overhead_tokens=overhead,
+                version=state.version,
+                overflow=verdict_model(state),
+                pruned=pruned,
+            )
+
+    async def prune(self, session_id: str, request: PruneRequest) -> PruneResult:
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await locked_state(driver, self.tenant_id, session_id)
+            config = sessions.effective_config(state.config)
+            return await prune_locked(
+                driver,
+                self.tenant_id,
+                session_id,
+                state,
+                config,
+                dry_run=request.dry_run,
+                request=request,
+            )
+
+    async def provider_error(self, session_id: str, error: ProviderError) -> ProviderErrorVerdict:
+        """Is it a context overflow? If so, relieve the window now (prune, with no
+        minimum: any saving helps the retry) and give the verdict."""
+        match = overflow_errors.classify(error.status, error.message)
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await locked_state(driver, self.tenant_id, session_id)
+            recovery = None
+            if match.overflow:
+                config = sessions.effective_config(state.config)
+                pruned = await prune_locked(
+                    driver, self.tenant_id, session_id, state, config, minimum_tokens=0, urgent=True
+                )
+                recovery = Recovery(action="prune" if pruned.pruned else "none", pruned=pruned)
+            return ProviderErrorVerdict(
+                overflow=match.overflow,
+                provider=match.provider,
+                pattern=match.pattern,
+                requested_tokens=match.requested_tokens,
+                limit_tokens=match.limit_tokens,
+                recovery=recovery,
+                verdict=verdict_model(state),
+            )

@@ -1,0 +1,148 @@
+"""Usage reports: calibration, the hybrid estimate, and the verdict."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import httpx
+import pytest
+
+from app.engine.budget import CALIBRATION_MAX, CALIBRATION_MIN
+from app.engine.tokens import REPLY_PRIMING_TOKENS
+from tests.conftest import make_session
+from tests.helpers import append_ok, assert_problem, get_session
+
+
+async def usage(client: httpx.AsyncClient, session_id: str, **body: Any) -> dict[str, Any]:
+    r = await client.post(f"/v1/sessions/{session_id}/usage", json=body)
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def turn(k: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"Step {k}: " + "explain the failing test output. " * 20}]
+
+
+async def test_usage_calibrates_and_sets_the_exact_base(client: httpx.AsyncClient) -> None:
+    await make_session(client, id="u")
+    appended = await append_ok(client, "u", turn(1))
+    counted = appended["context_tokens"] + REPLY_PRIMING_TOKENS
+    body = await usage(client, "u", input_tokens=2 * counted, output_tokens=50)
+    # One report moves the factor a fifth of the way to the ratio (2.0).
+    assert body["calibration_factor"] == pytest.approx(0.8 + 0.2 * 2.0)
+    assert body["reported_prompt_tokens"] == 2 * counted
+    assert body["overflow"]["estimated_tokens"] == 2 * counted  # exact right after a report
+    assert body["version"] == appended["version"] + 1
+    assert body["pruned"] is None
+
+    # What is appended since is added from stored counts, calibrated.
+    later = await append_ok(client, "u", turn(2))
+    added = later["entries"][0]["tokens"]
+    expected = 2 * counted + round(added * body["calibration_factor"])
+    assert later["overflow"]["estimated_tokens"] == expected
+
+    session = await get_session(client, "u")
+    assert session["usage_count"] == 1
+    assert session["calibration_factor"] == body["calibration_factor"]
+    assert session["last_usage"]["input_tokens"] == 2 * counted
+    assert session["last_usage"]["output_tokens"] == 50
+
+
+async def test_cache_figures_count_toward_the_prompt(client: httpx.AsyncClient) -> None:
+    await make_session(client, id="c")
+    await append_ok(client, "c", turn(1))
+    body = await usage(
+        client, "c", input_tokens=100, cache_read_tokens=1000, cache_write_tokens=200
+    )
+    assert body["reported_prompt_tokens"] == 1300
+
+
+async def test_tool_schemas_are_counted_as_overhead(client: httpx.AsyncClient) -> None:
+    await make_session(client, id="t")
+    await append_ok(client, "t", turn(1))
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "Run a shell command and return its output.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}},
+                    "required": ["command"],
+                },
+            },
+        }
+    ]
+    counted = await usage(client, "t", input_tokens=500, tools=tools)
+    assert counted["overhead_tokens"] > 20
+    given = await usage(client, "t", input_tokens=500, tools_tokens=321)
+    assert given["overhead_tokens"] == 321
+    kept = await usage(client, "t", input_tokens=500)
+    assert kept["overhead_tokens"] == 321  # unchanged when not reported
+
+
+async def test_calibration_converges_to_a_tokenizer_that_counts_more(
+    client: httpx.AsyncClient,
+) -> None:
+    """A provider whose tokenizer counts 1.3x tiktoken: the calibrated estimate of
+    the stored context comes within 5% of its reports within 10 reports, and the
+    factor approaches 1.3 from below without overshooting."""
+    await make_session(client, id="k")
+    factors: list[float] = []
+    within_at: int | None = None
+    for k in range(1, 16):
+        appended = await append_ok(client, "k", turn(k))
+        counted = appended["context_tokens"] + REPLY_PRIMING_TOKENS
+        actual = round(1.3 * counted)
+        before = factors[-1] if factors else 1.0
+        if within_at is None and abs(before * counted - actual) / actual <= 0.05:
+            within_at = k - 1  # reports received before this call
+        body = await usage(client, "k", input_tokens=actual)
+        factors.append(body["calibration_factor"])
+    assert within_at is not None
+    assert within_at <= 10, factors
+    assert all(a < b for a, b in itertools.pairwise(factors)), factors
+    assert all(f <= 1.3 + 1e-6 for f in factors), factors
+
+
+async def test_calibration_is_clamped(client: httpx.AsyncClient) -> None:
+    await make_session(client, id="clamp")
+    await append_ok(client, "clamp", turn(1))
+    high = [await usage(client, "clamp", input_tokens=10_000_000) for _ in range(30)]
+    assert max(b["calibration_factor"] for b in high) == CALIBRATION_MAX
+    low = [await usage(client, "clamp", input_tokens=1) for _ in range(60)]
+    assert min(b["calibration_factor"] for b in low) == CALIBRATION_MIN
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"input_tokens": -1}, "input_tokens"),
+        ({"input_tokens": 10, "output_tokens": -5}, "output_tokens"),
+        ({"input_tokens": 10**12}, "input_tokens"),
+        ({"input_tokens": 10, "cache_read_tokens": 10**9}, "cache_read_tokens"),
+        ({"input_tokens": "many"}, "input_tokens"),
+        ({"output_tokens": 3}, "input_tokens"),
+        ({"input_tokens": 10, "prompt_tokens": 10}, "prompt_tokens"),
+        ({"input_tokens": 10, "tools_tokens": -1}, "tools_tokens"),
+        ({"input_tokens": 10, "tools": "bash"}, "tools"),
+    ],
+)
+async def test_bad_usage_is_rejected_and_changes_nothing(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str
+) -> None:
+    await make_session(client, id="bad")
+    await append_ok(client, "bad", turn(1))
+    before = await get_session(client, "bad")
+    r = await client.post("/v1/sessions/bad/usage", json=body)
+    assert_problem(r, 422, field)
+    after = await get_session(client, "bad")
+    assert after == before
+
+
+async def test_usage_on_a_missing_session_is_404(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/sessions/nope/usage", json={"input_tokens": 5})
+    assert_problem(r, 404, "nope")
