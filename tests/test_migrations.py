@@ -12,7 +12,7 @@ import pytest
 from app.core import migrations
 from tests import postgres
 
-TABLES = {"session", "entry", "tool_call", "idempotency_record"}
+TABLES = {"session", "entry", "tool_call", "idempotency_record", "prune_mark"}
 
 
 @pytest.fixture
@@ -85,3 +85,23 @@ async def test_migrated_schema_keys_every_table_by_session_first(db_url: str) ->
             continue
         expected = "id" if table == "session" else "session_id"
         assert first == expected, f"{name} on {table} starts with {first}"
+
+
+async def test_the_models_match_the_migrated_schema(db_url: str) -> None:
+    """What the ORM maps is what Alembic built: no column, table or index drift."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from app.core.database import Base
+    from app.main import create_app  # noqa: F401  (imports every model)
+
+    engine = create_async_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(MigrationContext.configure(sync), Base.metadata)
+            )
+    finally:
+        await engine.dispose()
+    assert diff == []

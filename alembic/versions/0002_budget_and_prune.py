@@ -18,9 +18,25 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    # An entry's ``tokens`` is what it takes in the model's view as written (after
-    # ingest truncation); a pruned entry takes ``pruned_tokens`` (its placeholder).
-    op.add_column("entry", sa.Column("pruned_tokens", sa.Integer(), nullable=True))
+    # Pruning adds marks, one small row per hidden output, instead of rewriting
+    # the wide entry rows: a prune of thousands of outputs stays an insert. An
+    # entry's ``tokens`` is what it takes in the model's view as written (after
+    # ingest truncation); a marked entry takes the mark's ``tokens`` (its placeholder).
+    op.create_table(
+        "prune_mark",
+        sa.Column("session_id", sa.String(128), nullable=False),
+        sa.Column("tenant_id", sa.String(128), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("tokens", sa.Integer(), nullable=False),
+        # No foreign key: a mark is written only for an entry read in the same
+        # transaction, under the session's row lock, and deleting a session
+        # deletes its marks (app.sessions.repository). A key check per mark was
+        # most of the cost of a large prune (seconds against the entry table when
+        # its statistics lagged, tens of ms against the session).
+        sa.PrimaryKeyConstraint("session_id", "tenant_id", "seq", name="prune_mark_pkey"),
+    )
+    op.drop_column("entry", "pruned_at")  # never written: the marks replace it
     op.add_column("entry", sa.Column("erased_bytes", sa.Integer(), nullable=True))
     op.add_column("entry", sa.Column("omitted_lines", sa.Integer(), nullable=True))
     op.add_column("entry", sa.Column("omitted_bytes", sa.Integer(), nullable=True))
@@ -44,5 +60,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     for column in ("usage_count", "prune_checked_tool_tokens", "prune_count", "pruned_tokens"):
         op.drop_column("session", column)
-    for column in ("omitted_bytes", "omitted_lines", "erased_bytes", "pruned_tokens"):
+    for column in ("omitted_bytes", "omitted_lines", "erased_bytes"):
         op.drop_column("entry", column)
+    op.add_column("entry", sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=True))
+    op.drop_table("prune_mark")

@@ -9,9 +9,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from app.messages.repository import read_marks
+
 _ITEMS_SQL = """
-SELECT seq, role, kind, tool_name, coalesce(pruned_tokens, tokens), pruned_at IS NOT NULL,
-    tool_call_id, is_error
+SELECT seq, role, kind, tool_name, tokens, tool_call_id, is_error
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
 ORDER BY seq DESC
@@ -20,14 +21,21 @@ LIMIT $5
 
 _FIRST_CHUNK = 512
 
+# A mark per output, with what its placeholder costs; the placeholder itself is
+# rendered when the context is read (the same text for every output), so the
+# entry and its stored view stay as they are.
 _PRUNE_SQL = """
-UPDATE entry AS e SET pruned_at = $3, pruned_tokens = p.tokens,
-    view_openai = p.view_openai, view_anthropic = p.view_anthropic,
-    parts = CASE WHEN $4 THEN p.parts ELSE e.parts END,
-    erased_bytes = CASE WHEN $4 THEN octet_length(e.parts::text) END
-FROM unnest($5::bigint[], $6::int[], $7::text[], $8::text[], $9::jsonb[])
-    AS p(seq, tokens, view_openai, view_anthropic, parts)
-WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = p.seq AND e.pruned_at IS NULL
+INSERT INTO prune_mark (session_id, tenant_id, seq, pruned_at, tokens)
+SELECT $1, $2, p.seq, $3, p.tokens FROM unnest($4::bigint[], $5::int[]) AS p(seq, tokens)
+"""
+
+# prune.erase: the stored output itself becomes the placeholder, and the views with it.
+_ERASE_SQL = """
+UPDATE entry AS e SET parts = p.parts, view_openai = p.view_openai,
+    view_anthropic = p.view_anthropic, erased_bytes = octet_length(e.parts::text)
+FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[])
+    AS p(seq, parts, view_openai, view_anthropic)
+WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = p.seq AND e.erased_bytes IS NULL
 """
 
 _PRUNED_TOTALS_SQL = """
@@ -75,9 +83,13 @@ class WindowItem(NamedTuple):
 class PrunedRow(NamedTuple):
     seq: int
     tokens: int  # the placeholder's
+
+
+class ErasedRow(NamedTuple):
+    seq: int
+    parts: str  # JSON text
     view_openai: str
     view_anthropic: str
-    parts: str  # JSON text, written only when the session erases
 
 
 class BudgetRepository:
@@ -100,7 +112,13 @@ class BudgetRepository:
             rows = await driver.fetch(
                 _ITEMS_SQL, session_id, self.tenant_id, start_seq, upper, chunk
             )
-            batch = [WindowItem(*r) for r in rows]
+            if not rows:
+                break
+            marks = await read_marks(driver, self.tenant_id, session_id, rows[-1][0], upper)
+            batch = [
+                WindowItem(r[0], r[1], r[2], r[3], marks.get(r[0], r[4]), r[0] in marks, r[5], r[6])
+                for r in rows
+            ]
             newest_first.extend(batch)
             if len(batch) < chunk or any(i.pruned or i.kind == "summary" for i in batch):
                 break
@@ -115,23 +133,28 @@ class BudgetRepository:
         rows: list[PrunedRow],
         saved: int,
         now: datetime,
-        *,
-        erase: bool,
+        erased: list[ErasedRow],
     ) -> int:
-        """Mark the entries, replace their view, take ``saved`` off the totals.
-        Returns the session's new version."""
+        """Mark the entries, take ``saved`` off the totals, and clear the stored
+        content of ``erased``. Returns the session's new version."""
         await driver.execute(
             _PRUNE_SQL,
             session_id,
             self.tenant_id,
             now,
-            erase,
             [r.seq for r in rows],
             [r.tokens for r in rows],
-            [r.view_openai for r in rows],
-            [r.view_anthropic for r in rows],
-            [r.parts for r in rows],
         )
+        if erased:
+            await driver.execute(
+                _ERASE_SQL,
+                session_id,
+                self.tenant_id,
+                [r.seq for r in erased],
+                [r.parts for r in erased],
+                [r.view_openai for r in erased],
+                [r.view_anthropic for r in erased],
+            )
         version: int = await driver.fetchval(
             _PRUNED_TOTALS_SQL, session_id, self.tenant_id, saved, now
         )

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.budget.repository import BudgetRepository, PrunedRow
+from app.budget.repository import BudgetRepository, ErasedRow, PrunedRow
 from app.budget.schemas import (
     ProviderError,
     ProviderErrorVerdict,
@@ -115,23 +115,25 @@ async def prune_locked(
 
     by_seq = {item.seq: item for item in items}
     rows: list[PrunedRow] = []
+    erased: list[ErasedRow] = []
     pruned: list[PrunedEntry] = []
+    placeholders = view.PlaceholderViews(cfg.placeholder)
+    erased_parts = orjson.dumps([{"type": "text", "text": cfg.placeholder}]).decode()
     saved = 0
     for seq in plan.seqs:
         item = by_seq[seq]
-        placeholder = view.placeholder_entry(
-            item.tool_call_id, item.tool_name, item.is_error, cfg.placeholder
-        )
-        cost = tokens.count_entry(placeholder, encoding)
+        # count_entry of the placeholder entry, without building it: framing and
+        # text are the same for every output, only the call id differs.
+        cost = base_placeholder + tokens.count_text(item.tool_call_id or "", encoding)
         saved += item.tokens - cost
         pruned.append(PrunedEntry(seq=seq, tool_name=item.tool_name, tokens=item.tokens))
-        if not dry_run:
-            view_openai, view_anthropic = view.render_view(placeholder)
-            parts = orjson.dumps(placeholder.parts).decode()
-            rows.append(PrunedRow(seq, cost, view_openai, view_anthropic, parts))
+        rows.append(PrunedRow(seq, cost))
+        if cfg.erase:
+            views = placeholders.render(item.tool_call_id, item.is_error)
+            erased.append(ErasedRow(seq, erased_parts, *views))
     if not dry_run:
         state.version = await repo.mark_pruned(
-            driver, session_id, rows, saved, datetime.now(UTC), erase=cfg.erase
+            driver, session_id, rows, saved, datetime.now(UTC), erased
         )
         state.context_tokens -= saved
         state.context_tool_tokens -= saved

@@ -13,8 +13,8 @@ from app.core.database import driver_connection
 from app.core.errors import NotFound
 from app.engine import budget
 from app.engine.tokens import REPLY_PRIMING_TOKENS
-from app.engine.view import assemble_anthropic, assemble_openai
-from app.messages.repository import read_window
+from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
+from app.messages.repository import read_marks, read_window
 from app.messages.schemas import Format
 from app.sessions import service as sessions
 from app.sessions.repository import read_state
@@ -33,13 +33,28 @@ class _Item:
 
     __slots__ = ("call_ids", "role", "tokens", "tool_call_id", "view_anthropic", "view_openai")
 
-    def __init__(self, row: Any) -> None:
+    def __init__(self, row: Any, view: str, tokens: int) -> None:
         self.role: str = row[1]
         self.tool_call_id: str | None = row[2]
         self.call_ids: tuple[str, ...] = tuple(row[3]) if row[3] else ()
-        self.tokens: int = row[4]
-        self.view_openai: str = row[5]
-        self.view_anthropic: str = row[5]
+        self.tokens = tokens
+        self.view_openai = self.view_anthropic = view
+
+
+def _items(rows: list[Any], marks: dict[int, int], fmt: Format, placeholder: str) -> list[_Item]:
+    """The window's rows; a pruned tool result shows the placeholder and costs its tokens."""
+    if not marks:
+        return [_Item(row, row[5], row[4]) for row in rows]
+    views = PlaceholderViews(placeholder)
+    side = 0 if fmt == "openai" else 1
+    items = []
+    for row in rows:
+        tokens = marks.get(row[0])
+        if tokens is None:
+            items.append(_Item(row, row[5], row[4]))
+        else:
+            items.append(_Item(row, views.render(row[2], row[6])[side], tokens))
+    return items
 
 
 class ContextService:
@@ -57,15 +72,15 @@ class ContextService:
             session = await read_state(driver, self.tenant_id, session_id)
             if session is None:
                 raise NotFound(f"session {session_id!r} does not exist")
-            rows = await read_window(
-                driver,
-                self.tenant_id,
-                session_id,
-                session.context_start_seq,
-                session.next_seq,
-                fmt,
+            start, end = session.context_start_seq, session.next_seq
+            rows = await read_window(driver, self.tenant_id, session_id, start, end, fmt)
+            marks = (
+                await read_marks(driver, self.tenant_id, session_id, start, end)
+                if session.prune_count
+                else {}
             )
-        items = [_Item(row) for row in rows]
+        config = sessions.effective_config(session.config)
+        items = _items(rows, marks, fmt, config.prune.placeholder)
         system_json: bytes | None = None
         if fmt == "openai":
             messages_json, used = assemble_openai(items)
@@ -76,7 +91,6 @@ class ContextService:
         message_tokens = sum(items[i].tokens for i in used if items[i].role != "tool")
         overhead = REPLY_PRIMING_TOKENS + session.overhead_tokens
         window, _ = sessions.window_of(session)
-        config = sessions.effective_config(session.config)
         acc = budget.Accounting(
             context_tokens=tool_tokens + message_tokens,
             calibration_factor=session.calibration_factor,

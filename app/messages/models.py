@@ -27,8 +27,8 @@ from app.core.database import Base
 
 class Entry(Base):
     """One stored entry of a session's history: a message, or (later) a
-    compaction or branch summary. Rows are appended, never rewritten; pruning
-    only sets ``pruned_at``."""
+    compaction or branch summary. Rows are appended, never rewritten (pruning
+    adds a ``PruneMark``), unless a session asks pruning to erase content."""
 
     __tablename__ = "entry"
     __table_args__ = (
@@ -58,14 +58,25 @@ class Entry(Base):
     view_openai: Mapped[str] = mapped_column(Text)
     view_anthropic: Mapped[str] = mapped_column(Text)
     parent_seq: Mapped[int | None] = mapped_column(BigInteger)
-    pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    pruned_tokens: Mapped[int | None] = mapped_column(Integer)  # the placeholder's tokens
     erased_bytes: Mapped[int | None] = mapped_column(
         Integer
     )  # stored content cleared (prune.erase)
     omitted_lines: Mapped[int | None] = mapped_column(Integer)  # ingest truncation of the view
     omitted_bytes: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class PruneMark(Base):
+    """A tool output hidden from the model by pruning; the entry itself stays."""
+
+    __tablename__ = "prune_mark"
+    # No foreign key (see migration 0002): the session's delete removes its marks.
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pruned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    tokens: Mapped[int] = mapped_column(Integer)  # what the placeholder takes in the view
 
 
 class ToolCall(Base):
@@ -107,4 +118,4 @@ class IdempotencyRecord(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
-__all__ = ["Entry", "IdempotencyRecord", "Integer", "ToolCall"]
+__all__ = ["Entry", "IdempotencyRecord", "Integer", "PruneMark", "ToolCall"]

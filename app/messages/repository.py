@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.messages.models import Entry
+from app.messages.models import Entry, PruneMark
 from app.sessions.repository import STATE_COLUMNS, STATE_FIELDS, SessionState
 
 
@@ -75,12 +75,18 @@ class AppendWrite:
 # What a context read needs: pairing links, counts and one rendered fragment.
 _WINDOW_SQL = {
     fmt: (
-        f"SELECT seq, role, tool_call_id, call_ids, coalesce(pruned_tokens, tokens), {column}"
-        " FROM entry"
+        f"SELECT seq, role, tool_call_id, call_ids, tokens, {column}, is_error FROM entry"
         " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
+
+# Prune marks are read on their own, by key range, rather than joined: a join
+# planned on stale statistics probed every mark for every entry.
+MARKS_SQL = (
+    "SELECT seq, tokens FROM prune_mark"
+    " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4"
+)
 
 _READ_SQL = f"""
 SELECT {STATE_COLUMNS},
@@ -138,12 +144,21 @@ SELECT count(*) FROM advanced
 """
 
 
+async def read_marks(
+    driver: Any, tenant_id: str, session_id: str, start_seq: int, end_seq: int
+) -> dict[int, int]:
+    """The prune marks in ``start_seq <= seq < end_seq``: seq to placeholder tokens."""
+    rows = await driver.fetch(MARKS_SQL, session_id, tenant_id, start_seq, end_seq)
+    return {r[0]: r[1] for r in rows}
+
+
 async def read_window(
     driver: Any, tenant_id: str, session_id: str, start_seq: int, end_seq: int, fmt: str
 ) -> list[Any]:
     """The entries of the model's view, ``start_seq <= seq < end_seq``: light
     columns and the fragment rendered for ``fmt``, never the parts. Records
-    (``seq, role, tool_call_id, call_ids, tokens, view``), no per-row ORM pass."""
+    (``seq, role, tool_call_id, call_ids, tokens, view, is_error``), no per-row
+    ORM pass."""
     records: list[Any] = await driver.fetch(
         _WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq
     )
@@ -232,9 +247,18 @@ class MessageRepository:
         self.db = db
         self.tenant_id = tenant_id
 
-    async def page(self, session_id: str, after_seq: int, limit: int) -> list[Entry]:
+    async def page(
+        self, session_id: str, after_seq: int, limit: int
+    ) -> list[tuple[Entry, datetime | None]]:
+        """Entries after ``after_seq``, each with the time pruning hid it, if it did."""
         stmt = (
-            select(Entry)
+            select(Entry, PruneMark.pruned_at)
+            .outerjoin(
+                PruneMark,
+                (PruneMark.session_id == Entry.session_id)
+                & (PruneMark.tenant_id == Entry.tenant_id)
+                & (PruneMark.seq == Entry.seq),
+            )
             .where(
                 Entry.session_id == session_id,
                 Entry.tenant_id == self.tenant_id,
@@ -243,4 +267,4 @@ class MessageRepository:
             .order_by(Entry.seq)
             .limit(limit)
         )
-        return list((await self.db.execute(stmt)).scalars())
+        return [(row[0], row[1]) for row in await self.db.execute(stmt)]

@@ -459,13 +459,13 @@ class MessageService:
                     source_format=r.source_format,
                     tool_name=r.tool_name,
                     created_at=r.created_at,
-                    pruned_at=r.pruned_at,
+                    pruned_at=pruned_at,
                     erased_bytes=r.erased_bytes,
                     omitted_lines=r.omitted_lines,
                     omitted_bytes=r.omitted_bytes,
                     message=render_history(r, fmt),
                 )
-                for r in page
+                for r, pruned_at in page
             ],
-            next_after_seq=page[-1].seq if len(rows) > limit else None,
+            next_after_seq=page[-1][0].seq if len(rows) > limit else None,
         )

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import and_, delete, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.messages.models import PruneMark
 from app.sessions.models import Session
 
 
@@ -34,6 +35,7 @@ class SessionState:
     context_tokens_at_report: int | None
     context_start_seq: int
     prune_checked_tool_tokens: int | None
+    prune_count: int
 
 
 STATE_FIELDS = tuple(f.name for f in fields(SessionState))
@@ -84,6 +86,13 @@ class SessionRepository:
         return list((await self.db.execute(stmt)).scalars())
 
     async def delete(self, session_id: str) -> bool:
+        """The session and everything of it: the tables with a foreign key go by
+        cascade, prune marks (which have none) here, in the same transaction."""
+        await self.db.execute(
+            delete(PruneMark).where(
+                PruneMark.session_id == session_id, PruneMark.tenant_id == self.tenant_id
+            )
+        )
         result = await self.db.execute(
             delete(Session)
             .where(Session.id == session_id, Session.tenant_id == self.tenant_id)

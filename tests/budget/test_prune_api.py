@@ -318,3 +318,24 @@ async def test_long_sessions_prune_as_the_engine_plans_over_every_entry(
     assert [p["seq"] for p in second["pruned"]] == expected(stored)
     assert second["pruned"]
     assert min(p["seq"] for p in second["pruned"]) > max(p["seq"] for p in first["pruned"])
+
+
+async def test_deleting_a_session_deletes_its_prune_marks(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    import asyncpg
+
+    from tests import postgres
+
+    await make_session(client, id="gone", config=MANUAL)
+    await make_session(client, id="kept", config=MANUAL)
+    for sid in ("gone", "kept"):
+        await fill(client, sid, work(30))
+        assert (await prune(client, sid))["pruned"]
+    assert (await client.delete("/v1/sessions/gone")).status_code == 204
+    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+    try:
+        marks = await conn.fetch("SELECT session_id, count(*) FROM prune_mark GROUP BY 1")
+    finally:
+        await conn.close()
+    assert {r["session_id"] for r in marks} == {"kept"}
