@@ -355,12 +355,18 @@ def main() -> int:
             f"compactd bench: service pid {server.pid} on {base}, embedded PostgreSQL, {os.cpu_count()} cores"
         )
 
+        # `python -m bench budget` runs one section; no argument runs them all.
+        sections = set(sys.argv[1:]) or {"append", "context", "budget"}
+
         async def run() -> None:
-            await bench_appends("127.0.0.1", port, psutil.Process(server.pid))
-            await bench_context(
-                "127.0.0.1", port, url.replace("postgresql+asyncpg://", "postgresql://")
-            )
-            await bench_budget("127.0.0.1", port)
+            if "append" in sections:
+                await bench_appends("127.0.0.1", port, psutil.Process(server.pid))
+            if "context" in sections:
+                await bench_context(
+                    "127.0.0.1", port, url.replace("postgresql+asyncpg://", "postgresql://")
+                )
+            if "budget" in sections:
+                await bench_budget("127.0.0.1", port)
 
         asyncio.run(run())
         rss = psutil.Process(server.pid).memory_info().rss / 2**20

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.budget.schemas import (
     ProviderError,
@@ -31,17 +31,22 @@ async def report_usage(
     return await BudgetService(engine, tenant).usage(checked_id(session_id), body)
 
 
-@router.post("/prune", responses=problems(404, 413, 422))
+@router.post("/prune", response_model=PruneResult, responses=problems(404, 413, 422))
 async def prune(
     session_id: SessionIdPath,
     engine: EngineDep,
     tenant: TenantDep,
     body: PruneRequest | None = None,
-) -> PruneResult:
+) -> Response:
     """Hide old tool outputs from the model (they stay stored), or with
     ``dry_run`` say which would be hidden. Optional thresholds override the
     session's ``prune`` config for this call."""
-    return await BudgetService(engine, tenant).prune(checked_id(session_id), body or PruneRequest())
+    result = await BudgetService(engine, tenant).prune(
+        checked_id(session_id), body or PruneRequest()
+    )
+    # Serialized once, by pydantic's own encoder: a first prune can list thousands
+    # of outputs, and the response model pass would validate them all again.
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 @router.post("/overflow-errors", responses=problems(404, 413, 422))

@@ -18,7 +18,6 @@ from app.budget.repository import BudgetRepository, ErasedRow, PrunedRow
 from app.budget.schemas import (
     ProviderError,
     ProviderErrorVerdict,
-    PrunedEntry,
     PruneRequest,
     PruneResult,
     Recovery,
@@ -78,17 +77,20 @@ async def prune_locked(
     cfg = config.prune
 
     def result(
-        pruned: list[PrunedEntry], saved: int, candidate: int, protected: int, reason: str | None
+        pruned: list[dict[str, Any]], saved: int, candidate: int, protected: int, reason: str | None
     ) -> PruneResult:
-        return PruneResult(
-            dry_run=dry_run,
-            pruned=pruned,
-            tokens_saved=saved,
-            candidate_tokens=candidate,
-            protected_tokens=protected,
-            reason=reason,
-            version=state.version,
-            overflow=verdict_model(state),
+        # One validation pass over plain dicts: thousands of entries cost little.
+        return PruneResult.model_validate(
+            {
+                "dry_run": dry_run,
+                "pruned": pruned,
+                "tokens_saved": saved,
+                "candidate_tokens": candidate,
+                "protected_tokens": protected,
+                "reason": reason,
+                "version": state.version,
+                "overflow": dataclasses.asdict(sessions.verdict_of(state)),
+            }
         )
 
     if not cfg.enabled:
@@ -116,7 +118,7 @@ async def prune_locked(
     by_seq = {item.seq: item for item in items}
     rows: list[PrunedRow] = []
     erased: list[ErasedRow] = []
-    pruned: list[PrunedEntry] = []
+    pruned: list[dict[str, Any]] = []
     placeholders = view.PlaceholderViews(cfg.placeholder)
     erased_parts = orjson.dumps([{"type": "text", "text": cfg.placeholder}]).decode()
     saved = 0
@@ -126,7 +128,7 @@ async def prune_locked(
         # text are the same for every output, only the call id differs.
         cost = base_placeholder + tokens.count_text(item.tool_call_id or "", encoding)
         saved += item.tokens - cost
-        pruned.append(PrunedEntry(seq=seq, tool_name=item.tool_name, tokens=item.tokens))
+        pruned.append({"seq": seq, "tool_name": item.tool_name, "tokens": item.tokens})
         rows.append(PrunedRow(seq, cost))
         if cfg.erase:
             views = placeholders.render(item.tool_call_id, item.is_error)
