@@ -17,7 +17,12 @@ from app.core.errors import BadRequest, invalid
 from app.core.http import BodyLimitMiddleware, install_error_handlers
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
-from app.engine.storable import body_may_be_unstorable, find_unstorable
+from app.engine.storable import (
+    MAX_JSON_DEPTH,
+    body_may_be_unstorable,
+    find_unstorable,
+    nests_too_deep,
+)
 from app.engine.tokens import get_encoding, install_offline_encodings
 from app.health.router import router as health_router
 from app.messages.router import router as messages_router
@@ -43,6 +48,8 @@ async def reject_unstorable_text(request: Request) -> None:
             f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start : exc.start + 1]!r})",
             errors=[{"field": "body", "detail": "invalid UTF-8"}],
         ) from None
+    if nests_too_deep(body):
+        raise invalid("body", f"nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     if not body or not body_may_be_unstorable(body):
         return
     try:

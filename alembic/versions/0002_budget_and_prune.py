@@ -49,16 +49,22 @@ def upgrade() -> None:
     )
     # context_tool_tokens when automatic pruning last looked: it looks again only
     # once enough new tool output could have left the protected window.
-    op.add_column(
-        "session", sa.Column("prune_checked_tool_tokens", sa.BigInteger(), nullable=True)
-    )
+    op.add_column("session", sa.Column("prune_checked_tool_tokens", sa.BigInteger(), nullable=True))
+    # Whether that look was urgent (turns unprotected): an escalation looks again.
+    op.add_column("session", sa.Column("prune_checked_urgent", sa.Boolean(), nullable=True))
     op.add_column(
         "session", sa.Column("usage_count", sa.Integer(), server_default="0", nullable=False)
     )
 
 
 def downgrade() -> None:
-    for column in ("usage_count", "prune_checked_tool_tokens", "prune_count", "pruned_tokens"):
+    for column in (
+        "usage_count",
+        "prune_checked_urgent",
+        "prune_checked_tool_tokens",
+        "prune_count",
+        "pruned_tokens",
+    ):
         op.drop_column("session", column)
     for column in ("omitted_bytes", "omitted_lines", "erased_bytes"):
         op.drop_column("entry", column)

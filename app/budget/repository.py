@@ -42,13 +42,13 @@ _PRUNED_TOTALS_SQL = """
 UPDATE session SET context_tokens = context_tokens - $3,
     context_tool_tokens = context_tool_tokens - $3, pruned_tokens = pruned_tokens + $3,
     prune_count = prune_count + 1, prune_checked_tool_tokens = context_tool_tokens - $3,
-    version = version + 1, updated_at = $4
+    prune_checked_urgent = $5, version = version + 1, updated_at = $4
 WHERE id = $1 AND tenant_id = $2
 RETURNING version
 """
 
 _CHECKED_SQL = """
-UPDATE session SET prune_checked_tool_tokens = context_tool_tokens
+UPDATE session SET prune_checked_tool_tokens = context_tool_tokens, prune_checked_urgent = $3
 WHERE id = $1 AND tenant_id = $2
 """
 
@@ -134,6 +134,7 @@ class BudgetRepository:
         saved: int,
         now: datetime,
         erased: list[ErasedRow],
+        urgent: bool,
     ) -> int:
         """Mark the entries, take ``saved`` off the totals, and clear the stored
         content of ``erased``. Returns the session's new version."""
@@ -156,12 +157,12 @@ class BudgetRepository:
                 [r.view_anthropic for r in erased],
             )
         version: int = await driver.fetchval(
-            _PRUNED_TOTALS_SQL, session_id, self.tenant_id, saved, now
+            _PRUNED_TOTALS_SQL, session_id, self.tenant_id, saved, now, urgent
         )
         return version
 
-    async def mark_checked(self, driver: Any, session_id: str) -> None:
-        await driver.execute(_CHECKED_SQL, session_id, self.tenant_id)
+    async def mark_checked(self, driver: Any, session_id: str, urgent: bool) -> None:
+        await driver.execute(_CHECKED_SQL, session_id, self.tenant_id, urgent)
 
     async def record_usage(
         self,

@@ -109,11 +109,17 @@ async def prune_locked(
     )
     items = await repo.window_items(driver, session_id, state.context_start_seq, state.next_seq)
     plan = plan_prune(items, settings)
-    if not plan.seqs:
+
+    async def nothing(reason: str | None) -> PruneResult:
+        """No prune; an automatic one looks again only when there is more to find."""
         if not dry_run:
-            await repo.mark_checked(driver, session_id)
+            await repo.mark_checked(driver, session_id, urgent)
             state.prune_checked_tool_tokens = state.context_tool_tokens
-        return result([], 0, plan.candidate_tokens, plan.protected_tokens, plan.reason)
+            state.prune_checked_urgent = urgent
+        return result([], 0, plan.candidate_tokens, plan.protected_tokens, reason)
+
+    if not plan.seqs:
+        return await nothing(plan.reason)
 
     by_seq = {item.seq: item for item in items}
     rows: list[PrunedRow] = []
@@ -127,19 +133,25 @@ async def prune_locked(
         # count_entry of the placeholder entry, without building it: framing and
         # text are the same for every output, only the call id differs.
         cost = base_placeholder + tokens.count_text(item.tool_call_id or "", encoding)
+        if item.tokens <= cost:
+            continue  # a long call id on a short output: the placeholder saves nothing
         saved += item.tokens - cost
         pruned.append({"seq": seq, "tool_name": item.tool_name, "tokens": item.tokens})
         rows.append(PrunedRow(seq, cost))
         if cfg.erase:
             views = placeholders.render(item.tool_call_id, item.is_error)
             erased.append(ErasedRow(seq, erased_parts, *views))
+    if not rows or saved < settings.minimum_tokens:
+        # The planner's placeholder cost is an estimate; the exact one fell short.
+        return await nothing("below_minimum")
     if not dry_run:
         state.version = await repo.mark_pruned(
-            driver, session_id, rows, saved, datetime.now(UTC), erased
+            driver, session_id, rows, saved, datetime.now(UTC), erased, urgent
         )
         state.context_tokens -= saved
         state.context_tool_tokens -= saved
         state.prune_checked_tool_tokens = state.context_tool_tokens
+        state.prune_checked_urgent = urgent
     return result(pruned, saved, plan.candidate_tokens, plan.protected_tokens, None)
 
 
@@ -156,19 +168,16 @@ def wants_auto_prune(state: SessionState, config: SessionConfig) -> bool:
         action,
         state.context_tool_tokens,
         state.prune_checked_tool_tokens,
+        state.prune_checked_urgent,
         config.prune.minimum_tokens,
     )
-
-
-def is_urgent(state: SessionState) -> bool:
-    """Past the compaction threshold: pruning must not wait for turns to end."""
-    return sessions.verdict_of(state).action in ("compact", "emergency")
 
 
 async def auto_prune(
     driver: Any, tenant_id: str, session_id: str, state: SessionState, config: SessionConfig
 ) -> PruneResult:
-    return await prune_locked(driver, tenant_id, session_id, state, config, urgent=is_urgent(state))
+    urgent = budget.urgent(sessions.verdict_of(state).action)
+    return await prune_locked(driver, tenant_id, session_id, state, config, urgent=urgent)
 
 
 class BudgetService:

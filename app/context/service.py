@@ -14,10 +14,9 @@ from app.core.errors import NotFound
 from app.engine import budget
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
-from app.messages.repository import read_marks, read_window
+from app.messages.repository import read_state_and_marks, read_window
 from app.messages.schemas import Format
 from app.sessions import service as sessions
-from app.sessions.repository import read_state
 
 _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
     "none": "ok",
@@ -58,9 +57,10 @@ def _items(rows: list[Any], marks: dict[int, int], fmt: Format, placeholder: str
 
 
 class ContextService:
-    """The context read: two statements on a bare asyncpg connection. The window
-    stops below the ``next_seq`` read with the session, so it matches the totals
-    even when an append commits between the two."""
+    """The context read: two statements on a bare asyncpg connection. The session
+    and its prune marks come from one snapshot, and the window stops below the
+    ``next_seq`` read with them, so it matches the totals even when an append
+    commits between the two."""
 
     def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
         self.engine = engine
@@ -69,16 +69,12 @@ class ContextService:
     async def build(self, session_id: str, fmt: Format) -> bytes:
         """The ``ContextOut`` document as JSON bytes."""
         async with driver_connection(self.engine) as driver:
-            session = await read_state(driver, self.tenant_id, session_id)
-            if session is None:
+            found = await read_state_and_marks(driver, self.tenant_id, session_id)
+            if found is None:
                 raise NotFound(f"session {session_id!r} does not exist")
+            session, marks = found
             start, end = session.context_start_seq, session.next_seq
             rows = await read_window(driver, self.tenant_id, session_id, start, end, fmt)
-            marks = (
-                await read_marks(driver, self.tenant_id, session_id, start, end)
-                if session.prune_count
-                else {}
-            )
         config = sessions.effective_config(session.config)
         items = _items(rows, marks, fmt, config.prune.placeholder)
         system_json: bytes | None = None

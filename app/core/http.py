@@ -73,6 +73,9 @@ def install_error_handlers(app: FastAPI) -> None:
             byte = bad.object[bad.start : bad.start + 1]
             detail = f"the body is not valid UTF-8 (byte {bad.start} is {byte!r})"
             extensions = {"errors": [{"field": "body", "detail": "invalid UTF-8"}]}
+        elif isinstance(exc.__cause__, RecursionError):
+            detail = "the body nests arrays and objects too deep to parse"
+            extensions = {"errors": [{"field": "body", "detail": "nested too deep"}]}
         error = ProblemError(detail, headers=dict(exc.headers or {}), **extensions)
         error.status = exc.status_code
         error.type = {400: "bad-request", 404: "not-found", 405: "method-not-allowed"}.get(

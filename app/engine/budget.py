@@ -122,18 +122,31 @@ def calibrate(factor: float, actual_tokens: int, counted_tokens: int) -> float:
     return round(min(CALIBRATION_MAX, max(CALIBRATION_MIN, updated)), 6)
 
 
+def urgent(action: Action) -> bool:
+    """Past the compaction threshold: pruning no longer waits for user turns to end."""
+    return action in ("compact", "emergency")
+
+
 def should_auto_prune(
-    action: Action, context_tool_tokens: int, checked_tool_tokens: int | None, minimum: int
+    action: Action,
+    context_tool_tokens: int,
+    checked_tool_tokens: int | None,
+    checked_urgent: bool | None,
+    minimum: int,
 ) -> bool:
     """Whether an append or usage report should look for tool outputs to prune.
 
     Only when the verdict asks for relief, and only once enough new tool output
-    (``minimum`` tokens) arrived since the last look: what was below the minimum
-    then can only have grown by what came since. That keeps automatic pruning
-    amortized O(1) per append while the verdict stays at ``prune``.
+    (``minimum`` tokens) arrived since the last look: with the same rules, what
+    was below the minimum then can only have grown by what came since. That
+    keeps automatic pruning amortized O(1) per append while the verdict stays.
+    The rules loosen when the verdict turns urgent (see :func:`urgent`), so an
+    escalation looks again at once.
     """
     if action == "none":
         return False
     if checked_tool_tokens is None:
+        return True
+    if urgent(action) and not checked_urgent:
         return True
     return context_tool_tokens - checked_tool_tokens >= max(1, minimum)

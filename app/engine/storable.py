@@ -7,6 +7,8 @@ and never stored. ``\\u0000`` in a JSON body decodes to a NUL that neither
 
 from __future__ import annotations
 
+import array
+import itertools
 import re
 from typing import Any
 
@@ -18,6 +20,26 @@ _INT64 = range(-(2**63), 2**63)
 def body_may_be_unstorable(body: bytes) -> bool:
     """A fast pre-check on a raw JSON body; a hit is confirmed by :func:`find_unstorable`."""
     return _SUSPECT.search(body) is not None
+
+
+# Deeper than any real message; the JSON encoder stops at 255 levels, and the
+# stored forms wrap a client's value in a few levels of their own.
+MAX_JSON_DEPTH = 128
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{]}")
+
+
+def nests_too_deep(body: bytes) -> bool:
+    """Whether a raw JSON body nests arrays and objects deeper than
+    ``MAX_JSON_DEPTH`` (brackets inside strings do not count). Most bodies have
+    fewer brackets than that in all; the rest are scanned in C: strings go
+    first, then the brackets become +1/-1 steps whose running sum is the depth."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    steps = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS).translate(_BRACKETS)
+    return max(itertools.accumulate(array.array("b", steps)), default=0) > MAX_JSON_DEPTH
 
 
 def _bad_text(text: str) -> str | None:

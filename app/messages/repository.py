@@ -99,6 +99,8 @@ LEFT JOIN idempotency_record AS i
 WHERE s.id = $1 AND s.tenant_id = $2
 """
 
+_LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+
 # Arrays in, one row per entry out (unnest zips them). Everything hangs on the
 # session update, which applies only at the version the append read: if another
 # append came first, nothing is written and the append reads again. A call
@@ -144,6 +146,28 @@ SELECT count(*) FROM advanced
 """
 
 
+_STATE_AND_MARKS_SQL = f"""
+SELECT {STATE_COLUMNS},
+    (SELECT jsonb_agg(jsonb_build_array(m.seq, m.tokens)) FROM prune_mark AS m
+        WHERE m.session_id = s.id AND m.tenant_id = s.tenant_id
+            AND m.seq >= s.context_start_seq AND m.seq < s.next_seq)
+FROM session AS s
+WHERE s.id = $1 AND s.tenant_id = $2
+"""
+
+
+async def read_state_and_marks(
+    driver: Any, tenant_id: str, session_id: str
+) -> tuple[SessionState, dict[int, int]] | None:
+    """The session and the prune marks of its view, from one snapshot: a prune
+    that commits meanwhile shows in both or in neither."""
+    row = await driver.fetchrow(_STATE_AND_MARKS_SQL, session_id, tenant_id)
+    if row is None:
+        return None
+    n = len(STATE_FIELDS)
+    return SessionState(*row[:n]), {seq: tokens for seq, tokens in row[n] or ()}
+
+
 async def read_marks(
     driver: Any, tenant_id: str, session_id: str, start_seq: int, end_seq: int
 ) -> dict[int, int]:
@@ -182,10 +206,19 @@ class AppendRepository:
         *,
         lock: bool,
     ) -> AppendRead | None:
-        """What an append checks; ``lock`` also locks the session row, inside the
-        caller's transaction, so that the write that follows cannot lose a race."""
-        sql = _READ_SQL + " FOR UPDATE OF s" if lock else _READ_SQL
-        row = await driver.fetchrow(sql, session_id, self.tenant_id, call_ids, idempotency_key)
+        """What an append checks; ``lock`` first locks the session row, inside the
+        caller's transaction, so that the write that follows cannot lose a race.
+
+        The lock is its own statement: a read that waited on it must see what
+        the append before it committed (its idempotency record, its answered
+        calls), and under READ COMMITTED only a statement begun after the wait
+        does; a ``FOR UPDATE`` on the read itself refreshes the session row alone.
+        """
+        if lock:
+            await driver.execute(_LOCK_SQL, session_id, self.tenant_id)
+        row = await driver.fetchrow(
+            _READ_SQL, session_id, self.tenant_id, call_ids, idempotency_key
+        )
         if row is None:
             return None
         n = len(STATE_FIELDS)

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.budget.repository import BudgetRepository
 from app.budget.schemas import PruneResult, Verdict
-from app.budget.service import auto_prune, locked_state, wants_auto_prune
+from app.budget.service import auto_prune, wants_auto_prune
 from app.core.database import driver_connection
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
@@ -35,8 +35,7 @@ from app.messages.schemas import (
     StoredEntry,
 )
 from app.sessions import service as sessions
-from app.sessions.repository import SessionState
-from app.sessions.schemas import SessionConfig, TruncateConfig
+from app.sessions.schemas import TruncateConfig
 from app.sessions.service import SessionService
 
 # Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
@@ -183,20 +182,15 @@ def link_results(
     return answered
 
 
-# Appends read, then write only if the session is still at the version they read.
-# After this many lost races (many writers on one session), an append takes the
-# session's row lock instead, and cannot lose again.
-OPTIMISTIC_ATTEMPTS = 1
-
-
 class AppendService:
     """Appending to one tenant's sessions: the hottest write of the service.
 
     An append is a read and a conditional write on a bare asyncpg connection,
     two round trips and no transaction block: the write statement inserts the
-    entries and advances the session only if no other append came first. When
-    the verdict then asks for relief, an automatic prune follows in its own
-    short transaction.
+    entries and advances the session only if it is still at the version read.
+    An append that loses that race, or that must prune, does it again under
+    the session's row lock, in one transaction (one retry measured best with
+    16 writers on one session: further optimistic tries mostly lose again).
     """
 
     def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
@@ -225,51 +219,27 @@ class AppendService:
             )
         batch = _Batch(body, idempotency_key)
         async with driver_connection(self.engine) as driver:
-            outcome = None
-            for _ in range(OPTIMISTIC_ATTEMPTS):
-                outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
-                if outcome is not None:
-                    break
-            else:
+            outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
+            if outcome is None:
+                # Another append came first, or this one must prune: take the
+                # session's row lock, so the append (and its prune) cannot lose.
                 async with driver.transaction():
                     outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
             if outcome is None:  # pragma: no cover - the row lock rules this out
                 raise RuntimeError("a locked append lost its race")
-            if isinstance(outcome, _Replay):
-                return outcome.document, outcome.version, True
-            document, state, config = outcome
-            if wants_auto_prune(state, config):
-                document = await self._auto_prune(driver, session_id, batch, document)
-            return append_document(document), document["version"], False
-
-    async def _auto_prune(
-        self, driver: Any, session_id: str, batch: _Batch, document: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Prune after the append, under the row lock; the response (and the
-        idempotency record) then carry the prune and the verdict after it."""
-        async with driver.transaction():
-            state = await locked_state(driver, self.tenant_id, session_id)
-            config = sessions.effective_config(state.config)
-            if not wants_auto_prune(state, config):  # another request pruned first
-                return document
-            pruned = await auto_prune(driver, self.tenant_id, session_id, state, config)
-            document = {
-                **document,
-                "version": state.version,
-                "context_tokens": state.context_tokens,
-                "overflow": dataclasses.asdict(sessions.verdict_of(state)),
-                "pruned": pruned.model_dump(mode="json"),
-            }
-            if batch.idempotency_key:
-                await BudgetRepository(self.tenant_id).replace_idempotent_response(
-                    driver, session_id, batch.idempotency_key, append_document(document).decode()
-                )
-        return document
+            return outcome
 
     async def _attempt(
         self, driver: Any, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
-    ) -> tuple[dict[str, Any], SessionState, SessionConfig] | _Replay | None:
-        """One read and one write; None when another append got there first."""
+    ) -> tuple[bytes, int, bool] | None:
+        """One read and one write: the response document, the version, and
+        whether it is a replay. None, with nothing written, when another append
+        got there first, or when the append must prune and holds no lock.
+
+        An automatic prune runs in the append's own (locked) transaction: the
+        response, the version it carries and the idempotency record are then
+        those of the append and its prune together, never another request's.
+        """
         read = await self.repo.read_for_append(
             driver, session_id, batch.looked_up, batch.idempotency_key, lock=lock
         )
@@ -283,7 +253,7 @@ class AppendService:
                     errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
                 )
             first = orjson.loads(response)
-            return _Replay(append_document(first), first["version"])
+            return append_document(first), first["version"], True
         session = read.session
         sessions.check_if_match(if_match, session.version)
         config = sessions.effective_config(session.config)
@@ -332,6 +302,9 @@ class AppendService:
         session.context_tokens += added
         session.context_tool_tokens += tool_tokens
         session.version += 1
+        prune_now = wants_auto_prune(session, config)
+        if prune_now and not lock:
+            return None
         document: dict[str, Any] = {
             "entries": stored,
             "version": session.version,
@@ -358,12 +331,21 @@ class AppendService:
                 response=append_document(document).decode() if batch.idempotency_key else None,
             ),
         )
-        return (document, session, config) if written else None
-
-
-class _Replay(NamedTuple):
-    document: bytes
-    version: int
+        if not written:
+            return None
+        if prune_now:
+            pruned = await auto_prune(driver, self.tenant_id, session_id, session, config)
+            document.update(
+                version=session.version,
+                context_tokens=session.context_tokens,
+                overflow=dataclasses.asdict(sessions.verdict_of(session)),
+                pruned=pruned.model_dump(mode="json"),
+            )
+            if batch.idempotency_key:
+                await BudgetRepository(self.tenant_id).replace_idempotent_response(
+                    driver, session_id, batch.idempotency_key, append_document(document).decode()
+                )
+        return append_document(document), session.version, False
 
 
 class _Shown(NamedTuple):

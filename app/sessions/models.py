@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Float, Index, Integer, String, Text, func
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, func
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -51,6 +51,7 @@ class Session(Base):
     pruned_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     prune_count: Mapped[int] = mapped_column(Integer, default=0)
     prune_checked_tool_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    prune_checked_urgent: Mapped[bool | None] = mapped_column(Boolean)
     usage_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

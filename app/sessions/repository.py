@@ -35,6 +35,7 @@ class SessionState:
     context_tokens_at_report: int | None
     context_start_seq: int
     prune_checked_tool_tokens: int | None
+    prune_checked_urgent: bool | None
     prune_count: int
 
 

@@ -42,7 +42,13 @@ class PruneConfig(Strict):
     minimum_tokens: int = Field(20_000, ge=0, le=10_000_000)
     protect_turns: int = Field(2, ge=0, le=1000)
     protected_tools: list[str] = Field(default_factory=lambda: ["skill"], max_length=200)
-    placeholder: str = Field("[Old tool result content cleared]", min_length=1, max_length=1000)
+    placeholder: str = Field(
+        "[Old tool result content cleared]",
+        min_length=1,
+        max_length=1000,
+        pattern="^[^\u2063]*$",  # U+2063 marks the call id in the rendering template
+        description="What the model sees in place of a pruned output.",
+    )
     erase: bool = False
 
 

@@ -255,6 +255,8 @@ class SessionService:
             merged = merge_config(session.config, body.config or {})
             effective_config(merged)
             session.config = merged
+            # New pruning rules: the next append or report looks again.
+            session.prune_checked_tool_tokens = None
         if "metadata" in fields:
             session.metadata_ = body.metadata or {}
         session.version += 1

@@ -339,3 +339,102 @@ async def test_deleting_a_session_deletes_its_prune_marks(
     finally:
         await conn.close()
     assert {r["session_id"] for r in marks} == {"kept"}
+
+
+async def test_concurrent_retries_of_an_auto_pruning_append_agree(
+    client: httpx.AsyncClient,
+) -> None:
+    """The append and its automatic prune commit together: every retry with the
+    key gets the same bytes, and no other append shares its version."""
+    import asyncio
+
+    await make_session(client, id="a", context_window=100_000, max_output_tokens=4_000)
+    batches = work(36)
+    # Which batch makes the first prune? Found on a twin session.
+    pruning_at = None
+    for i, batch in enumerate(batches):
+        body = await append_ok(client, "a", batch)
+        if body["pruned"] and body["pruned"]["pruned"]:
+            pruning_at = i
+            break
+    assert pruning_at is not None
+
+    await make_session(client, id="b", context_window=100_000, max_output_tokens=4_000)
+    for batch in batches[:pruning_at]:
+        await append_ok(client, "b", batch)
+    headers = {"Idempotency-Key": "same"}
+    msgs = {"messages": batches[pruning_at]}
+    results = await asyncio.gather(
+        *(client.post("/v1/sessions/b/messages", json=msgs, headers=headers) for _ in range(4))
+    )
+    assert {r.status_code for r in results} == {201}
+    assert len({r.content for r in results}) == 1
+    assert results[0].json()["pruned"]["pruned"]
+
+
+async def test_concurrent_appends_never_share_a_version(client: httpx.AsyncClient) -> None:
+    import asyncio
+
+    await make_session(client, id="v", context_window=100_000, max_output_tokens=4_000)
+    batches = work(40)
+    await fill(client, "v", batches[:30])
+    rest = [
+        [
+            {**m, "tool_call_id": f"{m['tool_call_id']}-w{w}"} if m["role"] == "tool" else m
+            for m in batch
+        ]
+        for w, batch in enumerate(batches[30:])
+    ]
+    # Each writer appends a whole step: its call (renamed) and its result.
+    for w, batch in enumerate(rest):
+        for m in batch:
+            if m.get("tool_calls"):
+                m["tool_calls"] = [{**c, "id": f"{c['id']}-w{w}"} for c in m["tool_calls"]]
+    results = await asyncio.gather(*(append_ok(client, "v", b) for b in rest))
+    versions = [r["version"] for r in results]
+    assert len(set(versions)) == len(versions)
+    session = await get_session(client, "v")
+    assert session["version"] == max(versions)
+
+
+async def test_an_urgent_verdict_looks_again_without_new_output(
+    client: httpx.AsyncClient,
+) -> None:
+    """One long user turn: at `prune` its outputs are protected as the current
+    turn; once a usage report makes the verdict urgent, they are not."""
+    await make_session(client, id="u", context_window=100_000, max_output_tokens=4_000)
+    await append_ok(client, "u", [{"role": "user", "content": "Fix everything."}])
+    steps = [b for b in work(24) if b[0]["role"] == "assistant"]
+    for batch in steps:
+        body = await append_ok(client, "u", batch)
+    assert body["overflow"]["action"] == "prune"
+    assert (await get_session(client, "u"))["prune_count"] == 0  # all in the one turn
+    r = await client.post("/v1/sessions/u/usage", json={"input_tokens": 85_000})
+    assert r.status_code == 200, r.text
+    report = r.json()
+    assert report["pruned"] is not None
+    assert report["pruned"]["pruned"], report["pruned"]
+
+
+async def test_a_prune_never_adds_tokens(client: httpx.AsyncClient) -> None:
+    """Long call ids on short outputs: the placeholder would cost more than the
+    output; such outputs are left alone, even with no minimum."""
+    await make_session(client, id="n", config=MANUAL)
+    long_id = "call_" + "x" * 400
+    for k in range(12):
+        if k % 3 == 0:
+            await append_ok(client, "n", [{"role": "user", "content": f"part {k}"}])
+        cid = f"{long_id}-{k}"
+        await append_ok(
+            client,
+            "n",
+            [
+                {"role": "assistant", "content": None, "tool_calls": [tool_call(cid)]},
+                {"role": "tool", "tool_call_id": cid, "content": "ok"},
+            ],
+        )
+    before = await get_session(client, "n")
+    result = await prune(client, "n", minimum_tokens=0, protect_tokens=0, protect_turns=0)
+    assert result["tokens_saved"] >= 0
+    after = await get_session(client, "n")
+    assert after["context_tokens"] <= before["context_tokens"]

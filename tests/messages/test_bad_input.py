@@ -7,6 +7,7 @@ import string
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, history, tool_call
@@ -240,6 +241,28 @@ async def test_invalid_utf8_is_400(client: httpx.AsyncClient) -> None:
         "/v1/sessions/s/messages", content=raw, headers={"content-type": "application/json"}
     )
     assert_problem(r, 400, "UTF-8")
+    await _assert_unchanged(client, before)
+
+
+@pytest.mark.parametrize(("depth", "status"), [(300, 422), (5_000, 400)])
+async def test_deeply_nested_bodies_are_refused(
+    client: httpx.AsyncClient, depth: int, status: int
+) -> None:
+    """Past 128 levels a body is refused by name (the JSON encoder stops at 255);
+    past the parser's own limit it is a 400 that says why."""
+    before = await _seeded(client)
+    nested = "[" * depth + "]" * depth
+    raw = '{"messages": [{"role": "user", "content": "x", "meta": ' + nested + "}]}"
+    r = await client.post(
+        "/v1/sessions/s/messages", content=raw, headers={"content-type": "application/json"}
+    )
+    assert_problem(r, status, "nest")
+    await _assert_unchanged(client, before)
+    tools = '{"input_tokens": 5, "tools": [' + '{"a":' * depth + "1" + "}" * depth + "]}"
+    r = await client.post(
+        "/v1/sessions/s/usage", content=tools, headers={"content-type": "application/json"}
+    )
+    assert_problem(r, status, "nest")
     await _assert_unchanged(client, before)
 
 
