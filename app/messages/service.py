@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -218,7 +221,13 @@ class AppendService:
                 f"holds {len(body.messages)} messages; at most {max_messages} per append",
             )
         batch = _Batch(body, idempotency_key)
-        async with driver_connection(self.engine) as driver:
+        # Appends to one session in this process take turns here, before they
+        # hold a connection: they would only lose races to each other in the
+        # database. Other processes are still ordered by the version check.
+        async with (
+            _turns.turn((self.tenant_id, session_id)),
+            driver_connection(self.engine) as driver,
+        ):
             outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
             if outcome is None:
                 # Another append came first, or this one must prune: take the
@@ -346,6 +355,30 @@ class AppendService:
                     driver, session_id, batch.idempotency_key, append_document(document).decode()
                 )
         return append_document(document), session.version, False
+
+
+class _Turns:
+    """One asyncio lock per key, kept only while someone holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: tuple[str, str]) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+_turns = _Turns()
 
 
 class _Shown(NamedTuple):
