@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -142,3 +143,34 @@ async def test_many_concurrent_appenders_get_gapless_seqs(client: httpx.AsyncCli
     # The next append continues after the last one.
     more = await append_ok(client, "s", [{"role": "user", "content": "after the race"}])
     assert more["entries"][0]["seq"] == total + 1
+
+
+async def test_appends_to_one_session_take_turns_and_leave_no_locks_behind() -> None:
+    import asyncio
+
+    from app.messages.service import _Turns
+
+    turns = _Turns()
+    inside: list[int] = []
+    order: list[int] = []
+
+    async def one(k: int, key: tuple[str, str]) -> None:
+        async with turns.turn(key):
+            inside.append(k)
+            assert len([x for x in inside if x < 100]) <= 1  # one at a time per key
+            await asyncio.sleep(0)
+            order.append(k)
+            inside.remove(k)
+
+    await asyncio.gather(*(one(k, ("t", "a")) for k in range(20)), one(100, ("t", "b")))
+    assert sorted(order) == [*range(20), 100]
+    assert [k for k in order if k < 100] == list(range(20))  # first come, first served
+    assert turns._locks == {}
+
+    task = asyncio.create_task(one(7, ("t", "c")))
+    async with turns.turn(("t", "c")):
+        await asyncio.sleep(0)
+        task.cancel()  # cancelled while waiting for its turn
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert turns._locks == {}
