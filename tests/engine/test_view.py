@@ -78,3 +78,17 @@ def test_abandoned_call_is_dropped_from_the_stored_fragment() -> None:
     _, anthropic_body, _ = assemble_anthropic(stored(entries))
     uses = [b["id"] for b in orjson.loads(anthropic_body)[1]["content"] if b["type"] == "tool_use"]
     assert uses == ["a"]
+
+
+@given(
+    call_id=st.text(min_size=1, max_size=40).filter(lambda t: "\u2063" not in t),
+    text=st.text(min_size=1, max_size=60).filter(lambda t: "\u2063" not in t),
+    is_error=st.booleans(),
+)
+def test_placeholder_template_renders_as_the_engine_does(
+    call_id: str, text: str, is_error: bool
+) -> None:
+    from app.engine.view import PlaceholderViews, placeholder_entry
+
+    expected = render_view(placeholder_entry(call_id, "bash", is_error, text))
+    assert PlaceholderViews(text).render(call_id, is_error) == expected
