@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 import orjson
@@ -197,6 +199,23 @@ def _data_url(url: str) -> tuple[str, str] | None:
     return header, data
 
 
+_MODEL_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def model_id(call_id: str) -> str:
+    """A tool call id as Anthropic accepts it (``^[a-zA-Z0-9_-]+$``).
+
+    Ids from other providers may not fit (Kimi's ``functions.bash:0``); they are
+    rewritten in the model's view only, the same way for a call and its result,
+    with a hash of the original so that two ids never meet in one rewrite. The
+    stored history keeps the id the client sent.
+    """
+    if _MODEL_ID.fullmatch(call_id):
+        return call_id
+    digest = hashlib.sha1(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", call_id) + "_" + digest
+
+
 def _render_block(part: Part, *, for_history: bool) -> dict[str, Any] | None:
     kind = part["type"]
     if kind == "text":
@@ -227,7 +246,7 @@ def _render_block(part: Part, *, for_history: bool) -> dict[str, Any] | None:
         arguments = part["arguments"]
         block = {
             "type": "tool_use",
-            "id": part["id"],
+            "id": part["id"] if for_history else model_id(part["id"]),
             "name": part["name"],
             "input": orjson.loads(arguments) if arguments.strip() else {},
         }
@@ -243,7 +262,9 @@ def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
         content = entry.text()
     block: dict[str, Any] = {
         "type": "tool_result",
-        "tool_use_id": entry.tool_call_id,
+        "tool_use_id": entry.tool_call_id
+        if for_history or entry.tool_call_id is None
+        else model_id(entry.tool_call_id),
         "content": content,
     }
     if entry.is_error:

@@ -53,22 +53,24 @@ def placeholder_entry(
     )
 
 
-_SENTINEL = "\u2063compactd-call-id\u2063"
+# A call id no client sends (and a valid Anthropic id, so it is not rewritten).
+SENTINEL = "compactd-placeholder-call-id-2063"
 
 
 class PlaceholderViews:
     """The rendered view of pruned tool results, built by template: render once
     with a sentinel id, then splice each real id in. Byte for byte what
     :func:`render_view` gives for :func:`placeholder_entry`, at a fraction of
-    the cost, so a read or a prune over thousands of outputs stays cheap."""
+    the cost, so a read or a prune over thousands of outputs stays cheap. The
+    placeholder text must not contain :data:`SENTINEL` (the config refuses it)."""
 
     def __init__(self, text: str) -> None:
         self.text = text
-        quoted = orjson.dumps(_SENTINEL).decode()
+        quoted = orjson.dumps(SENTINEL).decode()
         self._templates = {
             is_error: tuple(
                 view.split(quoted)
-                for view in render_view(placeholder_entry(_SENTINEL, None, is_error, text))
+                for view in render_view(placeholder_entry(SENTINEL, None, is_error, text))
             )
             for is_error in (False, True)
         }
@@ -77,9 +79,11 @@ class PlaceholderViews:
         """The OpenAI message and Anthropic blocks of a pruned result, as JSON text."""
         if tool_call_id is None:
             return render_view(placeholder_entry(None, None, is_error, self.text))
-        quoted = orjson.dumps(tool_call_id).decode()
         openai, anthropic = self._templates[is_error]
-        return quoted.join(openai), quoted.join(anthropic)
+        return (
+            orjson.dumps(tool_call_id).decode().join(openai),
+            orjson.dumps(anthropic_format.model_id(tool_call_id)).decode().join(anthropic),
+        )
 
 
 def _has_text_or_call(content: Any, calls: list[Any]) -> bool:

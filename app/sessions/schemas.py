@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.engine.view import SENTINEL
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
 SessionId = Annotated[
@@ -46,10 +48,16 @@ class PruneConfig(Strict):
         "[Old tool result content cleared]",
         min_length=1,
         max_length=1000,
-        pattern="^[^\u2063]*$",  # U+2063 marks the call id in the rendering template
         description="What the model sees in place of a pruned output.",
     )
     erase: bool = False
+
+    @field_validator("placeholder")
+    @classmethod
+    def _not_the_template_marker(cls, value: str) -> str:
+        if SENTINEL in value:
+            raise ValueError(f"must not contain {SENTINEL!r}, which marks the call id")
+        return value
 
 
 OutputCategory = Literal["head_tail", "match_list", "file_content", "generic"]

@@ -232,3 +232,46 @@ async def test_context_state_follows_the_verdict(client: httpx.AsyncClient) -> N
     assert v["threshold_tokens"] == 900
     assert v["action"] == "compact"
     assert ctx["state"] == "compact"
+
+
+async def test_call_ids_anthropic_refuses_are_rewritten_in_its_view_only(
+    client: httpx.AsyncClient,
+) -> None:
+    """Kimi names its calls ``functions.bash:0``; Anthropic accepts only
+    ``[A-Za-z0-9_-]+``. The Anthropic view rewrites such ids (call and result
+    alike); the OpenAI view and the stored history keep them."""
+    import re
+
+    await make_session(client, id="k")
+    ids = ["functions.bash:0", "functions.bash:1", "call ok?"]
+    await append_ok(
+        client,
+        "k",
+        [
+            {"role": "user", "content": "Look around."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [tool_call(i, "bash") for i in ids],
+            },
+            *({"role": "tool", "tool_call_id": i, "content": f"out {i}"} for i in ids),
+        ],
+    )
+    anthropic = await _context(client, "k", "anthropic")
+    assert check_anthropic_pairing(anthropic["messages"]) == []
+    blocks = [b for m in anthropic["messages"] for b in m["content"]]
+    used = [b["id"] for b in blocks if b["type"] == "tool_use"]
+    answered = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
+    assert len(set(used)) == 3
+    assert set(used) == set(answered)
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]+", i) for i in used)
+
+    openai = await _context(client, "k", "openai")
+    assert check_openai_pairing(openai["messages"]) == []
+    assert [c["id"] for c in openai["messages"][1]["tool_calls"]] == ids
+
+    r = await client.get("/v1/sessions/k/messages", params={"format": "anthropic"})
+    stored = [
+        b for e in r.json()["entries"] for b in e["message"]["content"] if isinstance(b, dict)
+    ]
+    assert {b["id"] for b in stored if b.get("type") == "tool_use"} == set(ids)
