@@ -55,9 +55,29 @@ def upgrade() -> None:
     op.add_column(
         "session", sa.Column("usage_count", sa.Integer(), server_default="0", nullable=False)
     )
+    # A call id may come back in a later turn (some providers number calls per
+    # turn: call_0, call_1...): one row per call, the latest answering. Its
+    # ``view_id`` is the unique id the model's view gives a reused id.
+    op.drop_constraint("tool_call_pkey", "tool_call", type_="primary")
+    op.create_primary_key(
+        "tool_call_pkey", "tool_call", ["session_id", "tenant_id", "call_id", "call_seq"]
+    )
+    op.add_column("tool_call", sa.Column("view_id", sa.Text(), nullable=True))
+    # A tool result's call as the model's view names it, when not its own id.
+    op.add_column("entry", sa.Column("view_call_id", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("entry", "view_call_id")
+    op.drop_column("tool_call", "view_id")
+    # Only the latest call of each id is kept: the old key allows one.
+    op.execute(
+        "DELETE FROM tool_call AS t USING tool_call AS newer"
+        " WHERE newer.session_id = t.session_id AND newer.tenant_id = t.tenant_id"
+        " AND newer.call_id = t.call_id AND newer.call_seq > t.call_seq"
+    )
+    op.drop_constraint("tool_call_pkey", "tool_call", type_="primary")
+    op.create_primary_key("tool_call_pkey", "tool_call", ["session_id", "tenant_id", "call_id"])
     for column in (
         "usage_count",
         "prune_checked_urgent",

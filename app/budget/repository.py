@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from app.messages.repository import read_marks
 
 _ITEMS_SQL = """
-SELECT seq, role, kind, tool_name, tokens, tool_call_id, is_error
+SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id), is_error
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
 ORDER BY seq DESC

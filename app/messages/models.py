@@ -61,6 +61,7 @@ class Entry(Base):
     erased_bytes: Mapped[int | None] = mapped_column(
         Integer
     )  # stored content cleared (prune.erase)
+    view_call_id: Mapped[str | None] = mapped_column(Text)  # a result's call, as the view names it
     omitted_lines: Mapped[int | None] = mapped_column(Integer)  # ingest truncation of the view
     omitted_bytes: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -81,7 +82,8 @@ class PruneMark(Base):
 
 class ToolCall(Base):
     """Every tool call of a session, so a result can be checked against its call
-    in one indexed lookup, and answered at most once."""
+    in one indexed lookup, and answered at most once. An id may be used again
+    by a later call; a result answers the latest call with its id."""
 
     __tablename__ = "tool_call"
     __table_args__ = (
@@ -94,8 +96,9 @@ class ToolCall(Base):
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     call_id: Mapped[str] = mapped_column(Text, primary_key=True)
     name: Mapped[str] = mapped_column(Text)
-    call_seq: Mapped[int] = mapped_column(BigInteger)
+    call_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
+    view_id: Mapped[str | None] = mapped_column(Text)  # the model's id for a reused call id
 
 
 class IdempotencyRecord(Base):

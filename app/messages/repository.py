@@ -15,8 +15,12 @@ from app.sessions.repository import STATE_COLUMNS, STATE_FIELDS, SessionState
 
 
 class StoredCall(NamedTuple):
+    """The latest call of the session with a given id."""
+
     name: str
     result_seq: int | None
+    call_seq: int
+    view_id: str | None  # how the model's view names it, when not by its id
 
 
 @dataclass(slots=True)
@@ -48,6 +52,7 @@ class EntryRow(NamedTuple):
     view_anthropic: str
     omitted_lines: int | None
     omitted_bytes: int | None
+    view_call_id: str | None  # a result's call as the view names it, when not its own id
 
 
 class CallRow(NamedTuple):
@@ -55,6 +60,15 @@ class CallRow(NamedTuple):
     name: str
     call_seq: int
     result_seq: int | None
+    view_id: str | None
+
+
+class Answer(NamedTuple):
+    """A stored call answered by this batch."""
+
+    call_id: str
+    call_seq: int
+    result_seq: int
 
 
 @dataclass(slots=True)
@@ -65,7 +79,7 @@ class AppendWrite:
     now: datetime
     entries: list[EntryRow]
     new_calls: list[CallRow]
-    answers: dict[str, int]  # stored call id -> the seq of its result in this batch
+    answers: list[Answer]
     session: SessionState  # with the totals after the append
     idempotency_key: str | None
     request_hash: str | None
@@ -75,7 +89,8 @@ class AppendWrite:
 # What a context read needs: pairing links, counts and one rendered fragment.
 _WINDOW_SQL = {
     fmt: (
-        f"SELECT seq, role, tool_call_id, call_ids, tokens, {column}, is_error FROM entry"
+        "SELECT seq, role, coalesce(view_call_id, tool_call_id), call_ids, tokens,"
+        f" {column}, is_error FROM entry"
         " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
@@ -90,8 +105,11 @@ MARKS_SQL = (
 
 _READ_SQL = f"""
 SELECT {STATE_COLUMNS},
-    (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq)) FROM tool_call AS c
-        WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.call_id = ANY($3::text[])),
+    (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq, c.call_seq, c.view_id))
+        FROM (SELECT DISTINCT ON (call_id) call_id, name, result_seq, call_seq, view_id
+            FROM tool_call
+            WHERE session_id = $1 AND tenant_id = $2 AND call_id = ANY($3::text[])
+            ORDER BY call_id, call_seq DESC) AS c),
     i.request_hash, i.response::text
 FROM session AS s
 LEFT JOIN idempotency_record AS i
@@ -115,27 +133,30 @@ WITH advanced AS (
 ), entries AS (
     INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
-        view_openai, view_anthropic, omitted_lines, omitted_bytes, parent_seq, created_at)
+        view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id, parent_seq,
+        created_at)
     SELECT $1, $2, e.seq, e.id, 'message', e.role, e.parts, e.tool_call_id, e.tool_name,
         e.is_error, e.name, e.content_form, e.extra, $3, e.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(e.call_ids) AS c),
-        e.view_openai, e.view_anthropic, e.omitted_lines, e.omitted_bytes,
+        e.view_openai, e.view_anthropic, e.omitted_lines, e.omitted_bytes, e.view_call_id,
         NULLIF(e.seq - 1, 0), $4
     FROM advanced, unnest($5::bigint[], $6::uuid[], $7::text[], $8::jsonb[], $9::text[],
         $10::text[], $11::boolean[], $12::text[], $13::text[], $14::jsonb[], $15::int[],
-        $16::jsonb[], $17::text[], $18::text[], $35::int[], $36::int[])
+        $16::jsonb[], $17::text[], $18::text[], $35::int[], $36::int[], $37::text[])
         AS e(seq, id, role, parts, tool_call_id, tool_name, is_error, name, content_form,
             extra, tokens, call_ids, view_openai, view_anthropic, omitted_lines,
-            omitted_bytes)
+            omitted_bytes, view_call_id)
 ), new_calls AS (
-    INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq)
-    SELECT $1, $2, c.call_id, c.name, c.call_seq, c.result_seq
-    FROM advanced, unnest($19::text[], $20::text[], $21::bigint[], $22::bigint[])
-        AS c(call_id, name, call_seq, result_seq)
+    INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq, view_id)
+    SELECT $1, $2, c.call_id, c.name, c.call_seq, c.result_seq, c.view_id
+    FROM advanced, unnest($19::text[], $20::text[], $21::bigint[], $22::bigint[], $38::text[])
+        AS c(call_id, name, call_seq, result_seq, view_id)
 ), answered AS (
     UPDATE tool_call AS t SET result_seq = a.result_seq
-    FROM advanced, unnest($23::text[], $24::bigint[]) AS a(call_id, result_seq)
+    FROM advanced, unnest($23::text[], $24::bigint[], $39::bigint[])
+        AS a(call_id, result_seq, call_seq)
     WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_id = a.call_id
+        AND t.call_seq = a.call_seq
 ), idempotency AS (
     INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code,
         response)
@@ -222,7 +243,7 @@ class AppendRepository:
         if row is None:
             return None
         n = len(STATE_FIELDS)
-        calls = {c[0]: StoredCall(c[1], c[2]) for c in row[n] or ()}
+        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4]) for c in row[n] or ()}
         record = (row[n + 1], row[n + 2]) if row[n + 1] is not None else None
         return AppendRead(SessionState(*row[:n]), calls, record)
 
@@ -257,8 +278,8 @@ class AppendRepository:
             [c.name for c in calls],
             [c.call_seq for c in calls],
             [c.result_seq for c in calls],
-            list(write.answers),
-            list(write.answers.values()),
+            [a.call_id for a in write.answers],
+            [a.result_seq for a in write.answers],
             totals.next_seq,
             totals.entry_count,
             totals.stored_tokens,
@@ -271,6 +292,9 @@ class AppendRepository:
             write.read_version,
             [r.omitted_lines for r in rows],
             [r.omitted_bytes for r in rows],
+            [r.view_call_id for r in rows],
+            [c.view_id for c in calls],
+            [a.call_seq for a in write.answers],
         )
         return applied == 1
 

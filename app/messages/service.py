@@ -23,6 +23,7 @@ from app.engine import anthropic_format, catalog, openai_format, tokens, truncat
 from app.engine.model import Entry, InvalidMessage
 from app.messages import models
 from app.messages.repository import (
+    Answer,
     AppendRepository,
     AppendWrite,
     CallRow,
@@ -123,66 +124,106 @@ def render_history(row: models.Entry, fmt: Format) -> dict[str, Any]:
     return msgs[0] if msgs else {"role": entry.role, "content": []}
 
 
-def batch_calls(entries: list[Entry]) -> dict[str, tuple[str, int]]:
-    """The batch's own tool calls: call id to tool name and batch offset."""
-    new_calls: dict[str, tuple[str, int]] = {}
+def looked_up_ids(entries: list[Entry]) -> list[str]:
+    """The call ids a batch makes or answers (what to read of the stored calls).
+    Refuses an id too long to index, or named twice by one message."""
+    ids: list[str] = []
     for offset, entry in enumerate(entries):
+        own: set[str] = set()
         for call in entry.tool_calls():
-            if len(call["id"]) > MAX_TOOL_CALL_ID_CHARS:
+            call_id = call["id"]
+            if len(call_id) > MAX_TOOL_CALL_ID_CHARS:
                 raise invalid(
                     f"messages[{offset}]",
-                    f"a tool call id is {len(call['id'])} characters; at most {MAX_TOOL_CALL_ID_CHARS}",
+                    f"a tool call id is {len(call_id)} characters; at most {MAX_TOOL_CALL_ID_CHARS}",
                 )
-            if call["id"] in new_calls:
+            if call_id in own:
                 raise invalid(
-                    f"messages[{offset}]",
-                    f"tool call id {call['id']!r} appears twice in the batch",
+                    f"messages[{offset}]", f"tool call id {call_id!r} appears twice in one message"
                 )
-            new_calls[call["id"]] = (call["name"], offset)
-    return new_calls
+            own.add(call_id)
+            ids.append(call_id)
+        if entry.role == "tool" and entry.tool_call_id:
+            ids.append(entry.tool_call_id)
+    return ids
 
 
-def link_results(
-    entries: list[Entry],
-    new_calls: dict[str, tuple[str, int]],
-    stored: dict[str, StoredCall],
-    first_seq: int,
-) -> dict[str, int]:
-    """Check every result answers one open call and name each result's tool.
+class Linking(NamedTuple):
+    """How a batch's calls and results link up, and how the model's view names them."""
 
-    Returns the calls answered by this batch: call id to the seq of its result.
+    new_calls: list[CallRow]
+    answers: list[Answer]  # stored calls the batch answers
+    # Per entry: the ids of its calls (an assistant) or of the call it answers (a
+    # result), as the model's view gives them; None when they are its own ids.
+    view_ids: list[tuple[str, ...] | None]
+
+
+class _Open(NamedTuple):
+    name: str
+    call_seq: int
+    view_id: str
+    new_index: int | None  # in Linking.new_calls; None for a stored call
+
+
+def link_batch(entries: list[Entry], stored: dict[str, StoredCall], first_seq: int) -> Linking:
+    """Check every result answers an open call, in order, and name each result's tool.
+
+    A result answers the latest call with its id that has no result yet. An id
+    may come back in a later call once its earlier call is answered (some
+    providers number calls per turn); the model's view then names the new call
+    ``<id>_r<seq>``, since both OpenAI and Anthropic want one id per call.
     """
-    for call_id, (_, offset) in new_calls.items():
-        if call_id in stored:
-            raise invalid(
-                f"messages[{offset}]",
-                f"tool call id {call_id!r} is already used by an earlier message of this session",
-            )
-    answered: dict[str, int] = {}
+    open_calls = {
+        call_id: _Open(c.name, c.call_seq, c.view_id or call_id, None)
+        for call_id, c in stored.items()
+        if c.result_seq is None
+    }
+    answered_at = {cid: c.result_seq for cid, c in stored.items() if c.result_seq is not None}
+    new_calls: list[CallRow] = []
+    answers: list[Answer] = []
+    view_ids: list[tuple[str, ...] | None] = []
     for offset, entry in enumerate(entries):
+        seq = first_seq + offset
+        calls = entry.tool_calls()
+        if calls:
+            names: list[str] = []
+            for call in calls:
+                call_id = call["id"]
+                if call_id in open_calls:
+                    raise invalid(
+                        f"messages[{offset}]",
+                        f"tool call id {call_id!r} is still waiting for its result",
+                    )
+                reused = call_id in answered_at
+                view_id = f"{call_id}_r{seq}" if reused else call_id
+                open_calls[call_id] = _Open(call["name"], seq, view_id, len(new_calls))
+                new_calls.append(
+                    CallRow(call_id, call["name"], seq, None, view_id if reused else None)
+                )
+                names.append(view_id)
+            view_ids.append(tuple(names) if names != [c["id"] for c in calls] else None)
+            continue
         if entry.role != "tool" or entry.tool_call_id is None:
+            view_ids.append(None)
             continue
         call_id = entry.tool_call_id
         where = f"messages[{offset}].tool_call_id"
-        if call_id in answered:
-            raise invalid(where, f"tool call {call_id!r} already has a result in this batch")
-        if call_id in new_calls:
-            name, call_offset = new_calls[call_id]
-            if call_offset > offset:
-                raise invalid(where, f"the result for {call_id!r} comes before its call")
-        elif call_id in stored:
-            call = stored[call_id]
-            if call.result_seq is not None:
+        found = open_calls.pop(call_id, None)
+        if found is None:
+            if call_id in answered_at:
                 raise invalid(
                     where,
-                    f"tool call {call_id!r} already has a result (entry seq {call.result_seq})",
+                    f"tool call {call_id!r} already has a result (entry seq {answered_at[call_id]})",
                 )
-            name = call.name
+            raise invalid(where, f"{call_id!r} matches no earlier tool call of this session")
+        entry.tool_name = found.name
+        answered_at[call_id] = seq
+        if found.new_index is None:
+            answers.append(Answer(call_id, found.call_seq, seq))
         else:
-            raise invalid(where, f"{call_id!r} matches no tool call of this session")
-        entry.tool_name = name
-        answered[call_id] = first_seq + offset
-    return answered
+            new_calls[found.new_index] = new_calls[found.new_index]._replace(result_seq=seq)
+        view_ids.append((found.view_id,) if found.view_id != call_id else None)
+    return Linking(new_calls, answers, view_ids)
 
 
 class AppendService:
@@ -268,7 +309,7 @@ class AppendService:
         config = sessions.effective_config(session.config)
         encoding = catalog.lookup(session.model).encoding
         first_seq = session.next_seq
-        answers = link_results(batch.entries, batch.new_calls, read.calls, first_seq)
+        linking = link_batch(batch.entries, read.calls, first_seq)
 
         rows: list[EntryRow] = []
         stored: list[dict[str, Any]] = []
@@ -276,7 +317,8 @@ class AppendService:
         for offset, entry in enumerate(batch.entries):
             seq = first_seq + offset
             entry_id = uuid.uuid4()
-            shown = batch.shown(offset, encoding, config.truncate)
+            view_ids = linking.view_ids[offset]
+            shown = batch.shown(offset, encoding, config.truncate, view_ids)
             rows.append(
                 EntryRow(
                     seq=seq,
@@ -290,11 +332,12 @@ class AppendService:
                     content_form=entry.content_form,
                     extra=batch.extra[offset],
                     tokens=shown.tokens,
-                    call_ids=_json(list(entry.call_ids)) if entry.call_ids else None,
+                    call_ids=_json(list(view_ids or entry.call_ids)) if entry.call_ids else None,
                     view_openai=shown.view_openai,
                     view_anthropic=shown.view_anthropic,
                     omitted_lines=shown.omitted_lines,
                     omitted_bytes=shown.omitted_bytes,
+                    view_call_id=view_ids[0] if view_ids and entry.role == "tool" else None,
                 )
             )
             stored.append(
@@ -329,11 +372,8 @@ class AppendService:
                 source_format=batch.format,
                 now=datetime.now(UTC),
                 entries=rows,
-                new_calls=[
-                    CallRow(call_id, name, first_seq + offset, answers.pop(call_id, None))
-                    for call_id, (name, offset) in batch.new_calls.items()
-                ],
-                answers=answers,
+                new_calls=linking.new_calls,
+                answers=linking.answers,
                 session=session,
                 idempotency_key=batch.idempotency_key,
                 request_hash=batch.digest,
@@ -399,24 +439,40 @@ class _Batch:
     def __init__(self, body: AppendRequest, idempotency_key: str | None) -> None:
         self.format = body.format
         self.entries = parse_batch(body.messages, body.format)
-        self.new_calls = batch_calls(self.entries)
-        results = [e.tool_call_id for e in self.entries if e.role == "tool" and e.tool_call_id]
-        self.looked_up = list(self.new_calls) + results
+        self.looked_up = looked_up_ids(self.entries)
         self.idempotency_key = idempotency_key
         self.digest = request_hash(body) if idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
         self._shown: dict[tuple[Any, ...], _Shown] = {}
 
-    def shown(self, offset: int, encoding: tokens.EncodingName, config: TruncateConfig) -> _Shown:
+    def shown(
+        self,
+        offset: int,
+        encoding: tokens.EncodingName,
+        config: TruncateConfig,
+        view_ids: tuple[str, ...] | None,
+    ) -> _Shown:
         entry = self.entries[offset]
         category: truncate.Category | None = None
         if entry.role == "tool" and config.enabled:
             category = truncate.category_for(entry.tool_name, config.categories)
-        key = (offset, encoding, category, config.tool_result_token_cap if category else 0)
+        cap = config.tool_result_token_cap if category else 0
+        key = (offset, encoding, category, cap, view_ids)
         if key not in self._shown:
-            self._shown[key] = _show(entry, encoding, category, config.tool_result_token_cap)
+            if view_ids is not None:
+                entry = _with_view_ids(entry, view_ids)
+            self._shown[key] = _show(entry, encoding, category, cap)
         return self._shown[key]
+
+
+def _with_view_ids(entry: Entry, view_ids: tuple[str, ...]) -> Entry:
+    """The entry as the model's view names its calls (or, a result, its call)."""
+    if entry.role == "tool":
+        return dataclasses.replace(entry, tool_call_id=view_ids[0])
+    ids = iter(view_ids)
+    parts = [{**p, "id": next(ids)} if p["type"] == "tool_call" else p for p in entry.parts]
+    return dataclasses.replace(entry, parts=parts)
 
 
 def _show(

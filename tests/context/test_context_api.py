@@ -275,3 +275,53 @@ async def test_call_ids_anthropic_refuses_are_rewritten_in_its_view_only(
         b for e in r.json()["entries"] for b in e["message"]["content"] if isinstance(b, dict)
     ]
     assert {b["id"] for b in stored if b.get("type") == "tool_use"} == set(ids)
+
+
+async def test_a_call_id_used_again_in_a_later_turn(client: httpx.AsyncClient) -> None:
+    """Providers that number calls per turn send ``call_0`` every turn. Once
+    answered, an id may come back; each result answers the latest call with its
+    id, and the model's view gives every call an id of its own."""
+    await make_session(client, id="r", config={"prune": {"auto": False}})
+
+    def turn(k: int) -> list[dict[str, Any]]:
+        return [
+            {"role": "user", "content": f"step {k}"},
+            {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", "bash")]},
+            {"role": "tool", "tool_call_id": "call_0", "content": f"output {k}: " + "ok " * 50},
+        ]
+
+    await append_ok(client, "r", turn(0))
+    await append_ok(client, "r", turn(1) + turn(2))  # reused within one batch too
+    # The result may come in its own append, answering the latest call_0.
+    await append_ok(client, "r", turn(3)[:2])
+    await append_ok(client, "r", turn(3)[2:])
+
+    for fmt in ("openai", "anthropic"):
+        ctx = await _context(client, "r", fmt)
+        if fmt == "openai":
+            assert check_openai_pairing(ctx["messages"]) == []
+            calls = [c["id"] for m in ctx["messages"] for c in m.get("tool_calls") or []]
+            results = [m["tool_call_id"] for m in ctx["messages"] if m["role"] == "tool"]
+            outputs = [m["content"] for m in ctx["messages"] if m["role"] == "tool"]
+        else:
+            assert check_anthropic_pairing(ctx["messages"]) == []
+            blocks = [b for m in ctx["messages"] for b in m["content"]]
+            calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
+            results = [b["tool_use_id"] for b in blocks if b["type"] == "tool_result"]
+            outputs = [b["content"] for b in blocks if b["type"] == "tool_result"]
+        assert len(set(calls)) == 4
+        assert calls == results  # each call answered right after it, in order
+        assert outputs == [f"output {k}: " + "ok " * 50 for k in range(4)]
+
+    # The history gives back the ids as sent.
+    r = await client.get("/v1/sessions/r/messages")
+    sent = [e["message"] for e in r.json()["entries"]]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ["call_0"] * 4
+    # Pruned, the reused calls stay paired.
+    pruned = await client.post(
+        "/v1/sessions/r/prune", json={"minimum_tokens": 0, "protect_tokens": 0, "protect_turns": 0}
+    )
+    assert pruned.status_code == 200, pruned.text
+    assert pruned.json()["pruned"]
+    ctx = await _context(client, "r", "anthropic")
+    assert check_anthropic_pairing(ctx["messages"]) == []

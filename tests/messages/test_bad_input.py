@@ -80,11 +80,11 @@ BAD_BATCHES: list[tuple[str, dict[str, Any], str]] = [
         "d1",
     ),
     (
-        "call id already used by the session",
+        "call id still waiting for its result",
         {
             "messages": [
                 GOOD,
-                {"role": "assistant", "content": None, "tool_calls": [tool_call("c_done")]},
+                {"role": "assistant", "content": None, "tool_calls": [tool_call("c_open")]},
             ]
         },
         "messages[1]",
