@@ -65,9 +65,13 @@ def upgrade() -> None:
     op.add_column("tool_call", sa.Column("view_id", sa.Text(), nullable=True))
     # A tool result's call as the model's view names it, when not its own id.
     op.add_column("entry", sa.Column("view_call_id", sa.Text(), nullable=True))
+    # What a result's call id costs in its view: pruning prices placeholders
+    # without counting thousands of ids again.
+    op.add_column("entry", sa.Column("call_id_tokens", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("entry", "call_id_tokens")
     op.drop_column("entry", "view_call_id")
     op.drop_column("tool_call", "view_id")
     # Only the latest call of each id is kept: the old key allows one.

@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 from app.messages.repository import read_marks
 
 _ITEMS_SQL = """
-SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id), is_error
+SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id), is_error,
+    call_id_tokens
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
 ORDER BY seq DESC
@@ -78,6 +79,7 @@ class WindowItem(NamedTuple):
     pruned: bool
     tool_call_id: str | None
     is_error: bool
+    call_id_tokens: int | None
 
 
 class PrunedRow(NamedTuple):
@@ -116,7 +118,9 @@ class BudgetRepository:
                 break
             marks = await read_marks(driver, self.tenant_id, session_id, rows[-1][0], upper)
             batch = [
-                WindowItem(r[0], r[1], r[2], r[3], marks.get(r[0], r[4]), r[0] in marks, r[5], r[6])
+                WindowItem(
+                    r[0], r[1], r[2], r[3], marks.get(r[0], r[4]), r[0] in marks, r[5], r[6], r[7]
+                )
                 for r in rows
             ]
             newest_first.extend(batch)

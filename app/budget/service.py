@@ -131,8 +131,12 @@ async def prune_locked(
     for seq in plan.seqs:
         item = by_seq[seq]
         # count_entry of the placeholder entry, without building it: framing and
-        # text are the same for every output, only the call id differs.
-        cost = base_placeholder + tokens.count_text(item.tool_call_id or "", encoding)
+        # text are the same for every output, only the call id differs (counted
+        # when the result was written).
+        id_tokens = item.call_id_tokens
+        if id_tokens is None:
+            id_tokens = tokens.count_text(item.tool_call_id or "", encoding)
+        cost = base_placeholder + id_tokens
         if item.tokens <= cost:
             continue  # a long call id on a short output: the placeholder saves nothing
         saved += item.tokens - cost

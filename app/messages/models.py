@@ -62,6 +62,7 @@ class Entry(Base):
         Integer
     )  # stored content cleared (prune.erase)
     view_call_id: Mapped[str | None] = mapped_column(Text)  # a result's call, as the view names it
+    call_id_tokens: Mapped[int | None] = mapped_column(Integer)  # its tokens in the view
     omitted_lines: Mapped[int | None] = mapped_column(Integer)  # ingest truncation of the view
     omitted_bytes: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -53,6 +53,7 @@ class EntryRow(NamedTuple):
     omitted_lines: int | None
     omitted_bytes: int | None
     view_call_id: str | None  # a result's call as the view names it, when not its own id
+    call_id_tokens: int | None  # what that id costs in the view (results only)
 
 
 class CallRow(NamedTuple):
@@ -133,19 +134,20 @@ WITH advanced AS (
 ), entries AS (
     INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
-        view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id, parent_seq,
-        created_at)
+        view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id,
+        call_id_tokens, parent_seq, created_at)
     SELECT $1, $2, e.seq, e.id, 'message', e.role, e.parts, e.tool_call_id, e.tool_name,
         e.is_error, e.name, e.content_form, e.extra, $3, e.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(e.call_ids) AS c),
         e.view_openai, e.view_anthropic, e.omitted_lines, e.omitted_bytes, e.view_call_id,
-        NULLIF(e.seq - 1, 0), $4
+        e.call_id_tokens, NULLIF(e.seq - 1, 0), $4
     FROM advanced, unnest($5::bigint[], $6::uuid[], $7::text[], $8::jsonb[], $9::text[],
         $10::text[], $11::boolean[], $12::text[], $13::text[], $14::jsonb[], $15::int[],
-        $16::jsonb[], $17::text[], $18::text[], $35::int[], $36::int[], $37::text[])
+        $16::jsonb[], $17::text[], $18::text[], $35::int[], $36::int[], $37::text[],
+        $40::int[])
         AS e(seq, id, role, parts, tool_call_id, tool_name, is_error, name, content_form,
             extra, tokens, call_ids, view_openai, view_anthropic, omitted_lines,
-            omitted_bytes, view_call_id)
+            omitted_bytes, view_call_id, call_id_tokens)
 ), new_calls AS (
     INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq, view_id)
     SELECT $1, $2, c.call_id, c.name, c.call_seq, c.result_seq, c.view_id
@@ -295,6 +297,7 @@ class AppendRepository:
             [r.view_call_id for r in rows],
             [c.view_id for c in calls],
             [a.call_seq for a in write.answers],
+            [r.call_id_tokens for r in rows],
         )
         return applied == 1
 

@@ -338,6 +338,7 @@ class AppendService:
                     omitted_lines=shown.omitted_lines,
                     omitted_bytes=shown.omitted_bytes,
                     view_call_id=view_ids[0] if view_ids and entry.role == "tool" else None,
+                    call_id_tokens=shown.call_id_tokens,
                 )
             )
             stored.append(
@@ -429,6 +430,7 @@ class _Shown(NamedTuple):
     tokens: int
     omitted_lines: int | None
     omitted_bytes: int | None
+    call_id_tokens: int | None
 
 
 class _Batch:
@@ -501,6 +503,9 @@ def _show(
         tokens.count_entry(entry, encoding),
         omitted_lines if omitted_bytes else None,
         omitted_bytes or None,
+        tokens.count_text(entry.tool_call_id, encoding)
+        if entry.role == "tool" and entry.tool_call_id
+        else None,
     )
 
 
