@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
+from collections.abc import Awaitable, Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -40,3 +44,16 @@ def turns(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     if current:
         batches.append(current)
     return batches
+
+
+async def replay_all(
+    client: Any, replay: Callable[[Any, Path], Awaitable[T]], concurrency: int = 4
+) -> list[T]:
+    """``replay(client, path)`` for every trace, ``concurrency`` at a time."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(path: Path) -> T:
+        async with sem:
+            return await replay(client, path)
+
+    return list(await asyncio.gather(*(one(p) for p in trace_files())))

@@ -1,7 +1,7 @@
 """SQL for usage reports and pruning, on a bare asyncpg connection (``driver``).
 
 Every function runs inside the caller's transaction, after the session row was
-locked (``read_state(..., lock=True)``), so the running totals stay exact.
+locked (``lock_state``), so the running totals stay exact.
 """
 
 from __future__ import annotations
@@ -60,11 +60,6 @@ UPDATE session SET calibration_factor = $3, overhead_tokens = $4,
     updated_at = $7
 WHERE id = $1 AND tenant_id = $2
 RETURNING version
-"""
-
-_IDEMPOTENT_RESPONSE_SQL = """
-UPDATE idempotency_record SET response = $4::jsonb
-WHERE session_id = $1 AND tenant_id = $2 AND key = $3
 """
 
 
@@ -190,10 +185,3 @@ class BudgetRepository:
             now,
         )
         return version
-
-    async def replace_idempotent_response(
-        self, driver: Any, session_id: str, key: str, response_json: str
-    ) -> None:
-        await driver.execute(
-            _IDEMPOTENT_RESPONSE_SQL, session_id, self.tenant_id, key, response_json
-        )

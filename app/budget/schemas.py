@@ -6,13 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.sessions.schemas import Strict
+
 # No prompt is larger than this; anything above is a client bug, not a usage figure.
 MAX_REPORTED_TOKENS = 100_000_000
 TokenFigure = Field(0, ge=0, le=MAX_REPORTED_TOKENS)
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Verdict(BaseModel):

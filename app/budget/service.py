@@ -30,7 +30,7 @@ from app.core.errors import NotFound
 from app.engine import budget, catalog, overflow_errors, tokens, view
 from app.engine.prune import PruneSettings, plan_prune
 from app.sessions import service as sessions
-from app.sessions.repository import SessionState, read_state
+from app.sessions.repository import SessionState, lock_state
 from app.sessions.schemas import SessionConfig
 
 # What the planner assumes a placeholder costs beyond its text: a typical call id.
@@ -38,12 +38,12 @@ from app.sessions.schemas import SessionConfig
 _TYPICAL_CALL_ID_TOKENS = 8
 
 
-def verdict_model(state: SessionState) -> Verdict:
-    return Verdict.model_validate(dataclasses.asdict(sessions.verdict_of(state)))
+def verdict_model(state: sessions.Budgeted, config: SessionConfig | None = None) -> Verdict:
+    return Verdict.model_validate(dataclasses.asdict(sessions.verdict_of(state, config)))
 
 
 async def locked_state(driver: Any, tenant_id: str, session_id: str) -> SessionState:
-    state = await read_state(driver, tenant_id, session_id, lock=True)
+    state = await lock_state(driver, tenant_id, session_id)
     if state is None:
         raise NotFound(f"session {session_id!r} does not exist")
     return state
@@ -89,7 +89,7 @@ async def prune_locked(
                 "protected_tokens": protected,
                 "reason": reason,
                 "version": state.version,
-                "overflow": dataclasses.asdict(sessions.verdict_of(state)),
+                "overflow": dataclasses.asdict(sessions.verdict_of(state, config)),
             }
         )
 
@@ -163,11 +163,10 @@ def _pick(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def wants_auto_prune(state: SessionState, config: SessionConfig) -> bool:
-    """After an append or a usage report: does the verdict ask for a prune now?"""
+def wants_auto_prune(state: SessionState, config: SessionConfig, action: budget.Action) -> bool:
+    """After an append or a usage report: does its verdict (``action``) ask for a prune now?"""
     if not (config.prune.enabled and config.prune.auto):
         return False
-    action = sessions.verdict_of(state).action
     return budget.should_auto_prune(
         action,
         state.context_tool_tokens,
@@ -178,9 +177,15 @@ def wants_auto_prune(state: SessionState, config: SessionConfig) -> bool:
 
 
 async def auto_prune(
-    driver: Any, tenant_id: str, session_id: str, state: SessionState, config: SessionConfig
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    action: budget.Action,
 ) -> PruneResult:
-    urgent = budget.urgent(sessions.verdict_of(state).action)
+    """The prune an append or usage report starts, its verdict being ``action``."""
+    urgent = budget.urgent(action)
     return await prune_locked(driver, tenant_id, session_id, state, config, urgent=urgent)
 
 
@@ -221,14 +226,15 @@ class BudgetService:
             state.reported_prompt_tokens = prompt
             state.context_tokens_at_report = state.context_tokens
             pruned = None
-            if wants_auto_prune(state, config):
-                pruned = await auto_prune(driver, self.tenant_id, session_id, state, config)
+            action = sessions.verdict_of(state, config).action
+            if wants_auto_prune(state, config, action):
+                pruned = await auto_prune(driver, self.tenant_id, session_id, state, config, action)
             return UsageResponse(
                 calibration_factor=factor,
                 reported_prompt_tokens=prompt,
                 overhead_tokens=overhead,
                 version=state.version,
-                overflow=verdict_model(state),
+                overflow=verdict_model(state, config),
                 pruned=pruned,
             )
 

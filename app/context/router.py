@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app.budget.schemas import Verdict
+from app.budget.service import verdict_model
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
 from app.core.database import DbDep, EngineDep
@@ -14,7 +15,7 @@ from app.core.openapi import problems
 from app.core.tenancy import TenantDep
 from app.messages.schemas import Format
 from app.sessions.router import SessionIdPath, checked_id
-from app.sessions.service import SessionService, verdict_of
+from app.sessions.service import SessionService
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
 
@@ -35,4 +36,4 @@ async def get_context(
 async def get_overflow(session_id: SessionIdPath, db: DbDep, tenant: TenantDep) -> Verdict:
     """How full the window is and what to do about it, from running totals."""
     session = await SessionService(db, tenant).require(checked_id(session_id))
-    return Verdict.model_validate(verdict_of(session), from_attributes=True)
+    return verdict_model(session)

@@ -120,52 +120,77 @@ WHERE s.id = $1 AND s.tenant_id = $2
 
 _LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 
-# Arrays in, one row per entry out (unnest zips them). Everything hangs on the
-# session update, which applies only at the version the append read: if another
-# append came first, nothing is written and the append reads again. A call
-# answered in its own batch is inserted with its result; one answered later is
-# updated. The totals are absolute values, computed from what was read.
-_WRITE_SQL = """
+# Postgres types of each row kind's fields, in field order: the write passes one
+# array per field and unnest zips them back into rows.
+_ENTRY_TYPES = (
+    "bigint", "uuid", "text", "jsonb", "text", "text", "boolean", "text", "text",
+    "jsonb", "int", "jsonb", "text", "text", "int", "int", "text", "int",
+)  # fmt: skip
+_CALL_TYPES = ("text", "text", "bigint", "bigint", "text")
+_ANSWER_TYPES = ("text", "bigint", "bigint")
+assert len(_ENTRY_TYPES) == len(EntryRow._fields)
+assert len(_CALL_TYPES) == len(CallRow._fields)
+assert len(_ANSWER_TYPES) == len(Answer._fields)
+
+# $1-$14 are scalars (see write_append); the row arrays follow from $15.
+_ENTRY_ARG = 15
+_CALL_ARG = _ENTRY_ARG + len(_ENTRY_TYPES)
+_ANSWER_ARG = _CALL_ARG + len(_CALL_TYPES)
+
+
+def _unnest(first: int, types: tuple[str, ...], fields: tuple[str, ...]) -> str:
+    arrays = ", ".join(f"${first + i}::{t}[]" for i, t in enumerate(types))
+    return f"unnest({arrays}) AS r({', '.join(fields)})"
+
+
+def _columns(rows: list[Any], fields: tuple[str, ...]) -> list[list[Any]]:
+    return [[row[i] for row in rows] for i in range(len(fields))]
+
+
+# Everything hangs on the session update, which applies only at the version the
+# append read: if another append came first, nothing is written and the append
+# reads again. A call answered in its own batch is inserted with its result; one
+# answered later is updated. The totals are absolute values, computed from what
+# was read.
+_WRITE_SQL = f"""
 WITH advanced AS (
-    UPDATE session SET next_seq = $25, entry_count = $26, stored_tokens = $27,
-        context_tokens = $28, context_tool_tokens = $29, version = $30, updated_at = $4
-    WHERE id = $1 AND tenant_id = $2 AND version = $34
+    UPDATE session SET next_seq = $6, entry_count = $7, stored_tokens = $8,
+        context_tokens = $9, context_tool_tokens = $10, version = $11, updated_at = $4
+    WHERE id = $1 AND tenant_id = $2 AND version = $5
     RETURNING version
 ), entries AS (
     INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
         view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id,
         call_id_tokens, parent_seq, created_at)
-    SELECT $1, $2, e.seq, e.id, 'message', e.role, e.parts, e.tool_call_id, e.tool_name,
-        e.is_error, e.name, e.content_form, e.extra, $3, e.tokens,
-        (SELECT array_agg(c) FROM jsonb_array_elements_text(e.call_ids) AS c),
-        e.view_openai, e.view_anthropic, e.omitted_lines, e.omitted_bytes, e.view_call_id,
-        e.call_id_tokens, NULLIF(e.seq - 1, 0), $4
-    FROM advanced, unnest($5::bigint[], $6::uuid[], $7::text[], $8::jsonb[], $9::text[],
-        $10::text[], $11::boolean[], $12::text[], $13::text[], $14::jsonb[], $15::int[],
-        $16::jsonb[], $17::text[], $18::text[], $35::int[], $36::int[], $37::text[],
-        $40::int[])
-        AS e(seq, id, role, parts, tool_call_id, tool_name, is_error, name, content_form,
-            extra, tokens, call_ids, view_openai, view_anthropic, omitted_lines,
-            omitted_bytes, view_call_id, call_id_tokens)
+    SELECT $1, $2, r.seq, r.id, 'message', r.role, r.parts, r.tool_call_id, r.tool_name,
+        r.is_error, r.name, r.content_form, r.extra, $3, r.tokens,
+        (SELECT array_agg(c) FROM jsonb_array_elements_text(r.call_ids) AS c),
+        r.view_openai, r.view_anthropic, r.omitted_lines, r.omitted_bytes, r.view_call_id,
+        r.call_id_tokens, NULLIF(r.seq - 1, 0), $4
+    FROM advanced, {_unnest(_ENTRY_ARG, _ENTRY_TYPES, EntryRow._fields)}
 ), new_calls AS (
     INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq, view_id)
-    SELECT $1, $2, c.call_id, c.name, c.call_seq, c.result_seq, c.view_id
-    FROM advanced, unnest($19::text[], $20::text[], $21::bigint[], $22::bigint[], $38::text[])
-        AS c(call_id, name, call_seq, result_seq, view_id)
+    SELECT $1, $2, r.call_id, r.name, r.call_seq, r.result_seq, r.view_id
+    FROM advanced, {_unnest(_CALL_ARG, _CALL_TYPES, CallRow._fields)}
 ), answered AS (
-    UPDATE tool_call AS t SET result_seq = a.result_seq
-    FROM advanced, unnest($23::text[], $24::bigint[], $39::bigint[])
-        AS a(call_id, result_seq, call_seq)
-    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_id = a.call_id
-        AND t.call_seq = a.call_seq
+    UPDATE tool_call AS t SET result_seq = r.result_seq
+    FROM advanced, {_unnest(_ANSWER_ARG, _ANSWER_TYPES, Answer._fields)}
+    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_id = r.call_id
+        AND t.call_seq = r.call_seq
 ), idempotency AS (
     INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code,
         response)
-    SELECT $1, $2, $31::varchar, $32::varchar, 201, $33::jsonb
-    FROM advanced WHERE $31::varchar IS NOT NULL
+    SELECT $1, $2, $12::varchar, $13::varchar, 201, $14::jsonb
+    FROM advanced WHERE $12::varchar IS NOT NULL
 )
 SELECT count(*) FROM advanced
+"""
+
+
+_IDEMPOTENT_RESPONSE_SQL = """
+UPDATE idempotency_record SET response = $4::jsonb
+WHERE session_id = $1 AND tenant_id = $2 AND key = $3
 """
 
 
@@ -253,8 +278,6 @@ class AppendRepository:
         """Insert the entries, their calls and the answers, advance the session's
         totals and keep the idempotency record, in one statement. False, with
         nothing written, when the session is no longer at ``write.read_version``."""
-        rows = write.entries
-        calls = write.new_calls
         totals = write.session
         applied: int = await driver.fetchval(
             _WRITE_SQL,
@@ -262,26 +285,7 @@ class AppendRepository:
             self.tenant_id,
             write.source_format,
             write.now,
-            [r.seq for r in rows],
-            [r.id for r in rows],
-            [r.role for r in rows],
-            [r.parts for r in rows],
-            [r.tool_call_id for r in rows],
-            [r.tool_name for r in rows],
-            [r.is_error for r in rows],
-            [r.name for r in rows],
-            [r.content_form for r in rows],
-            [r.extra for r in rows],
-            [r.tokens for r in rows],
-            [r.call_ids for r in rows],
-            [r.view_openai for r in rows],
-            [r.view_anthropic for r in rows],
-            [c.call_id for c in calls],
-            [c.name for c in calls],
-            [c.call_seq for c in calls],
-            [c.result_seq for c in calls],
-            [a.call_id for a in write.answers],
-            [a.result_seq for a in write.answers],
+            write.read_version,
             totals.next_seq,
             totals.entry_count,
             totals.stored_tokens,
@@ -291,15 +295,19 @@ class AppendRepository:
             write.idempotency_key,
             write.request_hash,
             write.response,
-            write.read_version,
-            [r.omitted_lines for r in rows],
-            [r.omitted_bytes for r in rows],
-            [r.view_call_id for r in rows],
-            [c.view_id for c in calls],
-            [a.call_seq for a in write.answers],
-            [r.call_id_tokens for r in rows],
+            *_columns(write.entries, EntryRow._fields),
+            *_columns(write.new_calls, CallRow._fields),
+            *_columns(write.answers, Answer._fields),
         )
         return applied == 1
+
+    async def replace_idempotent_response(
+        self, driver: Any, session_id: str, key: str, response_json: str
+    ) -> None:
+        """The response an append's record keeps, once its prune is in it."""
+        await driver.execute(
+            _IDEMPOTENT_RESPONSE_SQL, session_id, self.tenant_id, key, response_json
+        )
 
 
 class MessageRepository:

@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.budget.repository import BudgetRepository
 from app.budget.schemas import PruneResult, Verdict
 from app.budget.service import auto_prune, wants_auto_prune
 from app.core.database import driver_connection
@@ -355,14 +354,15 @@ class AppendService:
         session.context_tokens += added
         session.context_tool_tokens += tool_tokens
         session.version += 1
-        prune_now = wants_auto_prune(session, config)
+        verdict = sessions.verdict_of(session, config)
+        prune_now = wants_auto_prune(session, config, verdict.action)
         if prune_now and not lock:
             return None
         document: dict[str, Any] = {
             "entries": stored,
             "version": session.version,
             "context_tokens": session.context_tokens,
-            "overflow": dataclasses.asdict(sessions.verdict_of(session)),
+            "overflow": dataclasses.asdict(verdict),
             "pruned": None,
         }
         written = await self.repo.write_append(
@@ -384,15 +384,17 @@ class AppendService:
         if not written:
             return None
         if prune_now:
-            pruned = await auto_prune(driver, self.tenant_id, session_id, session, config)
+            pruned = await auto_prune(
+                driver, self.tenant_id, session_id, session, config, verdict.action
+            )
             document.update(
                 version=session.version,
                 context_tokens=session.context_tokens,
-                overflow=dataclasses.asdict(sessions.verdict_of(session)),
+                overflow=dataclasses.asdict(sessions.verdict_of(session, config)),
                 pruned=pruned.model_dump(mode="json"),
             )
             if batch.idempotency_key:
-                await BudgetRepository(self.tenant_id).replace_idempotent_response(
+                await self.repo.replace_idempotent_response(
                     driver, session_id, batch.idempotency_key, append_document(document).decode()
                 )
         return append_document(document), session.version, False

@@ -41,16 +41,14 @@ class SessionState:
 
 STATE_FIELDS = tuple(f.name for f in fields(SessionState))
 STATE_COLUMNS = ", ".join(f"s.{name}" for name in STATE_FIELDS)
-_STATE_SQL = f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2"
+_LOCK_STATE_SQL = (
+    f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2 FOR UPDATE"
+)
 
 
-async def read_state(
-    driver: Any, tenant_id: str, session_id: str, *, lock: bool = False
-) -> SessionState | None:
-    """The session's state; ``lock`` also locks the row for the caller's transaction."""
-    row = await driver.fetchrow(
-        _STATE_SQL + " FOR UPDATE" if lock else _STATE_SQL, session_id, tenant_id
-    )
+async def lock_state(driver: Any, tenant_id: str, session_id: str) -> SessionState | None:
+    """The session's state, its row locked for the caller's transaction."""
+    row = await driver.fetchrow(_LOCK_STATE_SQL, session_id, tenant_id)
     return None if row is None else SessionState(*row)
 
 

@@ -111,9 +111,10 @@ def accounting_of(session: Budgeted) -> budget.Accounting:
     )
 
 
-def verdict_of(session: Budgeted) -> budget.Verdict:
+def verdict_of(session: Budgeted, config: SessionConfig | None = None) -> budget.Verdict:
+    """The verdict from the session's totals; ``config`` when the caller has it already."""
     window, _ = window_of(session)
-    config = effective_config(session.config)
+    config = config or effective_config(session.config)
     return budget.verdict(accounting_of(session), window, thresholds_of(config))
 
 

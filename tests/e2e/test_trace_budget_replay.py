@@ -14,7 +14,6 @@ was sent. The totals are printed (``pytest -s``) for the record.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from pathlib import Path
 from typing import Any
@@ -114,16 +113,9 @@ async def _check_context(
 
 @pytest.mark.slow
 async def test_replay_every_trace_in_a_32k_window(db_url: str, settings: Settings) -> None:
-    files = traces.trace_files()
     with running(create_app(settings, database_url=db_url)) as base_url:
         async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
-            sem = asyncio.Semaphore(4)
-
-            async def one(path: Path) -> dict[str, Any]:
-                async with sem:
-                    return await _replay(client, path)
-
-            results = await asyncio.gather(*(one(p) for p in files))
+            results = await traces.replay_all(client, _replay)
 
     actions: collections.Counter[str] = collections.Counter()
     for s in results:

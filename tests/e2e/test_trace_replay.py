@@ -8,7 +8,6 @@ sent, and every context must be valid for its provider.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from pathlib import Path
 from typing import Any
@@ -102,13 +101,7 @@ async def test_replay_every_trace_over_real_http(db_url: str, settings: Settings
     assert len(files) == 23
     with running(create_app(settings, database_url=db_url)) as base_url:
         async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
-            sem = asyncio.Semaphore(4)
-
-            async def one(path: Path) -> dict[str, Any]:
-                async with sem:
-                    return await _replay(client, path)
-
-            sessions = await asyncio.gather(*(one(p) for p in files))
+            sessions = await traces.replay_all(client, _replay)
     total_entries = sum(s["entry_count"] for s in sessions)
     assert total_entries == sum(len(traces.load(p)) for p in files)
     # Most of these sessions would overflow the small windows later issues replay them with.
