@@ -1,0 +1,156 @@
+"""Where a compaction cuts the history (seeds 001 "Boundary and cut-point logic",
+"Split-turn handling", and 002 "Split safety").
+
+The caller hands :func:`find_cut` the entries since the latest summary pivot,
+oldest first, without the pinned system and developer entries. Everything
+before the cut is summarized; everything from the cut on is kept verbatim.
+
+Where a cut may fall. A cut at index ``i`` (``0 < i <= len(items)``) is valid
+when:
+
+- the first kept entry is not a tool result: a result always stays with the
+  call it answers, and the kept part must read as a valid conversation;
+- every tool call in the summarized part has all its results in the summarized
+  part, so no kept result loses its call and no summarized call loses its
+  result;
+- no call that is still running is summarized. A call is running when nothing
+  answers it and it belongs to the newest entry that is not a tool result (the
+  agent is executing its tools). A call left unanswered by an older entry was
+  abandoned when the conversation moved on; the view drops it anyway (see
+  :mod:`app.engine.context`), so it does not hold the cut back. Otherwise a single
+  abandoned call would forbid compacting anything after it, forever.
+
+A result answers the latest call with its id made before it (ids may be reused
+later in a history). A result that answers no call is an orphan: it constrains
+nothing, except that, being a tool result, the kept part cannot start with it.
+A stray system or developer entry is treated like a user message for validity
+(a cut may fall right before it) but never starts a turn.
+
+Which valid cut. Walking back from the newest entry and adding up tokens, the
+candidate is the latest index whose suffix holds at least ``keep_recent_tokens``.
+The cut is the nearest valid one at or before the candidate, so at least that
+many tokens are kept. When there is none (other than 0), the nearest valid one
+after the candidate: something is still summarized, and less is kept. When
+there is none at all, or the whole history holds fewer than
+``keep_recent_tokens``, nothing is summarized. With ``keep_recent_tokens == 0``
+everything is summarized if the end is a valid cut.
+
+Split turns. A turn starts at a user message. When the kept part does not start
+with one, the cut splits a turn: the entries from the user message that started
+it up to the cut are the turn prefix, summarized apart so the kept tail still
+makes sense; the entries before that are the history. When that user message is
+before the first entry (the turn started before the pivot), the whole
+summarized part is the turn prefix. Keeping nothing splits no turn.
+
+Everything runs in a few linear passes with no allocation beyond a few lists of
+``len(items)`` integers: 100k entries take well under a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.engine.context import Linked
+
+
+class Cuttable(Linked, Protocol):
+    """What the cut needs to know of an entry (:class:`app.engine.model.Entry` fits)."""
+
+    @property
+    def tokens(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CutItem:
+    """A light entry, for callers (and tests) that have no row at hand."""
+
+    role: str
+    tokens: int = 0
+    tool_call_id: str | None = None
+    call_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """``items[:first_kept]`` are summarized, ``items[first_kept:]`` are kept.
+
+    When the cut splits a turn, ``items[:turn_start]`` are the history and
+    ``items[turn_start:first_kept]`` the turn prefix; ``turn_start`` is None
+    when no turn is split.
+    """
+
+    first_kept: int  # 0: nothing to summarize
+    turn_start: int | None
+    kept_tokens: int
+    summarized_tokens: int
+
+    @property
+    def split_turn(self) -> bool:
+        return self.turn_start is not None
+
+
+def find_cut(items: Sequence[Cuttable], keep_recent_tokens: int) -> Cut:
+    """Where to cut ``items`` so at least ``keep_recent_tokens`` are kept, if possible."""
+    if keep_recent_tokens < 0:
+        raise ValueError("keep_recent_tokens must not be negative")
+    n = len(items)
+    prefix = [0] * (n + 1)  # prefix[i]: tokens of items[:i]
+    for i, item in enumerate(items):
+        prefix[i + 1] = prefix[i] + item.tokens
+    total = prefix[n]
+    if n == 0 or total < keep_recent_tokens:
+        return Cut(0, None, total, 0)
+
+    valid = _valid_cuts(items)
+    # The candidate: the largest i with tokens(items[i:]) >= keep_recent_tokens.
+    candidate = n
+    while total - prefix[candidate] < keep_recent_tokens:
+        candidate -= 1
+    first_kept = next((i for i in range(candidate, 0, -1) if valid[i]), 0)
+    if first_kept == 0:
+        first_kept = next((i for i in range(candidate + 1, n + 1) if valid[i]), 0)
+    return Cut(
+        first_kept,
+        _turn_start(items, first_kept),
+        kept_tokens=total - prefix[first_kept],
+        summarized_tokens=prefix[first_kept],
+    )
+
+
+def _valid_cuts(items: Sequence[Cuttable]) -> list[bool]:
+    """``valid[i]`` for every ``0 <= i <= len(items)``; ``valid[0]`` is always False."""
+    n = len(items)
+    # closes[j]: the last index a call made by items[j] holds the cut back to; a cut
+    # at i is blocked by items[j] when j < i <= closes[j].
+    closes = [-1] * n
+    latest: dict[str, int] = {}  # call id -> index of the latest call with it
+    answered: dict[str, bool] = {}  # call id -> whether that latest call has a result
+    last_turn = -1  # the newest entry that is not a tool result
+    for i, item in enumerate(items):
+        if item.role == "tool":
+            owner = latest.get(item.tool_call_id) if item.tool_call_id is not None else None
+            if owner is not None and item.tool_call_id is not None:
+                closes[owner] = i  # results come in order, so i is the furthest yet
+                answered[item.tool_call_id] = True
+            continue
+        last_turn = i
+        for call_id in item.call_ids:
+            latest[call_id] = i
+            answered[call_id] = False
+    if last_turn >= 0 and any(not answered[c] for c in items[last_turn].call_ids):
+        closes[last_turn] = n  # still running: nothing from it on may be summarized
+
+    valid = [False] * (n + 1)
+    reach = -1  # max of closes[j] over j < i
+    for i in range(1, n + 1):
+        reach = max(reach, closes[i - 1])
+        valid[i] = reach < i and (i == n or items[i].role != "tool")
+    return valid
+
+
+def _turn_start(items: Sequence[Cuttable], first_kept: int) -> int | None:
+    if first_kept == 0 or first_kept == len(items) or items[first_kept].role == "user":
+        return None
+    return next((i for i in range(first_kept - 1, -1, -1) if items[i].role == "user"), 0)
