@@ -1,0 +1,730 @@
+"""The extractive summary: a structured summary built from the history, no model.
+
+Used when no summarizer model is configured or when it fails: quotes,
+commands and errors picked out of the entries and laid out in the sections of
+the structured prompt (``app/prompts/structured.md``), so that the agent reads
+the same shape whichever way its history was compacted.
+
+- **Goal**: the first user request, verbatim (clipped), and the latest
+  requests after it.
+- **Constraints & Preferences**: the user's sentences that say must, never,
+  don't, always, only, avoid, prefer, make sure or should not.
+- **Progress**: *Done* lists the commands run (marked when they failed),
+  *In Progress* the agent's last statement, *Blocked* the latest errors.
+- **Key Decisions**: the agent's sentences that explain a choice.
+- **Files & Artifacts**: the files modified and read, as given.
+- **Next Steps**: what the agent last said it would do.
+- **Critical Context**: the agent's findings and the latest tool output.
+- **Lookup Hints**: exact strings worth searching the archived history for.
+
+Lists are newest first. Given the previous summary, the new one carries it
+forward: its sections are parsed (those written here exactly, a model's
+structured summary as well as can be done, a prose summary as its goal) and
+merged, the original goal kept and the lists deduplicated and capped, so a
+session compacted many times still opens with what the user first asked.
+
+The output never exceeds ``max_chars``: the sections over their share of it
+lose their oldest items first. The history is read newest first and each
+list stops at its cap, so a 200k-token history takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.engine.model import Entry, Part
+from app.engine.summary import (
+    SPLIT_TURN_SEPARATOR,
+    render_call,
+    strip_file_tags,
+    summary_from_context_message,
+)
+
+DEFAULT_MAX_CHARS = 12_000
+
+NOTE = (
+    "_Extracted from the history without a model: quotes, commands and errors; lists newest first._"
+)
+NONE_RECORDED = "(none recorded)"
+ORIGINAL_LABEL = "Original request:"
+FAILED_MARK = " — failed"
+LATEST_LABEL = "Latest requests (newest first):"
+
+# Per-item limits, in characters.
+GOAL_CHARS = 1_500
+LATEST_CHARS = 600
+STATE_CHARS = 600
+SENTENCE_CHARS = 300
+COMMAND_CHARS = 200
+ERROR_CHARS = 200
+HINT_CHARS = 120
+OUTPUT_TAIL_CHARS = 300
+MIN_ITEM_CHARS = 40
+ERROR_SCAN_CHARS = 16_000  # how much of a failed output's end is searched for errors
+PARSED_ITEM_CHARS = 600  # items read back from a summary; ours are all shorter
+
+# How many items each list keeps, at most.
+CAPS = {
+    "latest": 3,
+    "constraints": 12,
+    "done": 30,
+    "in_progress": 3,
+    "blocked": 8,
+    "decisions": 10,
+    "files": 60,
+    "next": 5,
+    "critical": 8,
+    "hints": 15,
+}
+
+# The share of ``max_chars`` each section may keep when the whole is too long.
+SHARES = {
+    "goal": 0.24,
+    "constraints": 0.10,
+    "done": 0.14,
+    "in_progress": 0.06,
+    "blocked": 0.08,
+    "decisions": 0.08,
+    "files": 0.10,
+    "next": 0.05,
+    "critical": 0.09,
+    "hints": 0.06,
+}
+
+HEADINGS = {
+    "goal": "## Goal",
+    "constraints": "## Constraints & Preferences",
+    "done": "## Progress\n\n### Done",
+    "in_progress": "### In Progress",
+    "blocked": "### Blocked",
+    "decisions": "## Key Decisions",
+    "files": "## Files & Artifacts",
+    "next": "## Next Steps",
+    "critical": "## Critical Context",
+    "hints": "## Lookup Hints",
+}
+LISTS = tuple(k for k in HEADINGS if k != "goal")
+
+
+@dataclass(slots=True)
+class SummaryFacts:
+    """What a structured summary says, section by section; lists newest first."""
+
+    original: str | None = None
+    latest: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    in_progress: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    next: list[str] = field(default_factory=list)
+    critical: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+    def items(self, key: str) -> list[str]:
+        """The list of section ``key`` (one of the keys of :data:`HEADINGS` but goal)."""
+        value: list[str] = getattr(self, key)
+        return value
+
+
+# What a summary writes in an empty section; never an item.
+_NONE = frozenset({"(none recorded)", "(none)", "none", "n/a", "-", "none."})
+
+
+# --- Text helpers --------------------------------------------------------------------
+
+_FENCED = re.compile(r"```.*?(?:```|\Z)", re.S)
+# Where a sentence ends: after its punctuation, or at the end of its line.
+_BOUNDARY = re.compile(r"(?<=[.!?])\s|\n")
+SENTENCE_WINDOW = 600  # how far from a keyword a sentence's ends are looked for
+# Markup a tool wraps its output in: ``<output>``, ``<returncode>0</returncode>``.
+_TAG_LINE = re.compile(r"^\s*</?[A-Za-z_][\w-]*>(?:[^<>\n]{0,20}</[A-Za-z_][\w-]*>)?\s*$")
+
+
+def _one_line(text: str, limit: int) -> str:
+    """``text`` on one line, whitespace collapsed, cut to ``limit`` with an ellipsis."""
+    # Only a bounded head is collapsed: a megabyte of text need not be split.
+    cut = len(text) > 4 * limit + 4
+    line = " ".join((text[: 4 * limit + 4] if cut else text).split())
+    if len(line) <= limit and not cut:
+        return line
+    return line[: max(limit - 1, 0)].rstrip() + "…"
+
+
+_CLIPPED = re.compile(r"\n\[\.\.\. (\d+) chars clipped \.\.\.\]\Z")
+
+
+def _head(text: str, limit: int) -> str:
+    """The head of a multi-line ``text``, cut to ``limit`` with a note of what was cut.
+
+    Cutting a text cut before counts both cuts in one note.
+    """
+    earlier = 0
+    if m := _CLIPPED.search(text):
+        text, earlier = text[: m.start()], int(m[1])
+    if len(text) <= limit:
+        return text if not earlier else f"{text}\n[... {earlier} chars clipped ...]"
+    kept = text[:limit].rstrip()
+    return f"{kept}\n[... {len(text) - len(kept) + earlier} chars clipped ...]"
+
+
+def _normalize(text: str) -> str:
+    """``text`` with plain newlines and no trailing spaces, so that it quotes back exactly."""
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip()
+
+
+def _sentences(text: str, keywords: _Keywords) -> Iterator[str]:
+    """The prose sentences of ``text`` that contain one of ``keywords``, one line each.
+
+    Code blocks are left out. The text is searched for the keywords first and
+    only the sentences around the matches are cut out, so a long text with
+    few matches costs one regex scan.
+    """
+    prose = _FENCED.sub("\n", text) if "```" in text else text
+    lowered = prose.lower()
+    # A few characters lowercase to two; positions would shift, so search as is.
+    matches = (
+        keywords.lower.finditer(lowered)
+        if len(lowered) == len(prose)
+        else keywords.any_case.finditer(prose)
+    )
+    end = 0
+    for m in matches:
+        if m.start() < end:
+            continue  # in the sentence just taken
+        lo = max(m.start() - SENTENCE_WINDOW, end)
+        start = lo
+        for before in _BOUNDARY.finditer(prose, lo, m.start()):
+            start = before.end()
+        after = _BOUNDARY.search(prose, m.end(), m.end() + SENTENCE_WINDOW)
+        end = after.start() if after is not None else min(len(prose), m.end() + SENTENCE_WINDOW)
+        sentence = prose[start:end].strip()
+        if len(sentence) >= 12 and not _TAG_LINE.match(sentence):
+            yield _one_line(sentence.lstrip("-*•> "), SENTENCE_CHARS)
+
+
+def _key(item: str) -> str:
+    return " ".join(item.lower().split())
+
+
+def _dedupe(items: Iterable[str], cap: int, key: Callable[[str], str] = _key) -> list[str]:
+    """The first ``cap`` items, in order, the later of two equal ones dropped."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for item in items:
+        k = key(item)
+        if not k or k in seen or k in _NONE:
+            continue
+        seen.add(k)
+        out.append(item)
+        if len(out) >= cap:
+            break
+    return out
+
+
+def _quote(text: str) -> str:
+    return "\n".join(f"> {line}" if line.strip() else ">" for line in text.split("\n"))
+
+
+# --- Reading the history -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Keywords:
+    """A case-insensitive pattern, also compiled for lowercased text.
+
+    Python's ``re`` scans a lowercased text with a case-sensitive pattern
+    several times faster than the text with ``re.IGNORECASE``, which matters
+    on a long history. The source must be lowercase.
+    """
+
+    lower: re.Pattern[str]
+    any_case: re.Pattern[str]
+
+    @classmethod
+    def of(cls, source: str) -> _Keywords:
+        if source != source.lower():
+            raise ValueError("keyword patterns are written in lowercase")
+        return cls(re.compile(source), re.compile(source, re.I))
+
+
+_CONSTRAINT = _Keywords.of(
+    r"\b(?:must|never|don['\u2019]?t|do not|always|only|avoid|prefer|make sure"
+    r"|should not|shouldn['\u2019]?t)\b"
+)
+_DECISION = _Keywords.of(r"decid|instead|because|will use|chose|approach")
+_FINDING = _Keywords.of(
+    r"\b(?:root cause|the (?:issue|problem|bug|error|cause) (?:is|was|seems|appears|occurs|happens|lies)"
+    r"|is caused by|turns out|i found|found that|i see that|i can see that|the fix (?:is|was|should))\b"
+)
+_INTENT = _Keywords.of(
+    r"\b(?:next|let me|let's|i'll|i will|i need to|need to|we need|going to|todo)\b"
+)
+_EXIT = re.compile(
+    r"<returncode>\s*(-?\d+)\s*</returncode>"
+    r"|\b(?:exit(?:ed with)? (?:code|status)|return ?code)\s*[:=]?\s*(-?\d+)",
+    re.I,
+)
+_ERROR_LINE = re.compile(
+    r"^[ \t]*(?:E[ \t]+)?(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::[^\n]*)?$"
+    r"|^[^\n]*\bFAILED\b[^\n]*$"
+    r"|^[ \t]*(?:error|fatal|panic|ERROR|FATAL)(?:\[\w+\])?:[^\n]*$"
+    r"|^[^\n]*?:\d+(?::\d+)?:[ \t]*error:[^\n]*$",
+    re.M,
+)
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_BACKTICKED = re.compile(r"`([^`\n]{3,80})`")
+_EDGE = 300
+
+
+@dataclass(slots=True)
+class _Call:
+    part: Part
+    command: str | None
+
+
+@dataclass(slots=True)
+class _History:
+    """The entries sorted by what the summary needs, in order."""
+
+    user: list[str] = field(default_factory=list)
+    assistant: list[str] = field(default_factory=list)
+    calls: list[_Call] = field(default_factory=list)
+    results: list[Entry] = field(default_factory=list)
+    result_of: dict[str, Entry] = field(default_factory=dict)
+    call_of: dict[str, _Call] = field(default_factory=dict)
+    context_summary: str | None = None
+
+
+def _command(part: Part) -> str | None:
+    """The shell command of a tool call whose arguments carry one."""
+    raw = part.get("arguments") or ""
+    try:
+        args: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(args, dict):
+        for name in ("command", "cmd", "script"):
+            value = args.get(name)
+            if isinstance(value, str) and value.strip():
+                return value
+            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                return " ".join(value)
+    return None
+
+
+def _read(entries: Sequence[Entry]) -> _History:
+    h = _History()
+    for entry in entries:
+        if entry.role == "user":
+            text = _normalize(entry.text())
+            if not text:
+                continue
+            inner = summary_from_context_message(text)
+            if inner is not None:
+                h.context_summary = inner
+            else:
+                h.user.append(text)
+        elif entry.role == "assistant":
+            text = _normalize(entry.text())
+            if text:
+                h.assistant.append(text)
+            for part in entry.tool_calls():
+                call = _Call(part, _command(part))
+                h.calls.append(call)
+                h.call_of[part["id"]] = call
+        elif entry.role == "tool":
+            h.results.append(entry)
+            if entry.tool_call_id:
+                h.result_of[entry.tool_call_id] = entry
+    return h
+
+
+def _failed(entry: Entry, text: str) -> bool:
+    if entry.is_error:
+        return True
+    edges = text if len(text) <= 2 * _EDGE else text[:_EDGE] + "\n" + text[-_EDGE:]
+    m = _EXIT.search(edges)
+    if m is not None and (m[1] or m[2]) != "0":
+        return True
+    return "Traceback (most recent call last)" in text
+
+
+def _error_lines(entry: Entry, text: str) -> list[str]:
+    """The lines that say what went wrong in a failed result, last ones first."""
+    # What went wrong is said last (the exception, the failed tests' summary).
+    found = [m[0].strip() for m in _ERROR_LINE.finditer(text, max(len(text) - ERROR_SCAN_CHARS, 0))]
+    lines = [_one_line(line, ERROR_CHARS) for line in reversed(found[-2:])]
+    if not lines and entry.is_error:
+        first = next(
+            (ln for ln in text.splitlines() if ln.strip() and not _TAG_LINE.match(ln)), None
+        )
+        if first is not None:
+            lines.append(_one_line(first, ERROR_CHARS))
+    return lines
+
+
+def _findable(span: str) -> bool:
+    """Whether a code span names something specific enough to search for."""
+    span = span.strip()
+    if len(span) < 4 or sum(c.isalpha() for c in span) < 3:
+        return False
+    return len(span) >= 10 or any(c in span for c in "_./(:=-") or _CAMEL.search(span) is not None
+
+
+def _code(text: str) -> str:
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _call_line(call: _Call, limit: int) -> str:
+    if call.command is not None:
+        lines = call.command.strip().splitlines()
+        shown = _one_line(lines[0], limit)
+        if len(lines) > 1:
+            shown += f" …(+{len(lines) - 1} lines)"
+        return _code(shown)
+    return _code(_one_line(render_call(call.part, limit), limit))
+
+
+def _done_key(item: str) -> str:
+    return _key(item.removesuffix(FAILED_MARK))
+
+
+def _blocked_key(item: str) -> str:
+    return _key(item.split(" — after ", 1)[0])
+
+
+def _file_key(item: str) -> str:
+    m = re.match(r"`+\s*(.*?)\s*`+", item)
+    return m[1] if m else _key(item)
+
+
+def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[str]) -> SummaryFacts:
+    facts = SummaryFacts()
+    if h.user:
+        facts.original = _head(h.user[0], GOAL_CHARS)
+        first = _key(h.user[0])
+        later = (t for t in reversed(h.user[1:]) if _key(t) != first)
+        facts.latest = _dedupe((_head(t, LATEST_CHARS) for t in later), CAPS["latest"])
+    facts.constraints = _dedupe(
+        (s for text in reversed(h.user) for s in _sentences(text, _CONSTRAINT)),
+        CAPS["constraints"],
+    )
+
+    done: list[str] = []
+    for call in reversed(h.calls):
+        line = _call_line(call, COMMAND_CHARS)
+        result = h.result_of.get(call.part["id"])
+        if result is not None and _failed(result, result.text()):
+            line += FAILED_MARK
+        done.append(line)
+        if len(done) >= CAPS["done"] * 2:  # room for duplicates
+            break
+    facts.done = _dedupe(done, CAPS["done"], _done_key)
+
+    if h.assistant:
+        facts.in_progress = _dedupe([_one_line(h.assistant[-1], STATE_CHARS)], 1)
+
+    blocked: list[str] = []
+    hints: list[str] = []
+    for result in reversed(h.results):
+        text = result.text()
+        if not _failed(result, text):
+            continue
+        origin = h.call_of.get(result.tool_call_id or "")
+        after = f" — after {_call_line(origin, 80)}" if origin is not None else ""
+        for line in _error_lines(result, text):
+            blocked.append(line + after)
+            if _ERROR_LINE.match(line) and "`" not in line:
+                # A prefix of the line, not an ellipsis: the hint must stay findable.
+                hints.append(_code(line.removesuffix("…")[:HINT_CHARS].rstrip()))
+        if len(blocked) >= CAPS["blocked"] * 2:
+            break
+    facts.blocked = _dedupe(blocked, CAPS["blocked"], _blocked_key)
+
+    decisions: list[str] = []
+    findings: list[str] = []
+    for text in reversed(h.assistant):
+        if len(decisions) >= CAPS["decisions"] and len(findings) >= CAPS["critical"]:
+            break
+        decisions += _sentences(text, _DECISION)
+        findings += _sentences(text, _FINDING)
+    facts.decisions = _dedupe(decisions, CAPS["decisions"])
+
+    modified = list(dict.fromkeys(p for p in modified_files if p))
+    changed = set(modified)
+    read = [p for p in dict.fromkeys(read_files) if p and p not in changed]
+    facts.files = _dedupe(
+        [f"{_code(p)} (modified)" for p in modified] + [f"{_code(p)} (read)" for p in read],
+        CAPS["files"],
+        _file_key,
+    )
+
+    # What the agent last said it would do; older intentions were acted on since.
+    for text in reversed(h.assistant[-3:]):
+        facts.next = _dedupe(_sentences(text, _INTENT), CAPS["next"])
+        if facts.next:
+            break
+
+    critical: list[str] = []
+    if h.results:
+        last = h.results[-1]
+        lines = [ln for ln in _normalize(last.text()).splitlines() if not _TAG_LINE.match(ln)]
+        output = " ".join(" ".join(lines).split())
+        if output:
+            origin = h.call_of.get(last.tool_call_id or "")
+            source = f" (after {_call_line(origin, 80)})" if origin is not None else ""
+            tail = output if len(output) <= OUTPUT_TAIL_CHARS else "…" + output[-OUTPUT_TAIL_CHARS:]
+            critical.append(f"Latest tool output{source}: {tail}")
+    facts.critical = _dedupe(critical + findings, CAPS["critical"])
+
+    for text in reversed(h.assistant):
+        if len(hints) >= CAPS["hints"] * 2:
+            break
+        hints += (_code(m[1].strip()) for m in _BACKTICKED.finditer(text) if _findable(m[1]))
+    facts.hints = _dedupe(hints, CAPS["hints"])
+    return facts
+
+
+# --- Reading a previous summary ------------------------------------------------------
+
+_HEADING = re.compile(r"^(#{2,3})\s+(.+?)\s*#*\s*$")
+_LIST_MARKER = re.compile(r"^(?:[-*+•]|\d+[.)])\s+")
+
+
+def _section_key(title: str) -> str:
+    t = title.lower()
+    if "lookup" in t or "hint" in t:
+        return "hints"
+    if "goal" in t or "task" in t or "request" in t:
+        return "goal"
+    if "constraint" in t or "preference" in t or "requirement" in t:
+        return "constraints"
+    if "progress" in t:
+        return "done"
+    if "decision" in t:
+        return "decisions"
+    if "file" in t or "artifact" in t:
+        return "files"
+    if "next" in t or "pending" in t:
+        return "next"
+    return "critical"
+
+
+def _subsection_key(title: str) -> str | None:
+    t = title.lower()
+    if "in progress" in t or "current" in t:
+        return "in_progress"
+    if "done" in t or "complete" in t:
+        return "done"
+    if "block" in t or "issue" in t or "open" in t:
+        return "blocked"
+    return None
+
+
+def _items(lines: Sequence[str], limit: int) -> list[str]:
+    items: list[str] = []
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("```") or stripped.lower() in _NONE:
+            continue
+        m = _LIST_MARKER.match(stripped)
+        if m is not None:
+            items.append(stripped[m.end() :])
+        elif items and line[:1] in (" ", "\t"):
+            items[-1] += " " + stripped
+        else:
+            items.append(stripped)
+    # Clipped but not collapsed: a code span keeps its exact spacing, to be searched for.
+    return [
+        i if len(i) <= limit else i[: limit - 1].rstrip() + "…"
+        for i in items
+        if i.strip().lower() not in _NONE
+    ]
+
+
+def _quotes(lines: Sequence[str]) -> list[str]:
+    """The blockquotes among ``lines``, each unquoted."""
+    blocks: list[list[str]] = []
+    inside = False
+    for line in lines:
+        if line.startswith(">"):
+            text = line[2:] if line.startswith("> ") else line[1:]
+            if inside:
+                blocks[-1].append(text)
+            else:
+                blocks.append([text])
+            inside = True
+        else:
+            inside = False
+    return ["\n".join(b).strip() for b in blocks if "\n".join(b).strip()]
+
+
+def _goal(lines: Sequence[str]) -> tuple[str | None, list[str]]:
+    stripped = [ln.rstrip() for ln in lines]
+    if ORIGINAL_LABEL in stripped or LATEST_LABEL in stripped:
+        cut = stripped.index(LATEST_LABEL) if LATEST_LABEL in stripped else len(stripped)
+        originals = _quotes(stripped[:cut])
+        return (originals[0] if originals else None), _quotes(stripped[cut:])
+    text = "\n".join(stripped).strip()
+    if not text or text.lower() in _NONE:
+        return None, []
+    return _head(text, GOAL_CHARS), []
+
+
+def parse_summary(text: str) -> SummaryFacts:
+    """The sections of a summary, best effort.
+
+    Exact for the summaries written here; a model's structured summary maps
+    its ``##`` and ``###`` headings onto the same sections by their titles
+    (unknown ones go to Critical Context); a summary without headings is taken
+    as its goal. File tags and the split-turn appendix are left out.
+    """
+    body = strip_file_tags(text)
+    body, _, turn = body.partition(SPLIT_TURN_SEPARATOR.strip())
+    body = body.rstrip().removesuffix("---").rstrip()
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    parent: str | None = None
+    for line in _normalize(body).splitlines():
+        m = _HEADING.match(line)
+        if m is not None:
+            if len(m[1]) == 2:
+                parent = current = _section_key(m[2])
+            else:
+                current = _subsection_key(m[2]) or parent or "critical"
+            sections.setdefault(current, [])
+            continue
+        if current is not None:
+            sections[current].append(line)
+    facts = SummaryFacts()
+    if not sections:
+        facts.original, facts.latest = _goal(_normalize(body).splitlines())
+    else:
+        facts.original, facts.latest = _goal(sections.get("goal", []))
+        for key in LISTS:
+            facts.items(key).extend(_items(sections.get(key, []), PARSED_ITEM_CHARS))
+    if turn.strip():
+        facts.critical.insert(0, "Split turn: " + _one_line(turn, STATE_CHARS))
+    return facts
+
+
+def _merge(new: SummaryFacts, old: SummaryFacts) -> SummaryFacts:
+    """``new`` carried onto ``old``: the old original goal, the rest newest first."""
+    merged = SummaryFacts()
+    if old.original:
+        merged.original = old.original
+        # The first request of the new range is its oldest: it follows the others.
+        first = [_head(new.original, LATEST_CHARS)] if new.original else []
+        later = [*new.latest, *first, *old.latest]
+    else:
+        merged.original = new.original
+        later = [*new.latest, *old.latest]
+    original = _key(merged.original or "")
+    merged.latest = _dedupe((t for t in later if _key(t) != original), CAPS["latest"])
+    for key in LISTS:
+        if key in ("in_progress", "next"):
+            items = new.items(key) or old.items(key)
+        else:
+            items = new.items(key) + old.items(key)
+        dedupe_key = {"done": _done_key, "blocked": _blocked_key, "files": _file_key}.get(key, _key)
+        merged.items(key).extend(_dedupe(items, CAPS[key], dedupe_key))
+    return merged
+
+
+# --- Writing it out ------------------------------------------------------------------
+
+
+def _render_goal(facts: SummaryFacts) -> str:
+    parts = [HEADINGS["goal"]]
+    if facts.original:
+        parts.append(f"{ORIGINAL_LABEL}\n{_quote(facts.original)}")
+    if facts.latest:
+        parts.append(LATEST_LABEL + "\n" + "\n\n".join(_quote(t) for t in facts.latest))
+    if len(parts) == 1:
+        parts.append(NONE_RECORDED)
+    return "\n".join(parts[:2]) + "".join(f"\n\n{p}" for p in parts[2:])
+
+
+def _render_list(facts: SummaryFacts, key: str) -> str:
+    items = facts.items(key)
+    body = "\n".join(f"- {i}" for i in items) if items else NONE_RECORDED
+    return f"{HEADINGS[key]}\n{body}"
+
+
+def _render_section(facts: SummaryFacts, key: str) -> str:
+    return _render_goal(facts) if key == "goal" else _render_list(facts, key)
+
+
+def _trim(facts: SummaryFacts, key: str) -> bool:
+    """Make section ``key`` shorter by one step; False when it cannot be."""
+    if key == "goal":
+        if facts.latest:
+            facts.latest.pop()
+            return True
+        if facts.original:
+            shorter = _head(facts.original, len(facts.original) // 2)
+            too_short = len(shorter) >= len(facts.original) or len(shorter) < MIN_ITEM_CHARS
+            facts.original = None if too_short else shorter
+            return True
+        return False
+    items = facts.items(key)
+    if len(items) > 1:
+        items.pop()
+        return True
+    if items and len(items[0]) > MIN_ITEM_CHARS:
+        items[0] = _one_line(items[0], len(items[0]) // 2)
+        return True
+    if items:
+        items.pop()
+        return True
+    return False
+
+
+def _render(facts: SummaryFacts, max_chars: int) -> str:
+    keys = list(HEADINGS)
+    sizes = {k: len(_render_section(facts, k)) for k in keys}
+    separators = 2 * len(keys)  # a blank line after the note and between sections
+    stuck: set[str] = set()
+    while len(NOTE) + separators + sum(sizes.values()) > max_chars and len(stuck) < len(keys):
+        key = max(
+            (k for k in keys if k not in stuck), key=lambda k: sizes[k] - SHARES[k] * max_chars
+        )
+        before = sizes[key]
+        if _trim(facts, key):
+            sizes[key] = len(_render_section(facts, key))
+        if sizes[key] >= before:  # nothing left to take from this section
+            stuck.add(key)
+    text = "\n\n".join([NOTE, *(_render_section(facts, k) for k in keys)])
+    return text[:max_chars]
+
+
+def extractive_summary(
+    entries: Sequence[Entry],
+    *,
+    previous_summary: str | None = None,
+    read_files: Sequence[str] = (),
+    modified_files: Sequence[str] = (),
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> str:
+    """A structured summary of ``entries`` without a model, at most ``max_chars`` long.
+
+    ``previous_summary`` (the summary of the history before ``entries``) is
+    carried forward; when it is None and the entries open with a compaction
+    summary message (:func:`app.engine.summary.render_context_message`), that
+    one is. ``read_files`` and ``modified_files`` are the cumulative file lists.
+    The result has no file tags; add them with
+    :func:`app.engine.summary.with_file_tags` like any other summary.
+    """
+    history = _read(entries)
+    facts = _extract(history, read_files, modified_files)
+    previous = previous_summary if previous_summary is not None else history.context_summary
+    if previous is not None and previous.strip():
+        facts = _merge(facts, parse_summary(previous))
+    return _render(facts, max(max_chars, 0))

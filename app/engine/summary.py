@@ -1,0 +1,396 @@
+"""Summaries by a model: the transcript it reads, its prompts, and its reply.
+
+Compaction hands the summarizer model a plain-text transcript of the history
+(:func:`serialize_conversation`), never the messages themselves: a model given
+real tool calls tends to continue the conversation instead of describing it.
+The prompt (:func:`build_prompt`) wraps that transcript in
+``<conversation>`` tags, with the previous summary in ``<previous-summary>``
+tags when this is not the first compaction, followed by the instructions of
+the chosen strategy (``structured`` sections or ``narrative`` prose).
+
+What comes back is cleaned (:func:`clean_reply`), merged with the summary of a
+split turn's first part (:func:`merge_split_turn`), given the lists of files
+read and modified (:func:`with_file_tags`) and finally shown to the agent's
+model as a user message (:func:`render_context_message`).
+
+The prompt texts live in ``app/prompts/*.md``. Their ``{name}`` tokens are
+filled by one regex pass that knows only the names it is given, so summaries
+and transcripts full of braces are never mistaken for placeholders.
+
+Everything here is pure: no database, no HTTP, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import Any, Literal
+
+from app.engine.model import Entry, Part
+
+Strategy = Literal["structured", "narrative"]
+STRATEGIES: tuple[Strategy, ...] = ("structured", "narrative")
+
+DEFAULT_CLIP_CHARS = 2_000
+# User and assistant text carry the intent, so it is clipped far later than
+# tool output and reasoning; it is still clipped, for the pasted megabyte log.
+TEXT_CLIP_FACTOR = 4
+# The share of a clipped text kept from its end: the last lines of an output
+# (the exit status, the final exception) matter more than its middle.
+TAIL_SHARE = 0.2
+SHORT_SUMMARY_CHARS = 100
+MIN_SUMMARY_CHARS = 20
+
+SPLIT_TURN_SEPARATOR = "\n\n---\n\n**Turn Context (split turn):**\n\n"
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+@cache
+def load_prompt(name: str) -> str:
+    """The text of ``app/prompts/<name>.md``, without surrounding whitespace."""
+    return files("app.prompts").joinpath(f"{name}.md").read_text(encoding="utf-8").strip()
+
+
+def fill(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with each ``{name}`` in ``values`` replaced, in a single pass.
+
+    Unknown names are left as they are, and substituted text is never scanned
+    again, so a value that contains ``{summary}`` stays as written.
+    """
+    return _PLACEHOLDER.sub(lambda m: values.get(m[1], m[0]), template)
+
+
+# --- The transcript ------------------------------------------------------------------
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, keeping its head and a fifth for its tail.
+
+    The cut is marked with ``[... N chars clipped ...]`` on its own line; the
+    marker comes on top of ``limit``.
+    """
+    if len(text) <= limit:
+        return text
+    tail = int(limit * TAIL_SHARE)
+    head = limit - tail
+    omitted = len(text) - head - tail
+    marker = f"[... {omitted} chars clipped ...]"
+    if tail == 0:
+        return f"{text[:head]}\n{marker}"
+    return f"{text[:head]}\n{marker}\n{text[-tail:]}"
+
+
+def _content(parts: Sequence[Part]) -> str:
+    pieces: list[str] = []
+    for p in parts:
+        kind = p.get("type")
+        if kind == "text":
+            pieces.append(p["text"])
+        elif kind == "image":
+            pieces.append("[image]")
+    return "\n".join(pieces)
+
+
+def render_call(part: Part, limit: int) -> str:
+    """One tool call as ``name(key=value, ...)``, the values as compact JSON, clipped."""
+    name = part.get("name") or "tool"
+    raw = part.get("arguments") or ""
+    parsed: Any
+    # The standard library, not orjson: orjson reads integers wider than 64 bits
+    # as floats, and the transcript must show the values as the agent sent them.
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        inner = ", ".join(
+            f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in parsed.items()
+        )
+    else:
+        inner = raw
+    return clip(f"{name}({inner})", limit)
+
+
+def serialize_conversation(entries: Sequence[Entry], clip_chars: int = DEFAULT_CLIP_CHARS) -> str:
+    """The history as the labelled plain-text transcript the summarizer reads.
+
+    One block per message, blocks separated by a blank line:
+    ``[System]``, ``[User]``, ``[Assistant thinking]``, ``[Assistant]``,
+    ``[Assistant tool calls]`` and ``[Tool result <name> <call id>]`` (with
+    ``(error)`` when the tool failed). Images become ``[image]``; redacted
+    reasoning is left out. Tool output, reasoning and tool calls are clipped to
+    ``clip_chars`` (head and tail kept); user and assistant text to four times
+    that. Tool results get their tool's name from the call they answer when
+    the entry does not carry it.
+    """
+    if clip_chars < 1:
+        raise ValueError("clip_chars must be at least 1")
+    text_limit = clip_chars * TEXT_CLIP_FACTOR
+    call_names: dict[str, str] = {}
+    blocks: list[str] = []
+    for entry in entries:
+        role = entry.role
+        if role == "assistant":
+            calls: list[str] = []
+            for p in entry.parts:
+                kind = p.get("type")
+                if kind == "reasoning":
+                    thought = p.get("text")
+                    if thought and thought.strip():
+                        blocks.append(f"[Assistant thinking]: {clip(thought, clip_chars)}")
+                elif kind == "tool_call":
+                    call_names[p["id"]] = p["name"]
+                    calls.append(render_call(p, clip_chars))
+            text = entry.text()
+            if text.strip():
+                blocks.append(f"[Assistant]: {clip(text, text_limit)}")
+            if calls:
+                blocks.append("[Assistant tool calls]: " + "; ".join(calls))
+        elif role == "tool":
+            label = ["Tool result"]
+            name = entry.tool_name or call_names.get(entry.tool_call_id or "")
+            if name:
+                label.append(name)
+            if entry.tool_call_id:
+                label.append(entry.tool_call_id)
+            if entry.is_error:
+                label.append("(error)")
+            content = _content(entry.parts)
+            body = clip(content, clip_chars) if content.strip() else "(no output)"
+            blocks.append(f"[{' '.join(label)}]: {body}")
+        else:
+            content = _content(entry.parts)
+            if content.strip():
+                tag = "User" if role == "user" else "System"
+                blocks.append(f"[{tag}]: {clip(content, text_limit)}")
+    return "\n\n".join(blocks)
+
+
+# --- Prompts -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRequest:
+    """One tool-less call to the summarizer: its system prompt and its user prompt."""
+
+    system: str
+    prompt: str
+
+
+def _tagged(tag: str, text: str) -> str:
+    # A closing tag inside the text would end the block early and let the rest
+    # read as instructions; a backslash keeps it legible and inert.
+    inner = text.strip().replace(f"</{tag}>", f"<\\/{tag}>")
+    return f"<{tag}>\n{inner}\n</{tag}>"
+
+
+def _focus(instructions: str | None) -> list[str]:
+    if instructions is None or not instructions.strip():
+        return []
+    return [
+        "Additional focus for this summary, requested by the user "
+        f"(apply it within the format above):\n{instructions.strip()}"
+    ]
+
+
+def build_prompt(
+    conversation: str,
+    *,
+    strategy: Strategy = "structured",
+    previous_summary: str | None = None,
+    instructions: str | None = None,
+) -> PromptRequest:
+    """The request that summarizes ``conversation`` (a :func:`serialize_conversation`).
+
+    With a non-empty ``previous_summary`` this is an update: the model merges
+    the new messages into it and writes one summary in the same format
+    (``update.md`` around the strategy's own instructions). ``instructions``
+    are the user's extra focus (``/compact <instructions>``).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown summary strategy {strategy!r}; expected one of {STRATEGIES}")
+    sections: list[str] = []
+    body = load_prompt(strategy)
+    if previous_summary is not None and previous_summary.strip():
+        sections.append(_tagged("previous-summary", previous_summary))
+        body = fill(load_prompt("update"), {"strategy_instructions": body})
+    sections.append(_tagged("conversation", conversation))
+    sections.append(body)
+    sections += _focus(instructions)
+    return PromptRequest(system=load_prompt("system"), prompt="\n\n".join(sections))
+
+
+def build_turn_prefix_prompt(conversation: str, instructions: str | None = None) -> PromptRequest:
+    """The request that summarizes the first part of a split turn; the rest is kept."""
+    sections = [_tagged("conversation", conversation), load_prompt("turn_prefix")]
+    sections += _focus(instructions)
+    return PromptRequest(system=load_prompt("system"), prompt="\n\n".join(sections))
+
+
+def build_short_prompt(summary: str) -> PromptRequest:
+    """The request for a one-line title of ``summary``, for user interfaces."""
+    prompt = f"{_tagged('summary', summary)}\n\n{load_prompt('short')}"
+    return PromptRequest(system=load_prompt("system"), prompt=prompt)
+
+
+# --- Putting the summary together ----------------------------------------------------
+
+
+def merge_split_turn(history_summary: str, turn_prefix_summary: str) -> str:
+    """The summary of the history, then the summary of the split turn's first part."""
+    return history_summary.strip() + SPLIT_TURN_SEPARATOR + turn_prefix_summary.strip()
+
+
+_FILE_TAGS = re.compile(r"[ \t]*<(read|modified)-files>.*?</\1-files>[ \t]*(?:\n|\Z)", re.S)
+_BLANK_RUNS = re.compile(r"\n{3,}")
+
+
+def strip_file_tags(summary: str) -> str:
+    """``summary`` without any ``<read-files>`` or ``<modified-files>`` blocks."""
+    if "-files>" not in summary:
+        return summary.strip()
+    return _BLANK_RUNS.sub("\n\n", _FILE_TAGS.sub("", summary)).strip()
+
+
+def with_file_tags(summary: str, read_files: Sequence[str], modified_files: Sequence[str]) -> str:
+    """``summary`` followed by the files read and modified, in tags.
+
+    Tags already in ``summary`` (a model may echo them from the previous
+    summary) are removed first, so repeated compactions never stack them. Paths
+    keep their order, duplicates dropped; a file that was modified is listed as
+    modified only. An empty list gets no tag.
+    """
+    modified = list(dict.fromkeys(p for p in modified_files if p))
+    changed = set(modified)
+    read = [p for p in dict.fromkeys(read_files) if p and p not in changed]
+    tags: list[str] = []
+    if read:
+        tags.append("<read-files>\n" + "\n".join(read) + "\n</read-files>")
+    if modified:
+        tags.append("<modified-files>\n" + "\n".join(modified) + "\n</modified-files>")
+    text = strip_file_tags(summary)
+    block = "\n".join(tags)
+    if not block:
+        return text
+    if not text:
+        return block
+    return f"{text}\n\n{block}"
+
+
+def render_context_message(summary: str) -> str:
+    """The user message that stands for the compacted history in the agent's context."""
+    return fill(load_prompt("context"), {"summary": summary.strip()})
+
+
+def summary_from_context_message(text: str) -> str | None:
+    """The summary inside a :func:`render_context_message` text, or None if it is not one."""
+    before, _, after = load_prompt("context").partition("{summary}")
+    body = text.strip()
+    if len(body) < len(before) + len(after) or not (
+        body.startswith(before) and body.endswith(after)
+    ):
+        return None
+    return body[len(before) : len(body) - len(after)].strip()
+
+
+# --- The model's reply ---------------------------------------------------------------
+
+_THINK = re.compile(r"\A<think(?:ing)?>.*?</think(?:ing)?>\s*", re.S | re.I)
+_FENCE = re.compile(r"\A```[\w+.-]*[ \t]*\n(.*?)\n?[ \t]*```\Z", re.S)
+_SUMMARY_TAGS = re.compile(r"\A<summary>\s*(.*?)\s*</summary>", re.S | re.I)
+_PREAMBLE = re.compile(
+    r"\A(?:(?:sure|certainly|okay|ok)[,.!]?\s+)?here(?:'s| is)\b[^\n]{0,80}?\bsummary\b[^\n]*:[ \t]*\n",
+    re.I,
+)
+_REFUSAL = re.compile(
+    r"\A(?:I'm sorry|I am sorry|I apologi[sz]e|I can(?:'|no)t|I'm unable|I am unable"
+    r"|I'm not able|I am not able|As an AI)\b",
+    re.I,
+)
+_TRANSCRIPT_LABEL = re.compile(r"^\[(?:User|Assistant|Tool result)[^\]\n]*\]:", re.M)
+_REFUSAL_MAX_CHARS = 1_000
+# Instruction lines this long are never written by chance: a reply holding
+# several of them verbatim is the prompt echoed back, not a summary.
+_ECHO_LINE_CHARS = 40
+_ECHO_LINES = 3
+
+
+@cache
+def _prompt_lines() -> tuple[str, ...]:
+    names = ("system", "structured", "narrative", "update", "turn_prefix", "short")
+    lines = {
+        line.strip()
+        for name in names
+        for line in load_prompt(name).splitlines()
+        if len(line.strip()) >= _ECHO_LINE_CHARS
+    }
+    return tuple(sorted(lines))
+
+
+def _unwrap(text: str) -> str:
+    previous = None
+    while text != previous:
+        previous = text
+        text = _THINK.sub("", text).strip()
+        text = _PREAMBLE.sub("", text).strip()
+        if m := _FENCE.match(text):
+            text = m[1].strip()
+        if m := _SUMMARY_TAGS.match(text):
+            text = m[1].strip()
+    return text
+
+
+def _echoes_prompt(text: str) -> bool:
+    if "<conversation>" in text or "</conversation>" in text or "<previous-summary>" in text:
+        return True
+    if len(_TRANSCRIPT_LABEL.findall(text)) >= _ECHO_LINES:
+        return True
+    return sum(1 for line in _prompt_lines() if line in text) >= _ECHO_LINES
+
+
+def clean_reply(text: str) -> str | None:
+    """The summary in a model's reply, or None when the reply is not a usable summary.
+
+    Removes surrounding whitespace, a leading ``<think>`` block, a "Here is the
+    summary:" line, and a code fence or ``<summary>`` tags around the whole
+    reply. None for a reply shorter than 20 characters, a refusal, or one that
+    echoes the prompt or the transcript instead of summarizing it.
+    """
+    body = _unwrap(text.strip())
+    if len(body) < MIN_SUMMARY_CHARS:
+        return None
+    if len(body) <= _REFUSAL_MAX_CHARS and _REFUSAL.match(body):
+        return None
+    if _echoes_prompt(body):
+        return None
+    return body
+
+
+_TITLE_NOISE = re.compile(
+    r"\A(?:#+\s*|[*_`\"'\u201c\u2018]+|title:\s*)+|[*_`\"'\u201d\u2019]+\Z", re.I
+)
+
+
+def clean_short_reply(text: str) -> str | None:
+    """The one-line title in a model's reply, at most 100 characters, or None.
+
+    Takes the first non-empty line, drops markdown, quotes, a ``Title:`` label
+    and a final period; a longer line is cut at a word and ends with ``…``.
+    """
+    body = _THINK.sub("", text.strip())
+    line = next((ln.strip() for ln in body.splitlines() if ln.strip()), "")
+    line = " ".join(_TITLE_NOISE.sub("", line).split()).rstrip(".").strip()
+    if len(line) < 3 or _REFUSAL.match(line):
+        return None
+    if len(line) > SHORT_SUMMARY_CHARS:
+        cut = line[: SHORT_SUMMARY_CHARS - 1]
+        space = cut.rfind(" ")
+        if space >= SHORT_SUMMARY_CHARS // 2:
+            cut = cut[:space]
+        line = cut.rstrip(" ,;:-") + "…"
+    return line

@@ -1,0 +1,472 @@
+"""The extractive summary, built without a model (app/engine/extractive.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine import openai_format
+from app.engine.extractive import (
+    NONE_RECORDED,
+    SummaryFacts,
+    extractive_summary,
+    parse_summary,
+)
+from app.engine.model import Entry
+from app.engine.summary import merge_split_turn, render_context_message, with_file_tags
+from tests import traces
+
+HEADINGS = (
+    "## Goal",
+    "## Constraints & Preferences",
+    "## Progress",
+    "### Done",
+    "### In Progress",
+    "### Blocked",
+    "## Key Decisions",
+    "## Files & Artifacts",
+    "## Next Steps",
+    "## Critical Context",
+    "## Lookup Hints",
+)
+# Below this, the headings themselves no longer fit.
+ROOM_FOR_HEADINGS = 700
+
+
+def text(s: str) -> dict[str, str]:
+    return {"type": "text", "text": s}
+
+
+def user(s: str) -> Entry:
+    return Entry(role="user", parts=[text(s)])
+
+
+def assistant(s: str, *calls: tuple[str, str]) -> Entry:
+    parts: list[dict[str, Any]] = [text(s)] if s else []
+    for call_id, command in calls:
+        parts.append(
+            {
+                "type": "tool_call",
+                "id": call_id,
+                "name": "bash",
+                "arguments": json.dumps({"command": command}),
+            }
+        )
+    return Entry(role="assistant", parts=parts)
+
+
+def result(call_id: str, output: str, *, is_error: bool = False) -> Entry:
+    return Entry(role="tool", parts=[text(output)], tool_call_id=call_id, is_error=is_error)
+
+
+def headings(markdown: str) -> list[str]:
+    return [line for line in markdown.splitlines() if re.match(r"#{2,3} ", line)]
+
+
+def section(summary: str, heading: str) -> str:
+    """The body of one section: from its heading to the next one."""
+    start = summary.index(f"\n{heading}\n") + len(heading) + 2
+    rest = summary[start:]
+    m = re.search(r"^#{2,3} ", rest, re.M)
+    return (rest[: m.start()] if m else rest).strip()
+
+
+SESSION = [
+    Entry(role="system", parts=[text("You are a coding agent.")]),
+    user(
+        "Fix the crash in `app/parser.py` when the input is empty.\n"
+        "Never touch the migrations. Make sure the tests pass. The weather is nice."
+    ),
+    assistant("Let me look at the parser.", ("c1", "cat app/parser.py")),
+    result("c1", "<returncode>0</returncode>\ndef parse(s):\n    except ValueError:\n        pass"),
+    assistant("Let me reproduce it.", ("c2", "python -c 'import app.parser as p; p.parse(\"\")'")),
+    result(
+        "c2",
+        "<returncode>1</returncode>\nTraceback (most recent call last):\n"
+        '  File "<string>", line 1, in <module>\n'
+        "IndexError: string index out of range",
+    ),
+    assistant(
+        "The issue is that `parse_header` indexes `s[0]` without a check. "
+        "I decided to return an empty `Document` instead of raising, because callers expect one.",
+        ("c3", "sed -i 's/x/y/' app/parser.py"),
+        ("c4", "pytest tests/test_parser.py -q"),
+    ),
+    result("c3", "<returncode>0</returncode>\n"),
+    result("c4", "<returncode>0</returncode>\n3 passed in 0.01s"),
+    user("Also add a changelog entry. Don't bump the version."),
+    assistant("Next I will add the changelog entry to `CHANGES.md`."),
+]
+
+
+def test_example_session() -> None:
+    summary = extractive_summary(
+        SESSION,
+        previous_summary=None,
+        read_files=["app/parser.py", "tests/test_parser.py"],
+        modified_files=["app/parser.py"],
+    )
+    assert headings(summary) == list(HEADINGS)
+    goal = section(summary, "## Goal")
+    assert goal.startswith(
+        "Original request:\n> Fix the crash in `app/parser.py` when the input is empty.\n"
+        "> Never touch the migrations."
+    )
+    assert "Latest requests (newest first):\n> Also add a changelog entry." in goal
+    assert section(summary, "## Constraints & Preferences") == (
+        "- Don't bump the version.\n- Never touch the migrations.\n- Make sure the tests pass."
+    )
+    assert section(summary, "### Done") == (
+        "- `pytest tests/test_parser.py -q`\n"
+        "- `sed -i 's/x/y/' app/parser.py`\n"
+        "- `python -c 'import app.parser as p; p.parse(\"\")'` — failed\n"
+        "- `cat app/parser.py`"
+    )
+    assert section(summary, "### In Progress") == (
+        "- Next I will add the changelog entry to `CHANGES.md`."
+    )
+    assert section(summary, "### Blocked") == (
+        "- IndexError: string index out of range"
+        " — after `python -c 'import app.parser as p; p.parse(\"\")'`"
+    )
+    assert "I decided to return an empty `Document` instead of raising" in section(
+        summary, "## Key Decisions"
+    )
+    assert section(summary, "## Files & Artifacts") == (
+        "- `app/parser.py` (modified)\n- `tests/test_parser.py` (read)"
+    )
+    assert section(summary, "## Next Steps") == (
+        "- Next I will add the changelog entry to `CHANGES.md`."
+    )
+    critical = section(summary, "## Critical Context")
+    assert critical.startswith(
+        "- Latest tool output (after `pytest tests/test_parser.py -q`): 3 passed in 0.01s"
+    )
+    assert "The issue is that `parse_header` indexes `s[0]` without a check." in critical
+    hints = section(summary, "## Lookup Hints").splitlines()
+    assert hints[0] == "- `IndexError: string index out of range`"
+    assert "- `parse_header`" in hints
+    assert "- `CHANGES.md`" in hints
+
+
+def test_source_code_in_a_successful_output_is_not_an_error() -> None:
+    summary = extractive_summary(
+        SESSION[:4], previous_summary=None, read_files=[], modified_files=[]
+    )
+    assert section(summary, "### Blocked") == NONE_RECORDED
+    assert "ValueError" not in section(summary, "## Lookup Hints")
+
+
+def test_tool_errors_without_a_known_pattern_show_their_first_line() -> None:
+    entries = [
+        user("Deploy the service please"),
+        assistant("", ("c1", "deploy --prod")),
+        result("c1", "\n<output>\npermission denied for user bob\nmore", is_error=True),
+    ]
+    summary = extractive_summary(entries, previous_summary=None, read_files=[], modified_files=[])
+    assert section(summary, "### Done") == "- `deploy --prod` — failed"
+    assert section(summary, "### Blocked") == (
+        "- permission denied for user bob — after `deploy --prod`"
+    )
+
+
+def test_other_tools_are_listed_with_their_arguments() -> None:
+    entries = [
+        user("Read the config file"),
+        Entry(
+            role="assistant",
+            parts=[
+                {
+                    "type": "tool_call",
+                    "id": "c1",
+                    "name": "read_file",
+                    "arguments": '{"path": "config.toml", "limit": 20}',
+                }
+            ],
+        ),
+        result("c1", "[server]\nport = 80"),
+    ]
+    summary = extractive_summary(entries, previous_summary=None, read_files=[], modified_files=[])
+    assert section(summary, "### Done") == '- `read_file(path="config.toml", limit=20)`'
+
+
+def test_empty_history_records_nothing() -> None:
+    summary = extractive_summary([], previous_summary=None, read_files=[], modified_files=[])
+    assert headings(summary) == list(HEADINGS)
+    for heading in HEADINGS:
+        if heading != "## Progress":
+            assert section(summary, heading) == NONE_RECORDED
+
+
+def test_deterministic() -> None:
+    kwargs: dict[str, Any] = {"previous_summary": None, "read_files": ["a"], "modified_files": []}
+    assert extractive_summary(SESSION, **kwargs) == extractive_summary(list(SESSION), **kwargs)
+
+
+def test_windows_newlines_are_quoted_cleanly() -> None:
+    summary = extractive_summary(
+        [user("line one\r\nline two  \r\n\r\nline four")],
+        previous_summary=None,
+        read_files=[],
+        modified_files=[],
+    )
+    assert "> line one\n> line two\n>\n> line four\n" in summary
+
+
+def test_long_first_request_is_clipped_but_its_opening_kept() -> None:
+    request = "Please migrate the billing module. " + "x" * 10_000
+    summary = extractive_summary(
+        [user(request)], previous_summary=None, read_files=[], modified_files=[]
+    )
+    original = parse_summary(summary).original
+    assert original is not None
+    assert original.startswith("Please migrate the billing module. xxx")
+    assert 1_400 < len(original) < 1_600
+    assert "chars clipped" in original
+
+
+# --- Carrying the previous summary forward ---------------------------------------------
+
+
+def test_goal_survives_five_successive_compactions() -> None:
+    first = "Port the CLI from argparse to click, keeping every flag."
+    previous: str | None = None
+    for n in range(5):
+        chunk = [
+            user(first if n == 0 else f"Request number {n}: now handle subcommand {n}."),
+            assistant(f"Working on step {n}.", (f"c{n}", f"python step{n}.py")),
+            result(f"c{n}", f"<returncode>{n % 2}</returncode>\nValueError: step {n} failed"),
+        ]
+        summary = extractive_summary(
+            chunk,
+            previous_summary=previous,
+            read_files=[f"r{i}.py" for i in range(n + 1)],
+            modified_files=[f"m{n}.py"],
+        )
+        previous = with_file_tags(summary, [f"r{i}.py" for i in range(n + 1)], [f"m{n}.py"])
+    assert previous is not None
+    facts = parse_summary(previous)
+    assert facts.original == first
+    assert facts.latest == [
+        "Request number 4: now handle subcommand 4.",
+        "Request number 3: now handle subcommand 3.",
+        "Request number 2: now handle subcommand 2.",
+    ]
+    assert facts.done[:3] == [
+        "`python step4.py`",
+        "`python step3.py` — failed",
+        "`python step2.py`",
+    ]
+    assert facts.in_progress == ["Working on step 4."]
+    assert "ValueError: step 3 failed — after `python step3.py`" in facts.blocked
+    # Files come from the latest (cumulative) lists; older ones carried, never doubled.
+    assert facts.files[0] == "`m4.py` (modified)"
+    assert len(facts.files) == len({f.split("`")[1] for f in facts.files})
+    assert previous.count("<read-files>") == 1
+    assert previous.count("## Goal") == 1
+
+
+def test_carrying_forward_with_nothing_new_changes_nothing() -> None:
+    once = extractive_summary(
+        SESSION, previous_summary=None, read_files=["a.py"], modified_files=["b.py"]
+    )
+    again = extractive_summary([], previous_summary=once, read_files=[], modified_files=[])
+    assert again == once
+
+
+def test_a_models_structured_summary_is_carried_forward() -> None:
+    llm = (
+        "## Goal\nUpgrade the app to Django 5 without downtime.\n\n"
+        "## Constraints & Preferences\n- Keep Python 3.11 support\n\n"
+        "## Progress\n### Done\n- [x] Bumped `django` in `requirements.txt`\n"
+        "### In Progress\n- [ ] Fixing `test_admin`\n### Blocked\n- (none)\n\n"
+        "## Key Decisions\n- **Use `django-upgrade`**: it rewrites\n  deprecated imports\n\n"
+        "## Next Steps\n1. Run the full suite\n\n"
+        "## Critical Context\n(none)\n\n"
+        "## Lookup Hints\n- `RemovedInDjango50Warning`"
+    )
+    stored = with_file_tags(merge_split_turn(llm, "The agent was editing admin.py"), ["a"], ["b"])
+    summary = extractive_summary(
+        [user("Also drop the old celery tasks.")],
+        previous_summary=stored,
+        read_files=[],
+        modified_files=[],
+    )
+    facts = parse_summary(summary)
+    assert facts.original == "Upgrade the app to Django 5 without downtime."
+    assert facts.latest == ["Also drop the old celery tasks."]
+    assert facts.constraints == ["Keep Python 3.11 support"]
+    assert facts.done == ["[x] Bumped `django` in `requirements.txt`"]
+    assert facts.in_progress == ["[ ] Fixing `test_admin`"]
+    assert facts.blocked == []
+    assert facts.decisions == ["**Use `django-upgrade`**: it rewrites deprecated imports"]
+    assert facts.next == ["Run the full suite"]
+    assert facts.critical == ["Split turn: The agent was editing admin.py"]
+    assert facts.hints == ["`RemovedInDjango50Warning`"]
+    assert "<read-files>" not in summary
+
+
+def test_a_prose_summary_is_kept_as_the_goal() -> None:
+    prose = "The user wants the parser rewritten in Rust.\n\nWe ported the lexer."
+    summary = extractive_summary(
+        [user("Now port the AST.")], previous_summary=prose, read_files=[], modified_files=[]
+    )
+    facts = parse_summary(summary)
+    assert facts.original == prose
+    assert facts.latest == ["Now port the AST."]
+
+
+def test_a_compaction_message_in_the_history_is_the_previous_summary() -> None:
+    earlier = extractive_summary(SESSION, previous_summary=None, read_files=[], modified_files=[])
+    entries = [user(render_context_message(earlier)), user("Now update the docs.")]
+    summary = extractive_summary(entries, previous_summary=None, read_files=[], modified_files=[])
+    facts = parse_summary(summary)
+    assert facts.original is not None
+    assert facts.original.startswith("Fix the crash in `app/parser.py`")
+    assert facts.latest[0] == "Now update the docs."
+    assert "The conversation history before this point" not in summary
+
+
+def test_parse_summary_of_nothing() -> None:
+    assert parse_summary("") == SummaryFacts()
+
+
+# --- The size bound -------------------------------------------------------------------
+
+# Words chosen to reach every branch: constraints, errors, headings, quotes, code.
+WORDS = st.sampled_from(
+    [
+        "a",
+        "bc",
+        " ",
+        " ",
+        "\n",
+        "\n\n",
+        ". ",
+        "`x_y`",
+        "#",
+        "## ",
+        "> ",
+        "- ",
+        "_",
+        ":",
+        "must ",
+        "never ",
+        "because ",
+        "Let me ",
+        "ValueError: ",
+        "FAILED ",
+        "<returncode>1</returncode>",
+        "(none)",
+        "Original request:",
+        "é",
+        "\u2028",
+        "\r\n",
+        "```",
+    ]
+)
+LONG_TEXT = st.one_of(
+    st.lists(WORDS, max_size=400).map("".join),
+    st.text(max_size=60),
+)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Entry]:
+    entries: list[Entry] = []
+    for i in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from(["user", "assistant", "call"]))
+        if kind == "user":
+            entries.append(user(draw(LONG_TEXT)))
+        elif kind == "assistant":
+            entries.append(assistant(draw(LONG_TEXT)))
+        else:
+            entries.append(assistant(draw(LONG_TEXT), (f"c{i}", draw(LONG_TEXT))))
+            entries.append(result(f"c{i}", draw(LONG_TEXT), is_error=draw(st.booleans())))
+    return entries
+
+
+@settings(max_examples=60, deadline=None)
+@given(histories(), st.integers(0, 20_000), st.one_of(st.none(), LONG_TEXT))
+def test_never_longer_than_max_chars(
+    entries: list[Entry], max_chars: int, previous: str | None
+) -> None:
+    summary = extractive_summary(
+        entries,
+        previous_summary=previous,
+        read_files=[f"src/{i}.py" for i in range(30)],
+        modified_files=["src/1.py"],
+        max_chars=max_chars,
+    )
+    assert len(summary) <= max_chars
+    if max_chars >= ROOM_FOR_HEADINGS:
+        assert headings(summary) == list(HEADINGS)
+    # Carried forward into itself, it stays the same: nothing drifts or grows.
+    if max_chars >= ROOM_FOR_HEADINGS:
+        again = extractive_summary(
+            [], previous_summary=summary, read_files=[], modified_files=[], max_chars=max_chars
+        )
+        assert again == summary
+
+
+# --- Real traces ----------------------------------------------------------------------
+
+needs_traces = pytest.mark.skipif(
+    not traces.trace_files(), reason="../shared/traces is not present"
+)
+
+
+def trace_entries(path: Path) -> list[Entry]:
+    return [openai_format.parse_message(m, f"m[{i}]") for i, m in enumerate(traces.load(path))]
+
+
+def opening(entries: list[Entry]) -> list[str]:
+    """The first lines of the first user request, as the summary quotes them."""
+    first = next(e for e in entries if e.role == "user").text().replace("\r\n", "\n")
+    lines = [line.rstrip() for line in first[:400].splitlines()[:-1]]
+    return [f"> {line}" if line else ">" for line in lines]
+
+
+@needs_traces
+@pytest.mark.parametrize("path", traces.trace_files(), ids=lambda p: p.name.split(".")[0])
+def test_real_trace(path: Path) -> None:
+    entries = trace_entries(path)
+    summary = extractive_summary(
+        entries, previous_summary=None, read_files=["x.py"], modified_files=[]
+    )
+    assert headings(summary) == list(HEADINGS)
+    assert len(summary) <= 12_000
+    assert "\n".join(["Original request:", *opening(entries)]) in summary
+    assert section(summary, "### Done") != NONE_RECORDED
+    assert section(summary, "### In Progress") != NONE_RECORDED
+    assert section(summary, "## Files & Artifacts") == "- `x.py` (read)"
+
+
+@needs_traces
+@pytest.mark.parametrize("path", traces.trace_files()[::4], ids=lambda p: p.name.split(".")[0])
+def test_real_trace_compacted_in_five_steps_keeps_the_first_request(path: Path) -> None:
+    entries = trace_entries(path)
+    step = len(entries) // 5 + 1
+    summary: str | None = None
+    for start in range(0, len(entries), step):
+        summary = extractive_summary(
+            entries[start : start + step],
+            previous_summary=summary,
+            read_files=[],
+            modified_files=[],
+            max_chars=8_000,
+        )
+        assert len(summary) <= 8_000
+    assert summary is not None
+    assert headings(summary) == list(HEADINGS)
+    assert "\n".join(["Original request:", *opening(entries)]) in summary
+    # The latest command of the whole trace is the first one listed as done.
+    last_call = next(e for e in reversed(entries) if e.tool_calls()).tool_calls()[-1]
+    command = json.loads(last_call["arguments"])["command"].strip().splitlines()[0]
+    assert section(summary, "### Done").startswith(f"- `{command[:60]}")
