@@ -1,4 +1,4 @@
-"""The ``compactd`` command: serve, migrate, openapi."""
+"""The ``compactd`` command: serve, worker, migrate, openapi."""
 
 from __future__ import annotations
 
@@ -44,6 +44,56 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Compaction workers without the HTTP API, for scaling out. SIGTERM or
+    SIGINT stops claiming; jobs in hand get the grace period to finish."""
+    import asyncio
+    import signal
+
+    import httpx
+    import uvloop
+
+    from app.compactions.worker import WorkerConfig, WorkerPool
+    from app.core.database import create_engine, resolve_database_url
+    from app.engine.tokens import install_offline_encodings
+
+    settings = get_settings()
+    count = args.count if args.count is not None else max(1, settings.compaction_workers)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    install_offline_encodings(settings.tiktoken_cache_dir)
+    url = resolve_database_url(settings)
+
+    async def run() -> None:
+        engine = create_engine(url, settings)
+        http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0)
+        )
+        pool = WorkerPool(
+            engine,
+            WorkerConfig.from_settings(settings),
+            http,
+            count=count,
+            grace_seconds=settings.compaction_shutdown_grace_seconds,
+        )
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        pool.start()
+        logging.getLogger("compactd.worker").info("%d compaction worker(s) running", count)
+        try:
+            await stopping.wait()
+        finally:
+            await pool.close()
+            await http.aclose()
+            await engine.dispose()
+
+    uvloop.run(run())
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.core import migrations
     from app.core.database import resolve_database_url
@@ -76,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="port (default COMPACTD_PORT, 8080)")
     serve.add_argument("--no-migrate", action="store_true", help="do not run migrations at start")
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run compaction workers only (no HTTP API)")
+    worker.add_argument(
+        "--count", type=int, help="workers in this process (default COMPACTD_COMPACTION_WORKERS)"
+    )
+    worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="run the database migrations")
     migrate.add_argument(

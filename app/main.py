@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import Depends, FastAPI, Request
 
 from app import __version__
 from app.budget.router import router as budget_router
+from app.compactions.router import router as compactions_router
+from app.compactions.worker import WorkerConfig, WorkerPool
 from app.context.router import router as context_router
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
@@ -78,11 +82,27 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         # Everything built so far lives as long as the process: keep it out of the
         # collector's full passes, which otherwise rescan it every few requests
         # that allocate much (a large prune paused ~70 ms on them).
+        http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0),
+            limits=httpx.Limits(max_connections=max(4, settings.compaction_workers * 4)),
+        )
+        app.state.compaction_wake = wake = asyncio.Event()
+        workers = WorkerPool(
+            engine,
+            WorkerConfig.from_settings(settings),
+            http,
+            count=settings.compaction_workers,
+            grace_seconds=settings.compaction_shutdown_grace_seconds,
+            wake=wake,
+        )
         gc.collect()
         gc.freeze()
+        workers.start()
         try:
             yield
         finally:
+            await workers.close()
+            await http.aclose()
             await engine.dispose()
 
     app = FastAPI(
@@ -101,6 +121,13 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     install_error_handlers(app)
     install_problem_openapi(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    for router in (health_router, sessions_router, messages_router, context_router, budget_router):
+    for router in (
+        health_router,
+        sessions_router,
+        messages_router,
+        context_router,
+        budget_router,
+        compactions_router,
+    ):
         app.include_router(router)
     return app

@@ -15,6 +15,7 @@ from app.core.settings import Settings
 from app.engine.tokens import install_offline_encodings
 from app.main import create_app
 from tests import postgres
+from tests.upstream_server import upstream_fixture, upstream_server_fixture  # noqa: F401
 
 TEST_SETTINGS = Settings(
     database_url=None,
@@ -22,6 +23,8 @@ TEST_SETTINGS = Settings(
     max_body_bytes=2 * 1024 * 1024,
     db_pool_size=5,
     db_max_overflow=30,
+    # Tests that need workers start them (tests/compactions): the rest see queued jobs stay.
+    compaction_workers=0,
 )
 install_offline_encodings(TEST_SETTINGS.tiktoken_cache_dir)
 

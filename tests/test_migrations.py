@@ -12,7 +12,7 @@ import pytest
 from app.core import migrations
 from tests import postgres
 
-TABLES = {"session", "entry", "tool_call", "idempotency_record", "prune_mark"}
+TABLES = {"session", "entry", "tool_call", "idempotency_record", "prune_mark", "compaction"}
 
 
 @pytest.fixture

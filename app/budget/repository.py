@@ -15,7 +15,7 @@ _ITEMS_SQL = """
 SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id), is_error,
     call_id_tokens
 FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 AND kind <> 'compaction'
 ORDER BY seq DESC
 LIMIT $5
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,6 +24,21 @@ class Verdict(BaseModel):
     calibration_factor: float
     overflow: bool
     action: Literal["none", "prune", "compact", "emergency"]
+
+
+CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+CompactionReason = Literal["manual", "threshold", "overflow", "emergency"]
+Status = CompactionStatus
+Reason = CompactionReason
+
+
+class CompactionStarted(BaseModel):
+    """The compaction an append, usage report or provider error started."""
+
+    id: uuid.UUID
+    status: CompactionStatus
+    reason: CompactionReason
+    created: bool = Field(description="False when the session already had one queued or running.")
 
 
 class UsageReport(Strict):
@@ -51,6 +67,13 @@ class UsageReport(Strict):
         ge=0,
         le=MAX_REPORTED_TOKENS,
         description="Tokens the tool schemas and other unstored text add to each request.",
+    )
+    finish_reason: str | None = Field(
+        None,
+        max_length=64,
+        description="The provider's finish or stop reason for the reply (stop, end_turn, "
+        "tool_calls, length...). After an automatic compaction, no synthetic 'continue' "
+        "message follows a reply that ended on its own.",
     )
     tools: list[dict[str, Any]] | None = Field(
         None,
@@ -95,6 +118,9 @@ class UsageResponse(BaseModel):
     version: int
     overflow: Verdict
     pruned: PruneResult | None = Field(description="The automatic prune this report started.")
+    compaction: CompactionStarted | None = Field(
+        None, description="The automatic compaction this report started."
+    )
 
 
 class ProviderError(Strict):
@@ -117,8 +143,12 @@ class ProviderError(Strict):
 
 
 class Recovery(BaseModel):
-    action: Literal["prune", "none"]
+    action: Literal["prune", "compact", "none"] = Field(
+        description="compact: a compaction (reason overflow) was started; prune: only pruning "
+        "was possible."
+    )
     pruned: PruneResult | None
+    compaction: CompactionStarted | None = None
 
 
 class ProviderErrorVerdict(BaseModel):

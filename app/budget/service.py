@@ -25,6 +25,7 @@ from app.budget.schemas import (
     UsageResponse,
     Verdict,
 )
+from app.compactions import pivot
 from app.core.database import driver_connection
 from app.core.errors import NotFound
 from app.engine import budget, catalog, overflow_errors, tokens, view
@@ -197,6 +198,7 @@ class BudgetService:
 
     async def usage(self, session_id: str, report: UsageReport) -> UsageResponse:
         """Calibrate against the provider's figures and give the new verdict."""
+        now = datetime.now(UTC)
         async with driver_connection(self.engine) as driver, driver.transaction():
             state = await locked_state(driver, self.tenant_id, session_id)
             config = sessions.effective_config(state.config)
@@ -219,7 +221,7 @@ class BudgetService:
                 overhead_tokens=overhead,
                 reported_prompt_tokens=prompt,
                 usage_json=report.model_dump_json(exclude={"tools"}),
-                now=datetime.now(UTC),
+                now=now,
             )
             state.calibration_factor = factor
             state.overhead_tokens = overhead
@@ -229,6 +231,12 @@ class BudgetService:
             action = sessions.verdict_of(state, config).action
             if wants_auto_prune(state, config, action):
                 pruned = await auto_prune(driver, self.tenant_id, session_id, state, config, action)
+            compaction = None
+            reason = pivot.auto_reason(state, config, sessions.verdict_of(state, config).action)
+            if reason is not None:
+                compaction = await pivot.start_auto(
+                    driver, self.tenant_id, session_id, state, config, reason, now=now
+                )
             return UsageResponse(
                 calibration_factor=factor,
                 reported_prompt_tokens=prompt,
@@ -236,6 +244,7 @@ class BudgetService:
                 version=state.version,
                 overflow=verdict_model(state, config),
                 pruned=pruned,
+                compaction=compaction,
             )
 
     async def prune(self, session_id: str, request: PruneRequest) -> PruneResult:
@@ -264,7 +273,21 @@ class BudgetService:
                 pruned = await prune_locked(
                     driver, self.tenant_id, session_id, state, config, minimum_tokens=0, urgent=True
                 )
-                recovery = Recovery(action="prune" if pruned.pruned else "none", pruned=pruned)
+                compaction = None
+                if config.compaction.enabled and config.compaction.auto:
+                    # The provider refused the prompt: summarize, whatever the guards say.
+                    compaction = await pivot.enqueue_locked(
+                        driver,
+                        self.tenant_id,
+                        session_id,
+                        state,
+                        config,
+                        reason="overflow",
+                        auto=True,
+                        now=datetime.now(UTC),
+                    )
+                action = "compact" if compaction else "prune" if pruned.pruned else "none"
+                recovery = Recovery(action=action, pruned=pruned, compaction=compaction)
             return ProviderErrorVerdict(
                 overflow=match.overflow,
                 provider=match.provider,

@@ -30,9 +30,18 @@ class _Item:
     """One row of the window, as the assemblers read it (both names hold the
     fragment of the requested format)."""
 
-    __slots__ = ("call_ids", "role", "tokens", "tool_call_id", "view_anthropic", "view_openai")
+    __slots__ = (
+        "call_ids",
+        "role",
+        "seq",
+        "tokens",
+        "tool_call_id",
+        "view_anthropic",
+        "view_openai",
+    )
 
     def __init__(self, row: Any, view: str, tokens: int) -> None:
+        self.seq: int = row[0]
         self.role: str = row[1]
         self.tool_call_id: str | None = row[2]
         self.call_ids: tuple[str, ...] = tuple(row[3]) if row[3] else ()
@@ -74,7 +83,16 @@ class ContextService:
                 raise NotFound(f"session {session_id!r} does not exist")
             session, marks = found
             start, end = session.context_start_seq, session.next_seq
-            rows = await read_window(driver, self.tenant_id, session_id, start, end, fmt)
+            rows = await read_window(
+                driver,
+                self.tenant_id,
+                session_id,
+                start,
+                end,
+                fmt,
+                summary_seq=session.summary_seq,
+                pinned_seqs=session.pinned_seqs,
+            )
         config = sessions.effective_config(session.config)
         items = _items(rows, marks, fmt, config.prune.placeholder)
         system_json: bytes | None = None
@@ -83,12 +101,15 @@ class ContextService:
         else:
             system_json, messages_json, used = assemble_anthropic(items)
 
+        summary_tokens = sum(items[i].tokens for i in used if items[i].seq == session.summary_seq)
         tool_tokens = sum(items[i].tokens for i in used if items[i].role == "tool")
-        message_tokens = sum(items[i].tokens for i in used if items[i].role != "tool")
+        message_tokens = (
+            sum(items[i].tokens for i in used if items[i].role != "tool") - summary_tokens
+        )
         overhead = REPLY_PRIMING_TOKENS + session.overhead_tokens
         window, _ = sessions.window_of(session)
         acc = budget.Accounting(
-            context_tokens=tool_tokens + message_tokens,
+            context_tokens=tool_tokens + message_tokens + summary_tokens,
             calibration_factor=session.calibration_factor,
             overhead_tokens=overhead,
             reported_prompt_tokens=session.reported_prompt_tokens,
@@ -100,7 +121,10 @@ class ContextService:
             budget=verdict.usable_tokens,
             fraction=verdict.fraction,
             breakdown=TokenBreakdown(
-                summary=0, messages=message_tokens, tool_outputs=tool_tokens, overhead=overhead
+                summary=summary_tokens,
+                messages=message_tokens,
+                tool_outputs=tool_tokens,
+                overhead=overhead,
             ),
         )
         rest = orjson.dumps(
@@ -108,7 +132,14 @@ class ContextService:
                 "format": fmt,
                 "tokens": tokens.model_dump(),
                 "state": _STATE[verdict.action],
-                "compaction": None,
+                "compaction": None
+                if session.summary_seq is None
+                else {
+                    "entry_seq": session.summary_seq,
+                    "first_kept_seq": session.context_start_seq,
+                    "summary_tokens": summary_tokens,
+                    "count": session.compaction_count,
+                },
                 "version": session.version,
             }
         )

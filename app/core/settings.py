@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +44,37 @@ class Settings(BaseSettings):
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )
     max_batch_messages: int = Field(default=1000, description="Most messages one append may carry.")
+    compaction_workers: int = Field(
+        default=1, ge=0, le=64, description="Compaction workers inside `serve`; 0 turns them off."
+    )
+    compaction_lease_seconds: float = Field(
+        default=30.0, gt=0, description="A job's lease; a dead worker's job is claimed after it."
+    )
+    compaction_poll_seconds: float = Field(
+        default=1.0, gt=0, description="How often idle workers look for due jobs (besides NOTIFY)."
+    )
+    compaction_max_attempts: int = Field(
+        default=3, ge=1, le=20, description="Upstream attempts before the extractive fallback."
+    )
+    compaction_backoff_base_seconds: float = Field(default=2.0, ge=0)
+    compaction_backoff_cap_seconds: float = Field(default=60.0, ge=0)
+    compaction_shutdown_grace_seconds: float = Field(
+        default=10.0, ge=0, description="How long in-flight jobs may finish on shutdown."
+    )
+    upstream_base_url: str | None = Field(
+        default=None,
+        description="The summarizer LLM's API base, e.g. https://api.openai.com/v1; unset: "
+        "compactions use the extractive summarizer.",
+    )
+    upstream_api: Literal["openai", "anthropic"] = Field(
+        default="openai", description="openai: chat completions; anthropic: messages."
+    )
+    upstream_api_key: SecretStr | None = None
+    upstream_model: str | None = Field(
+        default=None, description="The summarizer model; default: each session's own model."
+    )
+    upstream_timeout_seconds: float = Field(default=120.0, gt=0)
+    upstream_max_output_tokens: int = Field(default=4096, ge=256, le=200_000)
     tiktoken_cache_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "tiktoken",
         description="Where the offline BPE files are written for tiktoken.",

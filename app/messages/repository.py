@@ -88,11 +88,23 @@ class AppendWrite:
 
 
 # What a context read needs: pairing links, counts and one rendered fragment.
+_WINDOW_COLUMNS = (
+    "seq, role, coalesce(view_call_id, tool_call_id), call_ids, tokens, {}, is_error, kind"
+)
 _WINDOW_SQL = {
     fmt: (
-        "SELECT seq, role, coalesce(view_call_id, tool_call_id), call_ids, tokens,"
-        f" {column}, is_error FROM entry"
+        f"SELECT {_WINDOW_COLUMNS.format(column)} FROM entry"
         " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 ORDER BY seq"
+    )
+    for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
+}
+# The system entries before the cut that the context keeps. A key range, like
+# the window: lookups by "seq = ANY($3)" (or a join on unnest) were planned as
+# scans of the whole session whenever its statistics lagged.
+_PINNED_SQL = {
+    fmt: (
+        f"SELECT {_WINDOW_COLUMNS.format(column)} FROM entry"
+        " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq <= $4 ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
@@ -225,16 +237,34 @@ async def read_marks(
 
 
 async def read_window(
-    driver: Any, tenant_id: str, session_id: str, start_seq: int, end_seq: int, fmt: str
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    start_seq: int,
+    end_seq: int,
+    fmt: str,
+    *,
+    summary_seq: int | None = None,
+    pinned_seqs: list[int] | None = None,
 ) -> list[Any]:
-    """The entries of the model's view, ``start_seq <= seq < end_seq``: light
-    columns and the fragment rendered for ``fmt``, never the parts. Records
-    (``seq, role, tool_call_id, call_ids, tokens, view, is_error``), no per-row
-    ORM pass."""
+    """The entries of the model's view, in the model's order: the pinned system
+    entries, the summary, then ``start_seq <= seq < end_seq``. Light columns and
+    the fragment rendered for ``fmt``, never the parts. Records (``seq, role,
+    tool_call_id, call_ids, tokens, view, is_error``), no per-row ORM pass."""
     records: list[Any] = await driver.fetch(
         _WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq
     )
-    return records
+    # The latest summary (its entry is in the window, after the entries it
+    # kept) goes first; earlier summaries are not shown.
+    summary = [r for r in records if r[0] == summary_seq]
+    window = [r for r in records if r[7] != "compaction"]
+    if not pinned_seqs:
+        return [*summary, *window]
+    wanted = set(pinned_seqs)
+    rows = await driver.fetch(
+        _PINNED_SQL[fmt], session_id, tenant_id, min(pinned_seqs), max(pinned_seqs)
+    )
+    return [*(r for r in rows if r[0] in wanted), *summary, *window]
 
 
 class AppendRepository:
@@ -316,9 +346,17 @@ class MessageRepository:
         self.tenant_id = tenant_id
 
     async def page(
-        self, session_id: str, after_seq: int, limit: int
+        self,
+        session_id: str,
+        after_seq: int,
+        limit: int,
+        *,
+        before_seq: int | None = None,
+        replaced_only: bool = False,
     ) -> list[tuple[Entry, datetime | None]]:
-        """Entries after ``after_seq``, each with the time pruning hid it, if it did."""
+        """Entries after ``after_seq`` (and before ``before_seq``), each with the
+        time pruning hid it, if it did. ``replaced_only``: what a compaction
+        replaces, the messages without the system entries and summaries."""
         stmt = (
             select(Entry, PruneMark.pruned_at)
             .outerjoin(
@@ -335,4 +373,10 @@ class MessageRepository:
             .order_by(Entry.seq)
             .limit(limit)
         )
+        if before_seq is not None:
+            stmt = stmt.where(Entry.seq < before_seq)
+        if replaced_only:
+            stmt = stmt.where(
+                Entry.kind != "compaction", Entry.role.not_in(("system", "developer"))
+            )
         return [(row[0], row[1]) for row in await self.db.execute(stmt)]

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.budget.schemas import PruneResult, Verdict
+from app.budget.schemas import CompactionStarted, PruneResult, Verdict
 
 Format = Literal["openai", "anthropic"]
 
@@ -61,6 +61,11 @@ class AppendResponse(BaseModel):
     overflow: Verdict
     pruned: PruneResult | None = Field(
         description="The automatic prune this append started, when the verdict asked for one."
+    )
+    compaction: CompactionStarted | None = Field(
+        None,
+        description="The automatic compaction this append started: queued (threshold), or "
+        "already done (emergency).",
     )
 
 

@@ -14,8 +14,9 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.budget.schemas import PruneResult, Verdict
+from app.budget.schemas import CompactionStarted, PruneResult, Verdict
 from app.budget.service import auto_prune, wants_auto_prune
+from app.compactions import pivot
 from app.core.database import driver_connection
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
@@ -58,6 +59,7 @@ def append_document(doc: dict[str, Any]) -> bytes:
     """An ``AppendResponse`` as JSON, keys in the model's order. A replay rebuilds
     it from the stored record (jsonb reorders keys) and gets the same bytes."""
     pruned = doc.get("pruned")
+    compaction = doc.get("compaction")
     return orjson.dumps(
         {
             "entries": [{k: e[k] for k in _ENTRY_KEYS} for e in doc["entries"]],
@@ -67,6 +69,9 @@ def append_document(doc: dict[str, Any]) -> bytes:
             "pruned": None
             if pruned is None
             else PruneResult.model_validate(pruned).model_dump(mode="json"),
+            "compaction": None
+            if compaction is None
+            else CompactionStarted.model_validate(compaction).model_dump(mode="json"),
         }
     )
 
@@ -356,7 +361,8 @@ class AppendService:
         session.version += 1
         verdict = sessions.verdict_of(session, config)
         prune_now = wants_auto_prune(session, config, verdict.action)
-        if prune_now and not lock:
+        compact_now = pivot.auto_reason(session, config, verdict.action) is not None
+        if (prune_now or compact_now) and not lock:
             return None
         document: dict[str, Any] = {
             "entries": stored,
@@ -364,6 +370,7 @@ class AppendService:
             "context_tokens": session.context_tokens,
             "overflow": dataclasses.asdict(verdict),
             "pruned": None,
+            "compaction": None,
         }
         written = await self.repo.write_append(
             driver,
@@ -383,15 +390,30 @@ class AppendService:
         )
         if not written:
             return None
-        if prune_now:
-            pruned = await auto_prune(
-                driver, self.tenant_id, session_id, session, config, verdict.action
-            )
+        if prune_now or compact_now:
+            # Prune first: it is cheap, and it may be all the window needs.
+            if prune_now:
+                pruned = await auto_prune(
+                    driver, self.tenant_id, session_id, session, config, verdict.action
+                )
+                document["pruned"] = pruned.model_dump(mode="json")
+            reason = pivot.auto_reason(session, config, sessions.verdict_of(session, config).action)
+            if reason is not None:
+                started = await pivot.start_auto(
+                    driver,
+                    self.tenant_id,
+                    session_id,
+                    session,
+                    config,
+                    reason,
+                    now=datetime.now(UTC),
+                )
+                if started is not None:
+                    document["compaction"] = started.model_dump(mode="json")
             document.update(
                 version=session.version,
                 context_tokens=session.context_tokens,
                 overflow=dataclasses.asdict(sessions.verdict_of(session, config)),
-                pruned=pruned.model_dump(mode="json"),
             )
             if batch.idempotency_key:
                 await self.repo.replace_idempotent_response(
@@ -521,10 +543,19 @@ class MessageService:
         self.sessions = SessionService(db, tenant_id)
 
     async def history(
-        self, session_id: str, *, after_seq: int, limit: int, fmt: Format
+        self,
+        session_id: str,
+        *,
+        after_seq: int,
+        limit: int,
+        fmt: Format,
+        before_seq: int | None = None,
+        replaced_only: bool = False,
     ) -> HistoryPage:
         await self.sessions.require(session_id)
-        rows = await self.repo.page(session_id, after_seq, limit + 1)
+        rows = await self.repo.page(
+            session_id, after_seq, limit + 1, before_seq=before_seq, replaced_only=replaced_only
+        )
         page = rows[:limit]
         return HistoryPage(
             entries=[

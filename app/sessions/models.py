@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, func
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.database import Base
@@ -53,5 +54,12 @@ class Session(Base):
     prune_checked_tool_tokens: Mapped[int | None] = mapped_column(BigInteger)
     prune_checked_urgent: Mapped[bool | None] = mapped_column(Boolean)
     usage_count: Mapped[int] = mapped_column(Integer, default=0)
+    summary_seq: Mapped[int | None] = mapped_column(BigInteger)
+    pinned_seqs: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), default=list, server_default="{}"
+    )
+    active_compaction_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    compaction_failures: Mapped[int] = mapped_column(Integer, default=0)
+    compaction_held_seq: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,12 @@ class SessionState:
     prune_checked_tool_tokens: int | None
     prune_checked_urgent: bool | None
     prune_count: int
+    summary_seq: int | None
+    pinned_seqs: list[int]
+    active_compaction_id: uuid.UUID | None
+    compaction_failures: int
+    compaction_held_seq: int | None
+    compaction_count: int
 
 
 STATE_FIELDS = tuple(f.name for f in fields(SessionState))
@@ -44,6 +51,15 @@ STATE_COLUMNS = ", ".join(f"s.{name}" for name in STATE_FIELDS)
 _LOCK_STATE_SQL = (
     f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2 FOR UPDATE"
 )
+
+
+_READ_STATE_SQL = f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2"
+
+
+async def read_state(driver: Any, tenant_id: str, session_id: str) -> SessionState | None:
+    """The session's state, unlocked."""
+    row = await driver.fetchrow(_READ_STATE_SQL, session_id, tenant_id)
+    return None if row is None else SessionState(*row)
 
 
 async def lock_state(driver: Any, tenant_id: str, session_id: str) -> SessionState | None:

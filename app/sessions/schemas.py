@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -148,6 +149,17 @@ class SessionOut(BaseModel):
     pruned_tokens: int = Field(description="Tokens pruning has taken out of the context.")
     prune_count: int
     compaction_count: int
+    active_compaction_id: uuid.UUID | None = Field(
+        description="The compaction queued or running for this session, if any."
+    )
+    compaction_failures: int = Field(
+        description="Automatic compactions that failed in a row (3 stop them until a manual "
+        "one succeeds)."
+    )
+    auto_compaction: Literal["on", "off", "held", "stopped"] = Field(
+        description="off: disabled in the config; held: the last compaction saved under 5%, "
+        "so none runs until new history arrives; stopped: 3 automatic ones failed in a row."
+    )
     version: int
     created_at: datetime
     updated_at: datetime

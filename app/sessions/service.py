@@ -118,8 +118,25 @@ def verdict_of(session: Budgeted, config: SessionConfig | None = None) -> budget
     return budget.verdict(accounting_of(session), window, thresholds_of(config))
 
 
+# Mirrors app.compactions.pivot (FAILURE_LIMIT), which imports this module.
+COMPACTION_FAILURE_LIMIT = 3
+
+
+def auto_compaction_state(session: Session, config: SessionConfig) -> str:
+    """Whether automatic compaction would run now, and if not, why."""
+    if not (config.compaction.enabled and config.compaction.auto):
+        return "off"
+    if session.compaction_failures >= COMPACTION_FAILURE_LIMIT:
+        return "stopped"
+    held = session.compaction_held_seq
+    if held is not None and session.next_seq <= held:
+        return "held"
+    return "on"
+
+
 def to_schema(session: Session) -> SessionOut:
     window, spec = window_of(session)
+    config = effective_config(session.config)
     return SessionOut(
         id=session.id,
         model=session.model,
@@ -128,7 +145,7 @@ def to_schema(session: Session) -> SessionOut:
         input_limit=window.input_limit,
         usable_tokens=window.usable_tokens,
         model_known=spec.known,
-        config=effective_config(session.config),
+        config=config,
         metadata=session.metadata_,
         entry_count=session.entry_count,
         stored_tokens=session.stored_tokens,
@@ -139,6 +156,9 @@ def to_schema(session: Session) -> SessionOut:
         pruned_tokens=session.pruned_tokens,
         prune_count=session.prune_count,
         compaction_count=session.compaction_count,
+        active_compaction_id=session.active_compaction_id,
+        compaction_failures=session.compaction_failures,
+        auto_compaction=auto_compaction_state(session, config),
         version=session.version,
         created_at=session.created_at,
         updated_at=session.updated_at,

@@ -63,7 +63,8 @@ async def context(client: httpx.AsyncClient, sid: str, fmt: str = "openai") -> d
 
 
 # No automatic pruning: these tests drive it by hand.
-MANUAL = {"prune": {"auto": False}}
+# Nothing automatic: these tests drive pruning by hand.
+MANUAL = {"prune": {"auto": False}, "compaction": {"auto": False}}
 
 
 async def test_dry_run_names_outputs_and_changes_nothing(client: httpx.AsyncClient) -> None:

@@ -176,7 +176,8 @@ async def test_overflow_escalates_as_the_window_fills(client: httpx.AsyncClient)
         model="gpt-4o",
         context_window=2000,
         max_output_tokens=200,
-        config={"compaction": {"reserve_tokens": 300}},
+        # The verdict alone: no automatic compaction to relieve the window.
+        config={"compaction": {"reserve_tokens": 300, "auto": False}},
     )
     r = await client.get("/v1/sessions/o/overflow")
     assert r.status_code == 200, r.text

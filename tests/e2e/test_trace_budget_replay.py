@@ -33,7 +33,12 @@ pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/trac
 
 WINDOW = {"context_window": 32_768, "max_output_tokens": 4_096}
 # Pruning scaled to the window: the default 40k protected would cover all of it.
-CONFIG = {"prune": {"protect_tokens": 8_000, "minimum_tokens": 4_000}}
+# Compaction is off: this replay measures usage, verdicts and pruning alone
+# (tests/e2e/test_trace_compaction_replay.py replays with compaction).
+CONFIG = {
+    "prune": {"protect_tokens": 8_000, "minimum_tokens": 4_000},
+    "compaction": {"auto": False},
+}
 
 
 def reported_prompt(message: dict[str, Any]) -> int | None:

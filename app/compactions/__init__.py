@@ -1,0 +1,1 @@
+"""Compaction: jobs, the worker that runs them, and the archive of what they replaced."""

@@ -1,0 +1,391 @@
+"""Moving a session's pivot: the automatic triggers, preparing a compaction and
+committing its summary. Shared by the append and usage paths (in their locked
+transactions), the API and the worker.
+
+Everything that moves the pivot runs in one transaction with the session row
+locked: the compaction entry is appended to the log, the session's running
+totals and pivot are set, and the job is finished, together or not at all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import orjson
+
+from app.compactions.repository import (
+    CompactionRepository,
+    JobRow,
+    NewEntry,
+    Pivot,
+    SourceRow,
+)
+from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
+from app.compactions.summarizer import Summarized, extractive
+from app.engine import budget, catalog
+from app.engine import compaction as engine
+from app.engine.model import Entry, Role
+from app.engine.summary import render_context_message
+from app.engine.tokens import EncodingName, count_entry
+from app.engine.view import render_view
+from app.sessions import service as sessions
+from app.sessions.repository import SessionState
+from app.sessions.schemas import SessionConfig
+
+FAILURE_LIMIT = sessions.COMPACTION_FAILURE_LIMIT  # failed automatic ones in a row that stop them
+LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
+CONTINUE_TEXT = "Continue if you have next steps."
+STOPPED = frozenset({"stop", "end_turn", "stop_sequence"})
+
+
+def started(job: JobRow, created: bool) -> CompactionStarted:
+    return CompactionStarted(
+        id=job.id,
+        status=job.status,
+        reason=job.reason,
+        created=created,
+    )
+
+
+# --- triggers -----------------------------------------------------------------
+
+
+def auto_reason(state: SessionState, config: SessionConfig, action: budget.Action) -> Reason | None:
+    """Whether an append or usage report with verdict ``action`` should compact.
+
+    ``emergency`` compacts on the spot (extractive, in the caller's
+    transaction); ``threshold`` enqueues a job unless one is active. Loop
+    guards: after a low-yield compaction nothing automatic happens until new
+    history arrives, and after three failed automatic ones in a row only a
+    manual success turns automatic compaction back on.
+    """
+    c = config.compaction
+    if not (c.enabled and c.auto):
+        return None
+    if state.compaction_held_seq is not None and state.next_seq <= state.compaction_held_seq:
+        return None
+    if action == "emergency":
+        return "emergency"
+    if (
+        action == "compact"
+        and state.active_compaction_id is None
+        and state.compaction_failures < FAILURE_LIMIT
+    ):
+        return "threshold"
+    return None
+
+
+async def start_auto(
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    reason: Reason,
+    *,
+    now: datetime,
+) -> CompactionStarted | None:
+    """The automatic compaction ``reason`` asks for, in the caller's locked transaction."""
+    if reason == "emergency":
+        return await compact_now(driver, tenant_id, session_id, state, config, now=now)
+    return await enqueue_locked(
+        driver, tenant_id, session_id, state, config, reason=reason, auto=True, now=now
+    )
+
+
+async def enqueue_locked(
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    *,
+    reason: Reason,
+    auto: bool,
+    now: datetime,
+    request: CompactionRequest | None = None,
+) -> CompactionStarted:
+    c = config.compaction
+    ask = request or CompactionRequest()
+    job, created = await CompactionRepository(tenant_id).enqueue(
+        driver,
+        session_id,
+        reason=reason,
+        auto=auto,
+        strategy=ask.strategy or c.strategy,
+        summarizer=ask.summarizer or c.summarizer,
+        model=ask.model or c.model,
+        instructions=_instructions(c.instructions, ask.instructions),
+        now=now,
+    )
+    state.active_compaction_id = job.id
+    return started(job, created)
+
+
+def _instructions(configured: str | None, asked: str | None) -> str | None:
+    parts = [p for p in (configured, asked) if p]
+    return "\n\n".join(parts) or None
+
+
+# --- preparing and committing -------------------------------------------------
+
+
+def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[engine.Source]:
+    """The entries since the pivot in the engine's terms; a pruned output costs
+    its placeholder, as in the view."""
+    out = []
+    for r in rows:
+        entry = Entry(
+            role=cast(Role, r.role),
+            parts=r.parts,
+            tool_call_id=r.tool_call_id,
+            tool_name=r.tool_name,
+            is_error=r.is_error,
+            name=r.name,
+            tokens=marks.get(r.seq, r.tokens),
+        )
+        out.append(
+            engine.Source(
+                seq=r.seq,
+                kind=r.kind,
+                entry=entry,
+                link_id=r.link_id,
+                view_call_ids=tuple(r.call_ids or ()),
+            )
+        )
+    return out
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A plan and what it was made against: the commit checks the pivot is unchanged."""
+
+    plan: engine.Plan
+    previous_summary: str | None
+    context_start_seq: int
+    summary_seq: int | None
+
+
+async def prepare(
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    *,
+    reason: str = "manual",
+) -> Prepared | None:
+    """Read what the session holds since its pivot and plan the cut. None when
+    there is nothing to compact."""
+    repo = CompactionRepository(tenant_id)
+    rows, marks = await repo.source(driver, session_id, state.context_start_seq, state.next_seq)
+    previous = await repo.previous(driver, session_id, state.summary_seq)
+    window, _ = sessions.window_of(state)
+    trigger = sessions.thresholds_of(config).trigger_tokens(window.usable_tokens)
+    urgent = reason in ("emergency", "overflow")
+    keep = engine.keep_tokens(config.compaction.keep_recent_tokens, trigger, emergency=urgent)
+    if reason == "overflow":
+        # The provider refused a prompt this session's estimate thought would fit:
+        # keep a share of what the context holds, whatever the window says.
+        keep = min(keep, state.context_tokens // 4)
+    plan = engine.plan(
+        sources_of(rows, marks),
+        start_seq=state.context_start_seq,
+        end_seq=state.next_seq,
+        keep=keep,
+        previous_details=previous[1] if previous else None,
+        threshold_tokens=trigger,
+    )
+    if plan is None:
+        return None
+    return Prepared(
+        plan=plan,
+        previous_summary=previous[0] if previous else None,
+        context_start_seq=state.context_start_seq,
+        summary_seq=state.summary_seq,
+    )
+
+
+def pivot_unchanged(state: SessionState, prepared: Prepared) -> bool:
+    return (
+        state.context_start_seq == prepared.context_start_seq
+        and state.summary_seq == prepared.summary_seq
+    )
+
+
+@dataclass(slots=True)
+class Committed:
+    entry_seq: int
+    tokens_before: int
+    tokens_after: int
+    version: int
+    continued: bool
+
+
+def _new_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> NewEntry:
+    entry = Entry(role="user", parts=[{"type": "text", "text": text}], content_form="string")
+    tokens = count_entry(entry, encoding)
+    view_openai, view_anthropic = render_view(entry)
+    return NewEntry(
+        seq=seq,
+        kind=kind,
+        parts_json=orjson.dumps(entry.parts).decode(),
+        tokens=tokens,
+        view_openai=view_openai,
+        view_anthropic=view_anthropic,
+    )
+
+
+async def _should_continue(
+    driver: Any, repo: CompactionRepository, session_id: str, seq: int
+) -> bool:
+    """The synthetic "continue" goes after an automatic compaction unless the agent
+    stopped on its own (its last turn ended with a stop reason), or is waiting on
+    tool results (a user message there would orphan its calls)."""
+    tail = await repo.tail(driver, session_id, seq)
+    if tail is None:
+        return False
+    role, kind, calls, finish_reason = tail
+    if kind == "continue":
+        return False
+    if role == "assistant":
+        return not calls and (finish_reason or "").lower() not in STOPPED
+    return True
+
+
+async def commit_pivot(
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    prepared: Prepared,
+    summarized: Summarized,
+    *,
+    job_id: uuid.UUID,
+    auto: bool,
+    now: datetime,
+) -> Committed:
+    """Append the compaction entry and move the session's pivot to it, in the
+    caller's transaction with the session row locked. ``state`` is updated."""
+    repo = CompactionRepository(tenant_id)
+    plan = prepared.plan
+    before = sessions.verdict_of(state, config).estimated_tokens
+    encoding = catalog.lookup(state.model).encoding
+    seq = state.next_seq
+    new = [_new_entry(seq, "compaction", render_context_message(summarized.summary), encoding)]
+    continued = False
+    if (
+        auto
+        and config.compaction.auto_continue
+        and await _should_continue(driver, repo, session_id, seq - 1)
+    ):
+        new.append(_new_entry(seq + 1, "continue", CONTINUE_TEXT, encoding))
+        continued = True
+    for entry in new:
+        await repo.insert_entry(driver, session_id, entry, now)
+    pinned = sorted(set(state.pinned_seqs) | set(plan.pinned))
+    context, tool_context = await repo.context_totals(
+        driver, session_id, plan.first_kept_seq, pinned, seq
+    )
+    state.next_seq += len(new)
+    state.entry_count += len(new)
+    state.stored_tokens += sum(e.tokens for e in new)
+    state.context_tokens = context
+    state.context_tool_tokens = tool_context
+    state.context_start_seq = plan.first_kept_seq
+    state.summary_seq = seq
+    state.pinned_seqs = pinned
+    state.reported_prompt_tokens = None
+    state.context_tokens_at_report = None
+    state.prune_checked_tool_tokens = None
+    state.prune_checked_urgent = None
+    state.compaction_count += 1
+    after = sessions.verdict_of(state, config).estimated_tokens
+    # Low yield: hold automatic compaction until new history arrives.
+    state.compaction_held_seq = (
+        state.next_seq if before - after < LOW_YIELD_SHARE * before else None
+    )
+    if not auto or state.compaction_failures < FAILURE_LIMIT:
+        state.compaction_failures = 0
+    if state.active_compaction_id == job_id:
+        state.active_compaction_id = None
+    state.version = await repo.move_pivot(
+        driver,
+        session_id,
+        Pivot(
+            next_seq=state.next_seq,
+            added_entries=len(new),
+            added_tokens=sum(e.tokens for e in new),
+            context_tokens=state.context_tokens,
+            context_tool_tokens=state.context_tool_tokens,
+            context_start_seq=state.context_start_seq,
+            summary_seq=seq,
+            pinned_seqs=pinned,
+            active_compaction_id=state.active_compaction_id,
+            compaction_failures=state.compaction_failures,
+            compaction_held_seq=state.compaction_held_seq,
+        ),
+    )
+    return Committed(seq, before, after, state.version, continued)
+
+
+def job_details(prepared: Prepared, summarized: Summarized, committed: Committed) -> dict[str, Any]:
+    return {
+        **prepared.plan.details,
+        "notes": summarized.notes,
+        "continued": committed.continued,
+    }
+
+
+async def compact_now(
+    driver: Any,
+    tenant_id: str,
+    session_id: str,
+    state: SessionState,
+    config: SessionConfig,
+    *,
+    now: datetime,
+) -> CompactionStarted | None:
+    """The emergency path: an extractive compaction, no model call, committed in
+    the caller's transaction. None (and held until new history) when nothing
+    can be summarized."""
+    repo = CompactionRepository(tenant_id)
+    prepared = await prepare(driver, tenant_id, session_id, state, config, reason="emergency")
+    if prepared is None:
+        state.compaction_held_seq = state.next_seq
+        await repo.hold(driver, session_id, state.next_seq)
+        return None
+    summarized = extractive(prepared.plan, prepared.previous_summary)
+    job_id = uuid.uuid4()
+    committed = await commit_pivot(
+        driver,
+        tenant_id,
+        session_id,
+        state,
+        config,
+        prepared,
+        summarized,
+        job_id=job_id,
+        auto=True,
+        now=now,
+    )
+    await repo.insert_done(
+        driver,
+        session_id,
+        job_id,
+        reason="emergency",
+        now=now,
+        summary=summarized.summary,
+        short_summary=summarized.short_summary,
+        source_start_seq=prepared.plan.start_seq,
+        first_kept_seq=prepared.plan.first_kept_seq,
+        entry_seq=committed.entry_seq,
+        tokens_before=committed.tokens_before,
+        tokens_after=committed.tokens_after,
+        details=job_details(prepared, summarized, committed),
+    )
+    return CompactionStarted(id=job_id, status="succeeded", reason="emergency", created=True)

@@ -1,0 +1,595 @@
+"""All SQL for compactions, on a bare asyncpg connection (``driver``).
+
+The claim and the heartbeat are single statements outside any transaction; the
+commit runs inside the caller's transaction after the session row was locked
+(``lock_state``), so the job, the log and the session's totals move together.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+CHANNEL = "compactd_compactions"
+
+
+@dataclass(slots=True)
+class JobRow:
+    """A ``compaction`` row as the service and the worker read it."""
+
+    session_id: str
+    tenant_id: str
+    id: uuid.UUID
+    status: str
+    reason: str
+    auto: bool
+    strategy: str
+    summarizer: str
+    summarizer_used: str | None
+    model: str | None
+    instructions: str | None
+    attempts: int
+    run_after: datetime
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+    tokens_before: int | None
+    tokens_after: int | None
+    summary: str | None
+    short_summary: str | None
+    source_start_seq: int | None
+    first_kept_seq: int | None
+    entry_seq: int | None
+    details: dict[str, Any] | None
+    error: str | None
+    upstream_model: str | None
+    upstream_usage: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+_COLUMNS = ", ".join(f"c.{f.name}" for f in fields(JobRow))
+
+
+def _job(row: Any) -> JobRow:
+    values = list(row)
+    for name in ("details", "upstream_usage"):
+        i = _INDEX[name]
+        if isinstance(values[i], str):
+            values[i] = orjson.loads(values[i])
+    return JobRow(*values)
+
+
+_INDEX = {f.name: i for i, f in enumerate(fields(JobRow))}
+
+# Insert a job unless the session already has one queued or running (the
+# partial unique key); either way the active job comes back. pg_notify is
+# transactional: workers wake when the enqueueing transaction commits.
+_ENQUEUE_SQL = f"""
+WITH inserted AS (
+    INSERT INTO compaction AS c (session_id, tenant_id, id, status, reason, auto, strategy,
+        summarizer, model, instructions, attempts, run_after, created_at)
+    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, 0, $10, $10)
+    ON CONFLICT (session_id, tenant_id) WHERE status IN ('queued', 'running') DO NOTHING
+    RETURNING {_COLUMNS}
+), woken AS (
+    SELECT pg_notify('{CHANNEL}', '') FROM inserted
+)
+SELECT * FROM inserted
+"""
+
+_ACTIVE_SQL = f"""
+SELECT {_COLUMNS} FROM compaction AS c
+WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.status IN ('queued', 'running')
+"""
+
+_SET_ACTIVE_SQL = "UPDATE session SET active_compaction_id = $3 WHERE id = $1 AND tenant_id = $2"
+
+# One short statement: the oldest due job, or a running one whose lease ended
+# (its worker died). attempts is the fencing token: only the claim that set it
+# may heartbeat or commit.
+_CLAIM_SQL = f"""
+UPDATE compaction AS c SET status = 'running', attempts = c.attempts + 1,
+    lease_owner = $1, lease_expires_at = now() + make_interval(secs => $2),
+    started_at = coalesce(c.started_at, now())
+FROM (
+    SELECT session_id, tenant_id, id FROM compaction
+    WHERE (status = 'queued' AND run_after <= now())
+        OR (status = 'running' AND lease_expires_at < now())
+    ORDER BY run_after
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+) AS due
+WHERE c.session_id = due.session_id AND c.tenant_id = due.tenant_id AND c.id = due.id
+RETURNING {_COLUMNS}
+"""
+
+_HEARTBEAT_SQL = """
+UPDATE compaction SET lease_expires_at = now() + make_interval(secs => $6)
+WHERE session_id = $1 AND tenant_id = $2 AND id = $3 AND status = 'running'
+    AND lease_owner = $4 AND attempts = $5
+RETURNING cancel_requested
+"""
+
+_LOCK_JOB_SQL = f"""
+SELECT {_COLUMNS} FROM compaction AS c
+WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.id = $3
+FOR UPDATE
+"""
+
+_GET_SQL = f"""
+SELECT {_COLUMNS} FROM compaction AS c
+WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.id = $3
+"""
+
+_LIST_SQL = f"""
+SELECT {_COLUMNS} FROM compaction AS c
+WHERE c.session_id = $1 AND c.tenant_id = $2
+    AND ($3::timestamptz IS NULL OR (c.created_at, c.id) < ($3, $4))
+ORDER BY c.created_at DESC, c.id DESC
+LIMIT $5
+"""
+
+_PREVIOUS_SQL = """
+SELECT summary, details FROM compaction
+WHERE session_id = $1 AND tenant_id = $2 AND entry_seq = $3 AND status = 'succeeded'
+"""
+
+# The entries since the pivot, whole: what a compaction summarizes and keeps.
+_SOURCE_SQL = """
+SELECT seq, kind, role, parts, tool_call_id, tool_name, is_error, name, tokens,
+    coalesce(view_call_id, tool_call_id), call_ids
+FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
+ORDER BY seq
+"""
+
+_MARKS_SQL = """
+SELECT seq, tokens FROM prune_mark
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
+"""
+
+# The reason also goes into details.notes, so a job that succeeds on a later
+# attempt still records why the earlier ones failed.
+_RETRY_SQL = """
+UPDATE compaction SET status = 'queued', run_after = now() + make_interval(secs => $4),
+    lease_owner = NULL, lease_expires_at = NULL, error = $5,
+    details = jsonb_set(coalesce(details, '{}'::jsonb), '{notes}',
+        coalesce(details->'notes', '[]'::jsonb) || to_jsonb('attempt ' || attempts || ': ' || $5))
+WHERE session_id = $1 AND tenant_id = $2 AND id = $3
+"""
+
+_FINISH_SQL = """
+UPDATE compaction SET status = $4, error = $5, finished_at = now(), lease_owner = NULL,
+    lease_expires_at = NULL, details = coalesce($6::jsonb, details)
+WHERE session_id = $1 AND tenant_id = $2 AND id = $3
+"""
+
+_CANCEL_QUEUED_SQL = f"""
+UPDATE compaction AS c SET status = 'cancelled', finished_at = now(), cancel_requested = true,
+    error = 'cancelled before it ran'
+WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.id = $3 AND c.status = 'queued'
+RETURNING {_COLUMNS}
+"""
+
+_REQUEST_CANCEL_SQL = f"""
+UPDATE compaction AS c SET cancel_requested = true
+WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.id = $3 AND c.status = 'running'
+RETURNING {_COLUMNS}
+"""
+
+_SUCCEED_SQL = """
+UPDATE compaction SET status = 'succeeded', summary = $4, short_summary = $5,
+    summarizer_used = $6, source_start_seq = $7, first_kept_seq = $8, entry_seq = $9,
+    tokens_before = $10, tokens_after = $11, details = $12::jsonb, upstream_model = $13,
+    upstream_usage = $14::jsonb, error = $15, finished_at = now(), lease_owner = NULL,
+    lease_expires_at = NULL
+WHERE session_id = $1 AND tenant_id = $2 AND id = $3
+"""
+
+# A compaction made on the spot (the emergency path): born succeeded.
+_INSERT_DONE_SQL = """
+INSERT INTO compaction (session_id, tenant_id, id, status, reason, auto, strategy, summarizer,
+    summarizer_used, attempts, run_after, summary, short_summary, source_start_seq,
+    first_kept_seq, entry_seq, tokens_before, tokens_after, details, created_at, started_at,
+    finished_at)
+VALUES ($1, $2, $3, 'succeeded', $4, true, 'structured', 'extractive', 'extractive', 1, $5,
+    $6, $7, $8, $9, $10, $11, $12, $13::jsonb, $5, $5, $5)
+"""
+
+_INSERT_ENTRY_SQL = """
+INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id, tool_name,
+    is_error, name, content_form, extra, source_format, tokens, call_ids, view_openai,
+    view_anthropic, parent_seq, created_at)
+VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 'string', NULL,
+    'openai', $7, NULL, $8, $9, NULLIF($3::bigint - 1, 0), $10)
+"""
+
+# The context's size after the pivot moves, from the stored counts: the kept
+# window (pruned outputs at their placeholder's size), the pinned system
+# entries and the new summary.
+_CONTEXT_TOTALS_SQL = """
+WITH window_entries AS (
+    SELECT e.seq, e.role, e.tokens FROM entry AS e
+    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $3
+        AND (e.kind <> 'compaction' OR e.seq = $5)
+    UNION ALL
+    SELECT e.seq, e.role, e.tokens FROM entry AS e
+    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $6 AND e.seq <= $7
+        AND e.seq = ANY($4::bigint[])
+), marked AS (
+    SELECT w.role, w.tokens - m.tokens AS saved FROM prune_mark AS m
+    JOIN window_entries AS w ON w.seq = m.seq
+    WHERE m.session_id = $1 AND m.tenant_id = $2 AND m.seq >= $3
+)
+SELECT
+    (SELECT coalesce(sum(tokens), 0) FROM window_entries)
+        - (SELECT coalesce(sum(saved), 0) FROM marked),
+    (SELECT coalesce(sum(tokens), 0) FROM window_entries WHERE role = 'tool')
+        - (SELECT coalesce(sum(saved), 0) FROM marked WHERE role = 'tool')
+"""
+
+_PIVOT_SQL = """
+UPDATE session SET next_seq = $3, entry_count = entry_count + $4,
+    stored_tokens = stored_tokens + $5, context_tokens = $6, context_tool_tokens = $7,
+    context_start_seq = $8, summary_seq = $9, pinned_seqs = $10::bigint[],
+    compaction_count = compaction_count + 1, active_compaction_id = $11,
+    compaction_failures = $12, compaction_held_seq = $13, reported_prompt_tokens = NULL,
+    context_tokens_at_report = NULL, prune_checked_tool_tokens = NULL,
+    prune_checked_urgent = NULL, version = version + 1, updated_at = now()
+WHERE id = $1 AND tenant_id = $2
+RETURNING version
+"""
+
+_GUARDS_SQL = """
+UPDATE session SET active_compaction_id = $3, compaction_failures = $4
+WHERE id = $1 AND tenant_id = $2 AND ($5::uuid IS NULL OR active_compaction_id = $5)
+"""
+
+_TAIL_SQL = """
+SELECT e.role, e.kind, e.call_ids IS NOT NULL, s.last_usage->>'finish_reason'
+FROM session AS s JOIN entry AS e ON e.session_id = s.id AND e.tenant_id = s.tenant_id
+WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq = $3
+"""
+
+_HOLD_SQL = "UPDATE session SET compaction_held_seq = $3 WHERE id = $1 AND tenant_id = $2"
+
+_EXISTS_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2"
+
+
+@dataclass(slots=True)
+class SourceRow:
+    """An entry since the pivot, as a compaction reads it."""
+
+    seq: int
+    kind: str
+    role: str
+    parts: list[dict[str, Any]]
+    tool_call_id: str | None
+    tool_name: str | None
+    is_error: bool
+    name: str | None
+    tokens: int
+    link_id: str | None  # the result's call as the view names it
+    call_ids: list[str] | None  # the calls as the view names them
+
+
+@dataclass(slots=True)
+class NewEntry:
+    seq: int
+    kind: str
+    parts_json: str
+    tokens: int
+    view_openai: str
+    view_anthropic: str
+
+
+@dataclass(slots=True)
+class Pivot:
+    """What a committed compaction sets on the session."""
+
+    next_seq: int
+    added_entries: int
+    added_tokens: int
+    context_tokens: int
+    context_tool_tokens: int
+    context_start_seq: int
+    summary_seq: int
+    pinned_seqs: list[int]
+    active_compaction_id: uuid.UUID | None
+    compaction_failures: int
+    compaction_held_seq: int | None
+
+
+class CompactionRepository:
+    def __init__(self, tenant_id: str) -> None:
+        self.tenant_id = tenant_id
+
+    async def enqueue(
+        self,
+        driver: Any,
+        session_id: str,
+        *,
+        reason: str,
+        auto: bool,
+        strategy: str,
+        summarizer: str,
+        model: str | None,
+        instructions: str | None,
+        now: datetime,
+    ) -> tuple[JobRow, bool]:
+        """The session's active job and whether it is new; a new one becomes the
+        session's ``active_compaction_id``. Runs in the caller's transaction."""
+        row = await driver.fetchrow(
+            _ENQUEUE_SQL,
+            session_id,
+            self.tenant_id,
+            uuid.uuid4(),
+            reason,
+            auto,
+            strategy,
+            summarizer,
+            model,
+            instructions,
+            now,
+        )
+        if row is not None:
+            job = _job(row)
+            await driver.execute(_SET_ACTIVE_SQL, session_id, self.tenant_id, job.id)
+            return job, True
+        active = await driver.fetchrow(_ACTIVE_SQL, session_id, self.tenant_id)
+        if active is None:  # pragma: no cover - the key said one exists, under the lock
+            raise RuntimeError("no active compaction after a conflict")
+        return _job(active), False
+
+    async def claim(self, driver: Any, owner: str, lease_seconds: float) -> JobRow | None:
+        row = await driver.fetchrow(_CLAIM_SQL, owner, lease_seconds)
+        return None if row is None else _job(row)
+
+    async def heartbeat(self, driver: Any, job: JobRow, lease_seconds: float) -> bool | None:
+        """Extend the lease; whether a cancel was asked. None: the lease is lost."""
+        value: bool | None = await driver.fetchval(
+            _HEARTBEAT_SQL,
+            job.session_id,
+            job.tenant_id,
+            job.id,
+            job.lease_owner,
+            job.attempts,
+            lease_seconds,
+        )
+        return value
+
+    async def lock_job(self, driver: Any, session_id: str, job_id: uuid.UUID) -> JobRow | None:
+        row = await driver.fetchrow(_LOCK_JOB_SQL, session_id, self.tenant_id, job_id)
+        return None if row is None else _job(row)
+
+    async def get(self, driver: Any, session_id: str, job_id: uuid.UUID) -> JobRow | None:
+        row = await driver.fetchrow(_GET_SQL, session_id, self.tenant_id, job_id)
+        return None if row is None else _job(row)
+
+    async def page(
+        self,
+        driver: Any,
+        session_id: str,
+        *,
+        limit: int,
+        before: tuple[datetime, uuid.UUID] | None,
+    ) -> list[JobRow]:
+        created, job_id = before if before is not None else (None, None)
+        rows = await driver.fetch(_LIST_SQL, session_id, self.tenant_id, created, job_id, limit)
+        return [_job(r) for r in rows]
+
+    async def previous(
+        self, driver: Any, session_id: str, summary_seq: int | None
+    ) -> tuple[str, dict[str, Any] | None] | None:
+        if summary_seq is None:
+            return None
+        row = await driver.fetchrow(_PREVIOUS_SQL, session_id, self.tenant_id, summary_seq)
+        if row is None or row[0] is None:
+            return None
+        details = row[1]
+        if isinstance(details, str):
+            details = orjson.loads(details)
+        return row[0], details
+
+    async def source(
+        self, driver: Any, session_id: str, start_seq: int, end_seq: int
+    ) -> tuple[list[SourceRow], dict[int, int]]:
+        """The entries ``start_seq <= seq < end_seq`` and their prune marks."""
+        rows = await driver.fetch(_SOURCE_SQL, session_id, self.tenant_id, start_seq, end_seq)
+        marks = await driver.fetch(_MARKS_SQL, session_id, self.tenant_id, start_seq, end_seq)
+        out = []
+        for r in rows:
+            parts = r[3]
+            if isinstance(parts, str):
+                parts = orjson.loads(parts)
+            out.append(
+                SourceRow(r[0], r[1], r[2], parts, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+            )
+        return out, {m[0]: m[1] for m in marks}
+
+    async def retry_later(self, driver: Any, job: JobRow, delay_seconds: float, error: str) -> None:
+        await driver.execute(
+            _RETRY_SQL, job.session_id, job.tenant_id, job.id, delay_seconds, error
+        )
+
+    async def finish(
+        self,
+        driver: Any,
+        job: JobRow,
+        status: str,
+        error: str | None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        await driver.execute(
+            _FINISH_SQL,
+            job.session_id,
+            job.tenant_id,
+            job.id,
+            status,
+            error,
+            None if details is None else orjson.dumps(details).decode(),
+        )
+
+    async def cancel(self, driver: Any, session_id: str, job_id: uuid.UUID) -> JobRow | None:
+        """Cancel a queued job at once, or ask a running one to stop. None when
+        it is neither (finished already)."""
+        row = await driver.fetchrow(_CANCEL_QUEUED_SQL, session_id, self.tenant_id, job_id)
+        if row is None:
+            row = await driver.fetchrow(_REQUEST_CANCEL_SQL, session_id, self.tenant_id, job_id)
+        return None if row is None else _job(row)
+
+    async def succeed(
+        self,
+        driver: Any,
+        job_id: uuid.UUID,
+        session_id: str,
+        *,
+        summary: str,
+        short_summary: str | None,
+        summarizer_used: str,
+        source_start_seq: int,
+        first_kept_seq: int,
+        entry_seq: int,
+        tokens_before: int,
+        tokens_after: int,
+        details: dict[str, Any],
+        upstream_model: str | None,
+        upstream_usage: dict[str, Any] | None,
+        error: str | None,
+    ) -> None:
+        await driver.execute(
+            _SUCCEED_SQL,
+            session_id,
+            self.tenant_id,
+            job_id,
+            summary,
+            short_summary,
+            summarizer_used,
+            source_start_seq,
+            first_kept_seq,
+            entry_seq,
+            tokens_before,
+            tokens_after,
+            orjson.dumps(details).decode(),
+            upstream_model,
+            None if upstream_usage is None else orjson.dumps(upstream_usage).decode(),
+            error,
+        )
+
+    async def insert_done(
+        self,
+        driver: Any,
+        session_id: str,
+        job_id: uuid.UUID,
+        *,
+        reason: str,
+        now: datetime,
+        summary: str,
+        short_summary: str | None,
+        source_start_seq: int,
+        first_kept_seq: int,
+        entry_seq: int,
+        tokens_before: int,
+        tokens_after: int,
+        details: dict[str, Any],
+    ) -> None:
+        await driver.execute(
+            _INSERT_DONE_SQL,
+            session_id,
+            self.tenant_id,
+            job_id,
+            reason,
+            now,
+            summary,
+            short_summary,
+            source_start_seq,
+            first_kept_seq,
+            entry_seq,
+            tokens_before,
+            tokens_after,
+            orjson.dumps(details).decode(),
+        )
+
+    async def insert_entry(
+        self, driver: Any, session_id: str, entry: NewEntry, now: datetime
+    ) -> None:
+        await driver.execute(
+            _INSERT_ENTRY_SQL,
+            session_id,
+            self.tenant_id,
+            entry.seq,
+            uuid.uuid4(),
+            entry.kind,
+            entry.parts_json,
+            entry.tokens,
+            entry.view_openai,
+            entry.view_anthropic,
+            now,
+        )
+
+    async def context_totals(
+        self, driver: Any, session_id: str, start_seq: int, pinned: list[int], summary_seq: int
+    ) -> tuple[int, int]:
+        row = await driver.fetchrow(
+            _CONTEXT_TOTALS_SQL,
+            session_id,
+            self.tenant_id,
+            start_seq,
+            pinned,
+            summary_seq,
+            min(pinned, default=0),
+            max(pinned, default=-1),
+        )
+        return int(row[0]), int(row[1])
+
+    async def move_pivot(self, driver: Any, session_id: str, pivot: Pivot) -> int:
+        version: int = await driver.fetchval(
+            _PIVOT_SQL,
+            session_id,
+            self.tenant_id,
+            pivot.next_seq,
+            pivot.added_entries,
+            pivot.added_tokens,
+            pivot.context_tokens,
+            pivot.context_tool_tokens,
+            pivot.context_start_seq,
+            pivot.summary_seq,
+            pivot.pinned_seqs,
+            pivot.active_compaction_id,
+            pivot.compaction_failures,
+            pivot.compaction_held_seq,
+        )
+        return version
+
+    async def set_guards(
+        self,
+        driver: Any,
+        session_id: str,
+        *,
+        active: uuid.UUID | None,
+        failures: int,
+        only_if_active: uuid.UUID | None,
+    ) -> None:
+        await driver.execute(
+            _GUARDS_SQL, session_id, self.tenant_id, active, failures, only_if_active
+        )
+
+    async def tail(
+        self, driver: Any, session_id: str, seq: int
+    ) -> tuple[str, str, bool, str | None] | None:
+        """The role and kind of entry ``seq``, whether it makes tool calls, and the
+        finish reason of the session's last usage report."""
+        row = await driver.fetchrow(_TAIL_SQL, session_id, self.tenant_id, seq)
+        return None if row is None else (row[0], row[1], row[2], row[3])
+
+    async def hold(self, driver: Any, session_id: str, seq: int) -> None:
+        await driver.execute(_HOLD_SQL, session_id, self.tenant_id, seq)
+
+    async def session_exists(self, driver: Any, session_id: str) -> bool:
+        return await driver.fetchval(_EXISTS_SQL, session_id, self.tenant_id) is not None

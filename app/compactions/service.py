@@ -1,0 +1,221 @@
+"""Compaction use cases of the API: requesting one (and waiting for it), listing,
+cancelling, and reading the archive of what one replaced. The pivot itself
+moves in :mod:`app.compactions.pivot`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from app.compactions.pivot import enqueue_locked, prepare
+from app.compactions.repository import CompactionRepository, JobRow
+from app.compactions.schemas import (
+    CompactionOut,
+    CompactionPage,
+    CompactionRequest,
+    SourcePage,
+)
+from app.core.database import driver_connection
+from app.core.errors import Conflict, NotFound, invalid
+from app.messages.schemas import Format
+from app.messages.service import MessageService
+from app.sessions import service as sessions
+from app.sessions.repository import lock_state
+
+FINISHED = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def to_schema(job: JobRow) -> CompactionOut:
+    return CompactionOut(
+        id=job.id,
+        session_id=job.session_id,
+        status=job.status,
+        reason=job.reason,
+        auto=job.auto,
+        strategy=job.strategy,
+        summarizer=job.summarizer,
+        summarizer_used=job.summarizer_used,
+        attempts=job.attempts,
+        cancel_requested=job.cancel_requested,
+        summary=job.summary,
+        short_summary=job.short_summary,
+        first_kept_seq=job.first_kept_seq,
+        entry_seq=job.entry_seq,
+        tokens_before=job.tokens_before,
+        tokens_after=job.tokens_after,
+        details=job.details,
+        error=job.error,
+        upstream_model=job.upstream_model,
+        upstream_usage=job.upstream_usage,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        next_attempt_at=job.run_after if job.status == "queued" and job.attempts else None,
+    )
+
+
+# --- the API ------------------------------------------------------------------
+
+
+def _cursor(job: JobRow) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|")
+        return datetime.fromisoformat(created), uuid.UUID(job_id)
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("cursor", "is not a cursor this API returned") from None
+
+
+class CompactionService:
+    def __init__(
+        self, engine_: AsyncEngine, tenant_id: str, wake: asyncio.Event | None = None
+    ) -> None:
+        self.engine = engine_
+        self.tenant_id = tenant_id
+        self.repo = CompactionRepository(tenant_id)
+        self.wake = wake
+
+    async def request(self, session_id: str, body: CompactionRequest) -> CompactionOut:
+        """A manual compaction: the session's active one if it has one, else a new
+        job; 409 when there is nothing to compact."""
+        async with driver_connection(self.engine) as driver:
+            async with driver.transaction():
+                state = await lock_state(driver, self.tenant_id, session_id)
+                if state is None:
+                    raise NotFound(f"session {session_id!r} does not exist")
+                config = sessions.effective_config(state.config)
+                if not config.compaction.enabled:
+                    raise Conflict(
+                        "compaction is disabled for this session (config.compaction.enabled)"
+                    )
+                job = None
+                if state.active_compaction_id is not None:
+                    job = await self.repo.get(driver, session_id, state.active_compaction_id)
+                if job is None or job.status in FINISHED:
+                    prepared = await prepare(driver, self.tenant_id, session_id, state, config)
+                    if prepared is None:
+                        raise Conflict(
+                            "nothing to compact: the history since the last compaction fits in "
+                            f"keep_recent_tokens, or has no point to cut at "
+                            f"({state.next_seq - state.context_start_seq} entries since the pivot)"
+                        )
+                    out = await enqueue_locked(
+                        driver,
+                        self.tenant_id,
+                        session_id,
+                        state,
+                        config,
+                        reason="manual",
+                        auto=False,
+                        now=datetime.now(UTC),
+                        request=body,
+                    )
+                    job_id = out.id
+                else:
+                    job_id = job.id
+            if self.wake is not None:
+                self.wake.set()
+            job = await self._wait(driver, session_id, job_id, body.wait)
+        return to_schema(job)
+
+    async def _wait(
+        self, driver: Any, session_id: str, job_id: uuid.UUID, seconds: float
+    ) -> JobRow:
+        deadline = time.monotonic() + seconds
+        pause = 0.01
+        while True:
+            job = await self.repo.get(driver, session_id, job_id)
+            if job is None:
+                raise NotFound(f"compaction {job_id} does not exist")
+            if job.status in FINISHED or time.monotonic() >= deadline:
+                return job
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+
+    async def list(self, session_id: str, *, limit: int, cursor: str | None) -> CompactionPage:
+        before = _decode_cursor(cursor) if cursor else None
+        async with driver_connection(self.engine) as driver:
+            await self._session_exists(driver, session_id)
+            jobs = await self.repo.page(driver, session_id, limit=limit + 1, before=before)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return CompactionPage(
+            compactions=[to_schema(j) for j in jobs],
+            next_cursor=_cursor(jobs[-1]) if more else None,
+        )
+
+    async def get(self, session_id: str, compaction_id: uuid.UUID) -> CompactionOut:
+        async with driver_connection(self.engine) as driver:
+            return to_schema(await self._job(driver, session_id, compaction_id))
+
+    async def cancel(self, session_id: str, compaction_id: uuid.UUID) -> CompactionOut:
+        """A queued job is cancelled at once; a running one is asked to stop and
+        never commits. A finished one cannot be cancelled (409)."""
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await lock_state(driver, self.tenant_id, session_id)
+            if state is None:
+                raise NotFound(f"session {session_id!r} does not exist")
+            job = await self._job(driver, session_id, compaction_id)
+            if job.status in FINISHED:
+                raise Conflict(f"compaction {compaction_id} already {job.status}")
+            cancelled = await self.repo.cancel(driver, session_id, compaction_id)
+            if cancelled is None:  # pragma: no cover - the session lock orders finishing
+                raise Conflict(f"compaction {compaction_id} already finished")
+            if cancelled.status == "cancelled" and state.active_compaction_id == compaction_id:
+                await self.repo.set_guards(
+                    driver,
+                    session_id,
+                    active=None,
+                    failures=state.compaction_failures,
+                    only_if_active=compaction_id,
+                )
+            return to_schema(cancelled)
+
+    async def source(
+        self,
+        db: AsyncSession,
+        session_id: str,
+        compaction_id: uuid.UUID,
+        *,
+        after_seq: int,
+        limit: int,
+        fmt: Format,
+    ) -> SourcePage:
+        """The entries the compaction replaced, as stored, a page at a time."""
+        async with driver_connection(self.engine) as driver:
+            job = await self._job(driver, session_id, compaction_id)
+        if job.status != "succeeded" or job.source_start_seq is None or job.first_kept_seq is None:
+            raise Conflict(f"compaction {compaction_id} is {job.status}: it replaced nothing")
+        page = await MessageService(db, self.tenant_id).history(
+            session_id,
+            after_seq=max(after_seq, job.source_start_seq - 1),
+            limit=limit,
+            fmt=fmt,
+            before_seq=job.first_kept_seq,
+            replaced_only=True,
+        )
+        return SourcePage(
+            compaction_id=job.id, entries=page.entries, next_after_seq=page.next_after_seq
+        )
+
+    async def _session_exists(self, driver: Any, session_id: str) -> None:
+        if not await self.repo.session_exists(driver, session_id):
+            raise NotFound(f"session {session_id!r} does not exist")
+
+    async def _job(self, driver: Any, session_id: str, compaction_id: uuid.UUID) -> JobRow:
+        job = await self.repo.get(driver, session_id, compaction_id)
+        if job is None:
+            await self._session_exists(driver, session_id)
+            raise NotFound(f"compaction {compaction_id} does not exist")
+        return job

@@ -1,0 +1,311 @@
+"""Turning a plan into a summary: the upstream LLM when there is one, the
+extractive summarizer otherwise, and as the fallback when the upstream fails
+for good.
+
+The LLM path never gives up on length: when the conversation does not fit the
+summarizer's window, tool outputs are clipped harder, and then the history is
+summarized in chunks, each chunk updating the summary of the ones before (the
+update prompt with ``<previous-summary>``). A provider's "too long" reply
+shrinks the budget and goes the same way.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from app.engine import catalog, tokens
+from app.engine.compaction import Plan, final_summary
+from app.engine.extractive import NOTE as EXTRACTIVE_NOTE
+from app.engine.extractive import extractive_summary
+from app.engine.model import Entry
+from app.engine.summary import (
+    build_prompt,
+    build_short_prompt,
+    build_turn_prefix_prompt,
+    clean_reply,
+    serialize_conversation,
+)
+from app.upstream.client import UpstreamConfig, UpstreamError, backoff_delay, complete
+
+CLIP_CHARS = 2_000
+HARD_CLIP_CHARS = 400
+SHORT_MAX_CHARS = 120
+# Room kept for the prompt's own text and the reply.
+PROMPT_MARGIN_TOKENS = 1_024
+MAX_OVERFLOW_RETRIES = 3
+MAX_CHUNKS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Llm:
+    """Where and how to call the summarizer model."""
+
+    http: httpx.AsyncClient
+    config: UpstreamConfig
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    base_seconds: float = 2.0
+    cap_seconds: float = 60.0
+    max_attempts: int = 3
+    rand: Callable[[], float] = random.random
+
+
+@dataclass(slots=True)
+class Summarized:
+    summary: str
+    short_summary: str | None
+    used: str  # "llm" | "extractive"
+    upstream_model: str | None = None
+    usage: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # why the LLM was not (fully) used
+
+
+class RetryLater(Exception):
+    """The upstream failed in a way worth retrying: run the job again later."""
+
+    def __init__(self, delay_seconds: float, reason: str) -> None:
+        super().__init__(reason)
+        self.delay_seconds = delay_seconds
+        self.reason = reason
+
+
+def extractive(plan: Plan, previous_summary: str | None) -> Summarized:
+    entries = [*plan.history, *plan.turn_prefix]
+    body = extractive_summary(
+        entries,
+        previous_summary=previous_summary,
+        read_files=plan.file_ops.read,
+        modified_files=plan.file_ops.modified,
+        max_chars=plan.summary_chars,
+    )
+    return Summarized(
+        summary=final_summary(body, None, plan.file_ops),
+        short_summary=_short_from(body),
+        used="extractive",
+    )
+
+
+def _short_from(summary: str) -> str | None:
+    """A one-line summary for UIs, from the summary's first real line (not the
+    extractive summary's note, nor a label such as "Original request:")."""
+    for line in summary.splitlines():
+        text = line.strip().lstrip("#-*> ").strip()
+        if line.strip() == EXTRACTIVE_NOTE or text.endswith(":"):
+            continue
+        if text and not text.lower().startswith(("goal", "the conversation")):
+            return text[: SHORT_MAX_CHARS - 1] + "…" if len(text) > SHORT_MAX_CHARS else text
+    return None
+
+
+def input_budget(model: str, max_output_tokens: int) -> int:
+    """What the summarizer model can read in one call."""
+    spec = catalog.lookup(model)
+    window = spec.input_limit or (spec.context_window - min(spec.max_output_tokens, 32_000))
+    return max(2_048, min(window, spec.context_window - max_output_tokens) - PROMPT_MARGIN_TOKENS)
+
+
+class _Call:
+    """One summarization run against the upstream: usage adds up across calls."""
+
+    def __init__(self, llm: Llm) -> None:
+        self.llm = llm
+        self.usage: dict[str, int] = {}
+        self.model: str | None = None
+
+    async def ask(self, system: str, prompt: str) -> str:
+        done = await complete(
+            self.llm.http, self.llm.config, model=self.llm.model, system=system, prompt=prompt
+        )
+        self.model = done.model or self.llm.model
+        for key, value in done.usage.items():
+            self.usage[key] = self.usage.get(key, 0) + value
+        text = clean_reply(done.text)
+        if text is None:
+            raise UpstreamError(
+                "empty", "the summarizer's reply was empty or unusable", retryable=True
+            )
+        return text
+
+
+def _fits(text: str, budget: int, upper: int | None = None) -> bool:
+    """Whether ``text`` fits ``budget`` tokens. ``upper`` is a bound on its size
+    known without counting (the entries' stored counts): counting half a
+    megabyte of prompt costs more than the rest of a compaction."""
+    if upper is not None and upper <= budget:
+        return True
+    # A character is rarely less than a quarter of a token: skip counting when clear.
+    if len(text) <= budget * 2:
+        return True
+    if len(text) > budget * 8:
+        return False
+    return tokens.count_text(text) <= budget
+
+
+def _upper_bound(entries: Sequence[Entry], conversation: str, prompt_chars: int) -> int:
+    """Tokens the prompt takes at most: each entry's serialization is no longer
+    than its stored view (whose count is known) plus a label, and the rest of the
+    prompt is counted at two characters a token, which overstates it."""
+    template = max(0, prompt_chars - len(conversation))
+    return sum(e.tokens for e in entries) + 8 * len(entries) + template // 2 + 64
+
+
+def _chunks(entries: Sequence[Entry], budget: int) -> list[str]:
+    """The conversation, clipped hard, in pieces that each fit ``budget``."""
+    pieces: list[str] = []
+    current: list[str] = []
+    size = 0
+    limit = budget * 3  # characters, conservatively
+    for entry in entries:
+        text = serialize_conversation([entry], clip_chars=HARD_CLIP_CHARS)
+        if len(text) > limit:
+            text = text[: limit // 2] + "\n[... clipped ...]\n" + text[-limit // 4 :]
+        if current and size + len(text) > limit:
+            pieces.append("\n".join(current))
+            current, size = [], 0
+        current.append(text)
+        size += len(text) + 1
+    if current:
+        pieces.append("\n".join(current))
+    if len(pieces) > MAX_CHUNKS:  # keep the start and the most recent
+        pieces = pieces[:1] + pieces[-(MAX_CHUNKS - 1) :]
+    return pieces
+
+
+async def _summarize_entries(
+    call: _Call,
+    entries: Sequence[Entry],
+    *,
+    strategy: Literal["structured", "narrative"],
+    previous: str | None,
+    instructions: str | None,
+    budget: int,
+) -> str:
+    """The summary of ``entries`` (updating ``previous``), chunked when needed."""
+    for attempt in range(MAX_OVERFLOW_RETRIES + 1):
+        try:
+            conversation = serialize_conversation(entries, clip_chars=CLIP_CHARS)
+            request = build_prompt(
+                conversation,
+                strategy=strategy,
+                previous_summary=previous,
+                instructions=instructions,
+            )
+            text = request.system + request.prompt
+            if not _fits(text, budget, _upper_bound(entries, conversation, len(text))):
+                conversation = serialize_conversation(entries, clip_chars=HARD_CLIP_CHARS)
+                request = build_prompt(
+                    conversation,
+                    strategy=strategy,
+                    previous_summary=previous,
+                    instructions=instructions,
+                )
+            if _fits(request.system + request.prompt, budget):
+                return await call.ask(request.system, request.prompt)
+            # Progressive: each chunk updates the summary so far.
+            room = max(1_024, budget - tokens.count_text(previous or "") - 2_048)
+            summary = previous
+            for piece in _chunks(entries, room):
+                request = build_prompt(
+                    piece, strategy=strategy, previous_summary=summary, instructions=instructions
+                )
+                summary = await call.ask(request.system, request.prompt)
+            return summary or ""
+        except UpstreamError as exc:
+            if exc.overflow is None or attempt == MAX_OVERFLOW_RETRIES:
+                raise
+            limit = exc.overflow.limit_tokens
+            budget = max(1_024, min(budget // 2, (limit or budget) - PROMPT_MARGIN_TOKENS))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _summarize_prefix(
+    call: _Call, entries: Sequence[Entry], instructions: str | None, budget: int
+) -> str:
+    conversation = serialize_conversation(entries, clip_chars=CLIP_CHARS)
+    request = build_turn_prefix_prompt(conversation, instructions)
+    if not _fits(request.system + request.prompt, budget):
+        pieces = _chunks(entries, max(1_024, budget - 2_048))
+        # The turn's start and its latest steps matter most for continuing it.
+        conversation = pieces[0] if len(pieces) == 1 else pieces[0] + "\n[...]\n" + pieces[-1]
+        request = build_turn_prefix_prompt(conversation, instructions)
+    return await call.ask(request.system, request.prompt)
+
+
+async def summarize(
+    plan: Plan,
+    *,
+    previous_summary: str | None,
+    strategy: Literal["structured", "narrative"],
+    instructions: str | None,
+    llm: Llm | None,
+    attempt: int,
+    backoff: Backoff,
+) -> Summarized:
+    """The summary for ``plan``. Raises :class:`RetryLater` when the upstream
+    failed in a retryable way and attempts remain; otherwise falls back to the
+    extractive summarizer, and says why in ``notes``."""
+    if llm is None:
+        return extractive(plan, previous_summary)
+    call = _Call(llm)
+    budget = input_budget(llm.model, llm.config.max_output_tokens)
+    try:
+        if plan.history:
+            history = await _summarize_entries(
+                call,
+                plan.history,
+                strategy=strategy,
+                previous=previous_summary,
+                instructions=instructions,
+                budget=budget,
+            )
+        else:
+            history = previous_summary or "(No earlier history: the turn below began the session.)"
+        prefix = None
+        if plan.turn_prefix:
+            prefix = await _summarize_prefix(call, plan.turn_prefix, instructions, budget)
+    except UpstreamError as exc:
+        if exc.retryable and attempt < backoff.max_attempts:
+            delay = backoff_delay(
+                attempt,
+                base=backoff.base_seconds,
+                cap=backoff.cap_seconds,
+                retry_after=exc.retry_after,
+                rand=backoff.rand,
+            )
+            raise RetryLater(delay, f"upstream {exc.kind}: {exc}") from exc
+        fallback = extractive(plan, previous_summary)
+        fallback.notes.append(f"upstream {exc.kind} (attempt {attempt}): {exc}; used extractive")
+        fallback.upstream_model = call.model
+        fallback.usage = call.usage
+        return fallback
+    summary = final_summary(history, prefix, plan.file_ops)
+    short: str | None
+    notes: list[str] = []
+    # Titled after the history, unless there is none: then after the split turn.
+    titled = prefix if prefix and not plan.history and not previous_summary else history
+    try:
+        request = build_short_prompt(titled)
+        short = (await call.ask(request.system, request.prompt)).splitlines()[0][:SHORT_MAX_CHARS]
+    except UpstreamError as exc:
+        short = _short_from(titled)
+        notes.append(f"short summary: upstream {exc.kind}; taken from the summary")
+    return Summarized(
+        summary=summary,
+        short_summary=short,
+        used="llm",
+        upstream_model=call.model,
+        usage=call.usage,
+        notes=notes,
+    )
+
+
+def describe(summarized: Summarized) -> dict[str, Any]:
+    return {"notes": summarized.notes} if summarized.notes else {}

@@ -1,0 +1,444 @@
+"""The compaction worker: claims jobs, summarizes, commits exactly once.
+
+A job is claimed in one short statement (``FOR UPDATE SKIP LOCKED``), with a
+lease the worker extends while it works. The summary is made with no
+transaction and no pooled connection held. The commit is a second short
+transaction that checks, under the session's row lock, that the job is still
+this claim's (``attempts`` is the fencing token) and that the session's pivot
+has not moved since the plan was made; entries appended meanwhile are after
+the cut and stay. A worker that dies leaves its job to be claimed again when
+the lease ends.
+
+Workers sleep until a ``NOTIFY`` on the jobs channel (or a wake-up from the API
+in the same process), and poll as the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import asyncpg
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.compactions.pivot import (
+    FAILURE_LIMIT,
+    Prepared,
+    commit_pivot,
+    job_details,
+    pivot_unchanged,
+    prepare,
+)
+from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
+from app.compactions.summarizer import Backoff, Llm, RetryLater, Summarized, summarize
+from app.core.database import driver_connection
+from app.core.settings import Settings
+from app.sessions import service as sessions
+from app.sessions.repository import lock_state, read_state
+from app.upstream.client import UpstreamConfig
+
+log = logging.getLogger("compactd.worker")
+
+T = TypeVar("T")
+
+# Claims beyond max_attempts that a job may take when its workers keep dying.
+CRASH_SLACK = 2
+REPLANS = 3
+
+
+class LeaseLost(Exception):
+    """Another claim owns the job now (the lease ended): stop, commit nothing."""
+
+
+class CancelRequested(Exception):
+    """The job was cancelled through the API while running."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    lease_seconds: float = 30.0
+    poll_seconds: float = 1.0
+    backoff: Backoff = field(default_factory=Backoff)
+    upstream: UpstreamConfig | None = None
+    upstream_model: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WorkerConfig:
+        upstream = None
+        if settings.upstream_base_url:
+            key = settings.upstream_api_key
+            upstream = UpstreamConfig(
+                api=settings.upstream_api,
+                base_url=settings.upstream_base_url,
+                api_key=key.get_secret_value() if key is not None else None,
+                timeout_seconds=settings.upstream_timeout_seconds,
+                max_output_tokens=settings.upstream_max_output_tokens,
+            )
+        return cls(
+            lease_seconds=settings.compaction_lease_seconds,
+            poll_seconds=settings.compaction_poll_seconds,
+            backoff=Backoff(
+                base_seconds=settings.compaction_backoff_base_seconds,
+                cap_seconds=settings.compaction_backoff_cap_seconds,
+                max_attempts=settings.compaction_max_attempts,
+            ),
+            upstream=upstream,
+            upstream_model=settings.upstream_model,
+        )
+
+
+def worker_name(index: int = 0) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{index}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        config: WorkerConfig,
+        http: httpx.AsyncClient | None,
+        *,
+        name: str | None = None,
+        wake: asyncio.Event | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.http = http
+        self.name = name or worker_name()
+        self.wake = wake or asyncio.Event()
+
+    # --- the loop ---------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until ``stop`` is set; a job in hand is finished first."""
+        while not stop.is_set():
+            try:
+                worked = await self.run_once()
+            except Exception:  # the database went away, a bug: keep the worker alive
+                log.exception("compaction worker %s: job loop failed", self.name)
+                worked = False
+                await _sleep_or(stop, min(5.0, self.config.poll_seconds * 2))
+            if worked or stop.is_set():
+                continue
+            await _wait_any(stop, self.wake, self.config.poll_seconds)
+            self.wake.clear()
+
+    async def run_once(self) -> bool:
+        """Claim and run one due job; False when there was none."""
+        async with driver_connection(self.engine) as driver:
+            job = await CompactionRepository("").claim(driver, self.name, self.config.lease_seconds)
+        if job is None:
+            return False
+        log.info(
+            "compaction %s claimed (session %s, attempt %d) by %s",
+            job.id,
+            job.session_id,
+            job.attempts,
+            self.name,
+        )
+        await self.process(job)
+        return True
+
+    # --- one job ----------------------------------------------------------------
+
+    async def process(self, job: JobRow) -> None:
+        repo = CompactionRepository(job.tenant_id)
+        if job.cancel_requested:
+            await self._finish(job, "cancelled", "cancelled while running")
+            return
+        if job.attempts > self.config.backoff.max_attempts + CRASH_SLACK:
+            await self._finish(job, "failed", f"gave up after {job.attempts - 1} claims")
+            return
+        try:
+            for _ in range(REPLANS):
+                loaded = await self._prepare(job)
+                if loaded is None:
+                    return  # the session is gone, and the job with it
+                prepared, state_model = loaded
+                if prepared is None:
+                    await self._finish(
+                        job,
+                        "failed",
+                        "nothing to compact: the history since the last compaction fits in "
+                        "keep_recent_tokens, or has no point to cut at",
+                    )
+                    return
+                llm = self._llm(job, state_model)
+                summarized = await self._heartbeat_while(
+                    job,
+                    summarize(
+                        prepared.plan,
+                        previous_summary=prepared.previous_summary,
+                        strategy="narrative" if job.strategy == "narrative" else "structured",
+                        instructions=job.instructions,
+                        llm=llm,
+                        attempt=job.attempts,
+                        backoff=self.config.backoff,
+                    ),
+                )
+                if self.config.upstream is None and job.summarizer == "llm":
+                    summarized.notes.append("no upstream LLM is configured: extractive summary")
+                if await self._commit(job, prepared, summarized, repo):
+                    return
+                log.info("compaction %s: the pivot moved meanwhile; planning again", job.id)
+            await self._finish(job, "failed", "the session's pivot kept moving; try again")
+        except RetryLater as later:
+            log.info("compaction %s: %s; retry in %.1fs", job.id, later.reason, later.delay_seconds)
+            await self._retry(job, later)
+        except LeaseLost:
+            log.warning("compaction %s: lease lost; another worker has it", job.id)
+        except CancelRequested:
+            await self._finish(job, "cancelled", "cancelled while running")
+
+    async def _prepare(self, job: JobRow) -> tuple[Prepared | None, str] | None:
+        """A plan from one snapshot; the connection goes back before summarizing."""
+        async with (
+            driver_connection(self.engine) as driver,
+            driver.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            state = await read_state(driver, job.tenant_id, job.session_id)
+            if state is None:
+                return None
+            config = sessions.effective_config(state.config)
+            prepared = await prepare(
+                driver, job.tenant_id, job.session_id, state, config, reason=job.reason
+            )
+            return prepared, state.model
+
+    def _llm(self, job: JobRow, session_model: str) -> Llm | None:
+        if job.summarizer != "llm" or self.config.upstream is None or self.http is None:
+            return None
+        model = job.model or self.config.upstream_model or session_model
+        return Llm(http=self.http, config=self.config.upstream, model=model)
+
+    async def _heartbeat_while(self, job: JobRow, work: Awaitable[T]) -> T:
+        """Run ``work`` while extending the lease; stop it when the lease is lost
+        or a cancel is asked."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.lease_seconds / 3)
+                if done:
+                    return task.result()
+                async with driver_connection(self.engine) as driver:
+                    cancel = await CompactionRepository(job.tenant_id).heartbeat(
+                        driver, job, self.config.lease_seconds
+                    )
+                if cancel is None:
+                    raise LeaseLost
+                if cancel:
+                    raise CancelRequested
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _owned(self, driver: Any, repo: CompactionRepository, job: JobRow) -> JobRow | None:
+        now = await repo.lock_job(driver, job.session_id, job.id)
+        if (
+            now is None
+            or now.status != "running"
+            or now.attempts != job.attempts
+            or now.lease_owner != job.lease_owner
+        ):
+            return None
+        return now
+
+    async def _commit(
+        self, job: JobRow, prepared: Prepared, summarized: Summarized, repo: CompactionRepository
+    ) -> bool:
+        """Commit the summary; False when the pivot moved and the plan must be made again."""
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await lock_state(driver, job.tenant_id, job.session_id)
+            if state is None:
+                return True  # deleted with its jobs
+            current = await self._owned(driver, repo, job)
+            if current is None:
+                raise LeaseLost
+            if current.cancel_requested:
+                raise CancelRequested
+            if not pivot_unchanged(state, prepared):
+                return False
+            # Why earlier attempts were retried (see retry_later) comes first.
+            retried = (current.details or {}).get("notes")
+            if isinstance(retried, list):
+                summarized.notes[:0] = [n for n in retried if isinstance(n, str)]
+            config = sessions.effective_config(state.config)
+            committed = await commit_pivot(
+                driver,
+                job.tenant_id,
+                job.session_id,
+                state,
+                config,
+                prepared,
+                summarized,
+                job_id=job.id,
+                auto=job.auto,
+                now=datetime.now(UTC),
+            )
+            fell_back = job.summarizer == "llm" and summarized.used == "extractive"
+            await repo.succeed(
+                driver,
+                job.id,
+                job.session_id,
+                summary=summarized.summary,
+                short_summary=summarized.short_summary,
+                summarizer_used=summarized.used,
+                source_start_seq=prepared.plan.start_seq,
+                first_kept_seq=prepared.plan.first_kept_seq,
+                entry_seq=committed.entry_seq,
+                tokens_before=committed.tokens_before,
+                tokens_after=committed.tokens_after,
+                details=job_details(prepared, summarized, committed),
+                upstream_model=summarized.upstream_model,
+                upstream_usage=summarized.usage or None,
+                error="; ".join(summarized.notes) if fell_back and summarized.notes else None,
+            )
+        log.info(
+            "compaction %s succeeded: %d -> %d tokens (%s)",
+            job.id,
+            committed.tokens_before,
+            committed.tokens_after,
+            summarized.used,
+        )
+        return True
+
+    async def _finish(self, job: JobRow, status: str, error: str) -> None:
+        """End a job without a summary: cancelled, or failed (which counts
+        against automatic compaction when the job was automatic)."""
+        repo = CompactionRepository(job.tenant_id)
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await lock_state(driver, job.tenant_id, job.session_id)
+            if state is None or await self._owned(driver, repo, job) is None:
+                return
+            await repo.finish(driver, job, status, error)
+            failures = state.compaction_failures
+            if status == "failed" and job.auto:
+                failures += 1
+            await repo.set_guards(
+                driver,
+                job.session_id,
+                active=None if state.active_compaction_id == job.id else state.active_compaction_id,
+                failures=failures,
+                only_if_active=None,
+            )
+        log.info("compaction %s %s: %s", job.id, status, error)
+        if failures >= FAILURE_LIMIT and status == "failed" and job.auto:
+            log.warning(
+                "session %s: %d automatic compactions failed in a row; automatic compaction "
+                "is off until a manual one succeeds",
+                job.session_id,
+                failures,
+            )
+
+    async def _retry(self, job: JobRow, later: RetryLater) -> None:
+        repo = CompactionRepository(job.tenant_id)
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            current = await self._owned(driver, repo, job)
+            if current is None:
+                return
+            if not current.cancel_requested:
+                await repo.retry_later(driver, job, later.delay_seconds, later.reason)
+        if current.cancel_requested:  # asked after the last heartbeat: not worth a retry
+            await self._finish(job, "cancelled", "cancelled while running")
+            return
+        if later.delay_seconds <= 0:
+            self.wake.set()
+
+
+async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+class Listener:
+    """One connection per process that LISTENs on the jobs channel and wakes the
+    workers; reconnects on failure (the workers poll meanwhile)."""
+
+    def __init__(self, dsn: str, wake: asyncio.Event) -> None:
+        self.dsn = dsn
+        self.wake = wake
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            connection: Any = None
+            try:
+                connection = await asyncpg.connect(self.dsn)
+                await connection.add_listener(CHANNEL, self._notified)
+                self.wake.set()  # jobs may have come while not listening
+                await stop.wait()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("compaction listener: %s; polling until it reconnects", exc)
+                await _sleep_or(stop, 2.0)
+            finally:
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        await connection.close(timeout=2)
+
+    def _notified(self, *_: Any) -> None:
+        self.wake.set()
+
+
+def listen_dsn(engine: AsyncEngine) -> str:
+    """The engine's URL as a plain libpq DSN for asyncpg.connect."""
+    url = engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class WorkerPool:
+    """``count`` workers and a listener in this process, stopped gracefully."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        config: WorkerConfig,
+        http: httpx.AsyncClient | None,
+        *,
+        count: int,
+        grace_seconds: float,
+        wake: asyncio.Event | None = None,
+    ) -> None:
+        self.wake = wake or asyncio.Event()
+        self.stop = asyncio.Event()
+        self.grace_seconds = grace_seconds
+        self.workers = [
+            Worker(engine, config, http, name=worker_name(i), wake=self.wake) for i in range(count)
+        ]
+        self.listener = Listener(listen_dsn(engine), self.wake)
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        if not self.workers:
+            return
+        self.tasks = [asyncio.create_task(w.run(self.stop)) for w in self.workers]
+        self.tasks.append(asyncio.create_task(self.listener.run(self.stop)))
+
+    async def close(self) -> None:
+        """Stop claiming; let jobs in hand finish for up to the grace period, then
+        leave them to their lease."""
+        self.stop.set()
+        if not self.tasks:
+            return
+        _, pending = await asyncio.wait(self.tasks, timeout=self.grace_seconds)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
