@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from app.core.settings import Settings
 from app.engine import openai_format, tokens
 from app.messages.service import entry_from_row
 from app.sessions.models import DEFAULT_TENANT
+from bench import upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -87,8 +89,12 @@ def session_messages(all_msgs: list[dict[str, Any]], n: int, tag: str) -> list[d
     return picked
 
 
-async def new_session(conn: Connection, model: str = "gpt-4o") -> str:
-    status, body = await conn.request("POST", "/v1/sessions", {"model": model})
+async def new_session(
+    conn: Connection, model: str = "gpt-4o", config: dict[str, Any] | None = None
+) -> str:
+    status, body = await conn.request(
+        "POST", "/v1/sessions", {"model": model, "config": config or {}}
+    )
     assert status == 201, body
     sid: str = orjson.loads(body)["id"]
     return sid
@@ -262,11 +268,12 @@ async def fill(conn: Connection, sid: str, msgs: list[dict[str, Any]]) -> None:
 
 async def bench_budget(host: str, port: int) -> None:
     print("\nBudget and pruning")
-    manual = {"prune": {"auto": False}}
+    # Pruning and verdicts alone: no automatic compaction changes the window.
+    manual = {"prune": {"auto": False}, "compaction": {"auto": False}}
     async with Connection(host, port) as conn:
         verdicts: dict[int, list[float]] = {}
         for size in (100, 10_000):
-            sid = await new_session(conn)
+            sid = await new_session(conn, config={"compaction": {"auto": False}})
             await fill(conn, sid, tool_session(size, f"v{size}"))
             samples = verdicts[size] = []
             for _ in range(300):
@@ -328,15 +335,141 @@ async def bench_budget(host: str, port: int) -> None:
         )
 
 
+async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str, str]) -> None:
+    """Compaction: context reads after a pivot, claim-to-commit overhead with an
+    upstream that answers at once, the extractive summarizer on 200k tokens, and
+    1,000 queued compactions drained by a separate `compactd worker --count 2`."""
+    print("\nCompaction")
+    from app.compactions.summarizer import extractive
+    from app.engine import compaction as engine
+
+    # The extractive summarizer, in-process, on ~200k tokens of real history.
+    entries = []
+    total = 0
+    for path in traces.trace_files():
+        for m in traces.load(path):
+            entry = openai_format.parse_message(m, "messages")
+            entry.tokens = tokens.count_entry(entry)
+            entries.append(entry)
+            total += entry.tokens
+        if total >= 200_000:
+            break
+    sources = [engine.Source(seq=i + 1, kind="message", entry=e) for i, e in enumerate(entries)]
+    samples = []
+    for _ in range(5):
+        t = time.perf_counter()
+        plan = engine.plan(
+            sources, start_seq=1, end_seq=len(sources) + 1, keep=20_000, previous_details=None
+        )
+        assert plan is not None
+        summary = extractive(plan, None).summary
+        samples.append(time.perf_counter() - t)
+    line(
+        f"plan + extractive summary, {total:,} tokens",
+        samples,
+        f"{len(entries)} entries -> {len(summary):,} chars (target <= 1,000 ms)",
+    )
+
+    pg = await asyncpg.connect(dsn)
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        async with Connection(host, port) as conn:
+            # 1,000 queued compactions across sessions, then two workers drain them.
+            config = {"compaction": {"auto": False, "keep_recent_tokens": 2_000}}
+            for k in range(1000):
+                sid = await new_session(conn, config=config)
+                await fill(conn, sid, tool_session(40, f"q{k}"))
+                status, body = await conn.request(
+                    "POST", f"/v1/sessions/{sid}/compactions", {"summarizer": "extractive"}
+                )
+                assert status == 202, body
+            t = time.perf_counter()
+            worker = subprocess.Popen(  # noqa: ASYNC220 - started once, not awaited
+                [sys.executable, "-m", "app.cli", "worker", "--count", "2"], env=worker_env
+            )
+            while await pg.fetchval("SELECT count(*) FROM compaction WHERE status <> 'succeeded'"):
+                await asyncio.sleep(0.05)
+                assert worker.poll() is None, "the worker died"
+            wall = time.perf_counter() - t
+            span = await pg.fetchval(
+                "SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM compaction"
+            )
+            print(
+                f"  {'1,000 queued compactions, 2 workers':<44} {1000 / float(span):7.0f} jobs/s"
+                f" (first claim to last commit {float(span):.2f} s; {wall:.2f} s from worker start)"
+            )
+        # A new connection: the idle one may have been closed by the keep-alive timeout.
+        async with Connection(host, port) as conn:
+            # Claim to commit, with an upstream that answers at once (LLM path).
+            overhead: list[float] = []
+            request: list[float] = []
+            for k in range(40):
+                sid = await new_session(conn, config=config)
+                # About 100k tokens: where gpt-4o's window calls for compaction.
+                await fill(conn, sid, tool_session(600, f"o{k}"))
+                t = time.perf_counter()
+                status, body = await conn.request(
+                    "POST", f"/v1/sessions/{sid}/compactions", {"wait": 30}
+                )
+                request.append(time.perf_counter() - t)
+                job = orjson.loads(body)
+                assert status == 202, body
+                assert job["status"] == "succeeded", body
+                assert job["summarizer_used"] == "llm", job
+                started = datetime.fromisoformat(job["started_at"])
+                finished = datetime.fromisoformat(job["finished_at"])
+                overhead.append((finished - started).total_seconds())
+            line(
+                "compaction claim -> commit, instant upstream",
+                overhead,
+                "600 entries, ~100k tokens (target p50 <= 50 ms)",
+            )
+            line("POST /compactions?wait, request -> answer", request)
+
+            # Context after a pivot: the cost follows the window, not the history.
+            reads: dict[int, list[float]] = {}
+            for size in (100, 10_000):
+                sid = await new_session(conn, config=config)
+                await fill(conn, sid, tool_session(size, f"x{size}"))
+                status, body = await conn.request(
+                    "POST",
+                    f"/v1/sessions/{sid}/compactions",
+                    {"wait": 30, "summarizer": "extractive"},
+                )
+                assert status == 202, body
+                assert orjson.loads(body)["status"] == "succeeded", body
+                samples = reads[size] = []
+                for _ in range(300):
+                    t = time.perf_counter()
+                    status, body = await conn.request("GET", f"/v1/sessions/{sid}/context")
+                    samples.append(time.perf_counter() - t)
+                    assert status == 200, body
+                n = len(orjson.loads(body)["messages"])
+                line(f"context after a pivot, {size:,} entries", samples, f"{n} messages")
+            ratio = pct(reads[10_000], 0.5) / pct(reads[100], 0.5)
+            print(
+                f"  {'context p50 ratio, 10,000 vs 100 entries':<44} {ratio:5.2f}   (target <= 1.5)"
+            )
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
+        await pg.close()
+
+
 def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="compactd-bench-"))
     port = free_port()
     url = embedded.start(folder / "pgdata", cleanup_mode="delete")
+    upstream_port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": url,
         "COMPACTD_PORT": str(port),
         "COMPACTD_LOG_LEVEL": "warning",
+        # Workers run in their own process (the compaction section starts it).
+        "COMPACTD_COMPACTION_WORKERS": "0",
+        "COMPACTD_UPSTREAM_BASE_URL": f"http://127.0.0.1:{upstream_port}/v1",
     }
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env)
     base = f"http://127.0.0.1:{port}"
@@ -356,9 +489,10 @@ def main() -> int:
         )
 
         # `python -m bench budget` runs one section; no argument runs them all.
-        sections = set(sys.argv[1:]) or {"append", "context", "budget"}
+        sections = set(sys.argv[1:]) or {"append", "context", "budget", "compaction"}
 
         async def run() -> None:
+            instant = await upstream.start(upstream_port)
             if "append" in sections:
                 await bench_appends("127.0.0.1", port, psutil.Process(server.pid))
             if "context" in sections:
@@ -367,6 +501,14 @@ def main() -> int:
                 )
             if "budget" in sections:
                 await bench_budget("127.0.0.1", port)
+            if "compaction" in sections:
+                await bench_compaction(
+                    "127.0.0.1",
+                    port,
+                    url.replace("postgresql+asyncpg://", "postgresql://"),
+                    {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"},
+                )
+            instant.close()
 
         asyncio.run(run())
         rss = psutil.Process(server.pid).memory_info().rss / 2**20
