@@ -28,6 +28,7 @@ and take ``upstream: Upstream`` in a test.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import socket
@@ -276,9 +277,13 @@ class UpstreamServer:
 
 
 def default_summary(prompt: str) -> str:
-    """The answer when the script is spent: depends only on the prompt."""
-    first = prompt.strip().splitlines()[0][:80] if prompt.strip() else ""
-    return f"## Goal\n{first}\n\n## Summary\nSummary of {len(prompt)} chars."
+    """The answer when the script is spent: depends only on the prompt, and
+    quotes none of it (a reply that echoes the prompt is refused as unusable)."""
+    digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
+    return (
+        f"## Goal\nContinue the task (prompt {digest}).\n\n"
+        f"## Progress\nSummary of a prompt of {len(prompt)} characters."
+    )
 
 
 def _prompt_text(body: dict[str, Any]) -> str:

@@ -163,8 +163,15 @@ class Worker:
                 loaded = await self._prepare(job)
                 if loaded is None:
                     return  # the session is gone, and the job with it
-                prepared, state_model = loaded
+                prepared, state_model, needed = loaded
                 if prepared is None:
+                    if job.auto and not needed:
+                        # Another compaction (an emergency one, say) relieved the
+                        # window first: this one is not a failure, just late.
+                        await self._finish(
+                            job, "cancelled", "no longer needed: the context fits again"
+                        )
+                        return
                     await self._finish(
                         job,
                         "failed",
@@ -199,8 +206,9 @@ class Worker:
         except CancelRequested:
             await self._finish(job, "cancelled", "cancelled while running")
 
-    async def _prepare(self, job: JobRow) -> tuple[Prepared | None, str] | None:
-        """A plan from one snapshot; the connection goes back before summarizing."""
+    async def _prepare(self, job: JobRow) -> tuple[Prepared | None, str, bool] | None:
+        """A plan from one snapshot, the session's model, and whether its verdict
+        still asks for compaction. The connection goes back before summarizing."""
         async with (
             driver_connection(self.engine) as driver,
             driver.transaction(isolation="repeatable_read", readonly=True),
@@ -212,7 +220,8 @@ class Worker:
             prepared = await prepare(
                 driver, job.tenant_id, job.session_id, state, config, reason=job.reason
             )
-            return prepared, state.model
+            needed = sessions.verdict_of(state, config).action in ("compact", "emergency")
+            return prepared, state.model, needed
 
     def _llm(self, job: JobRow, session_model: str) -> Llm | None:
         if job.summarizer != "llm" or self.config.upstream is None or self.http is None:

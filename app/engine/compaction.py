@@ -96,7 +96,7 @@ def plan(
         _Item(
             s.entry.role,
             s.entry.tokens,
-            s.link_id if s.entry.role == "tool" else None,
+            (s.link_id or s.entry.tool_call_id) if s.entry.role == "tool" else None,
             s.view_call_ids if s.view_call_ids else s.entry.call_ids,
         )
         for s in messages

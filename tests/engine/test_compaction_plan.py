@@ -1,0 +1,133 @@
+"""A compaction plan, rendered as the context would be: never an orphan.
+
+Over generated histories (parallel calls, results late, missing, duplicated or
+orphaned, system entries anywhere), plan a compaction and build the context
+the way the service does: pinned system entries, the summary message, then the
+kept entries, paired. Every call or result the full history could show, and
+that the compaction kept, is still shown; the context is valid in both formats.
+"""
+
+from __future__ import annotations
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from app.engine import anthropic_format, openai_format
+from app.engine import compaction as engine
+from app.engine.context import (
+    check_anthropic_pairing,
+    check_openai_pairing,
+    pair_tool_calls,
+    plan_pairing,
+)
+from app.engine.model import Entry
+from app.engine.summary import render_context_message
+from tests.engine.strategies import messy_histories, text_part
+
+PROPERTY = settings(max_examples=400, deadline=None)
+
+
+def sources(history: list[Entry], tokens: list[int]) -> list[engine.Source]:
+    out = []
+    for i, entry in enumerate(history):
+        entry.tokens = tokens[i % len(tokens)]
+        out.append(engine.Source(seq=i + 1, kind="message", entry=entry))
+    return out
+
+
+def storable(history: list[Entry]) -> bool:
+    """The service stores a result only after its call (an append naming an
+    unknown call is refused): the histories it can hold."""
+    seen: set[str] = set()
+    for entry in history:
+        orphan = (entry.tool_call_id or "").startswith("orphan")
+        if entry.role == "tool" and entry.tool_call_id not in seen and not orphan:
+            return False
+        seen.update(entry.call_ids)
+    return True
+
+
+def shown(items: list[Entry]) -> set[tuple[int, str]]:
+    """(object id, call id) of every call and result the pairing emits."""
+    out: set[tuple[int, str]] = set()
+    for step in plan_pairing(items):
+        item = items[step.at]
+        if item.role == "tool" and item.tool_call_id is not None:
+            out.add((id(item), item.tool_call_id))
+        for call in item.call_ids:
+            if call not in step.drop:
+                out.add((id(item), call))
+    return out
+
+
+@PROPERTY
+@given(
+    history=messy_histories(),
+    tokens=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+    keep=st.integers(0, 1500),
+)
+def test_a_compacted_context_never_orphans(
+    history: list[Entry], tokens: list[int], keep: int
+) -> None:
+    assume(storable(history))
+    srcs = sources(history, tokens)
+    plan = engine.plan(srcs, start_seq=1, end_seq=len(srcs) + 1, keep=keep, previous_details=None)
+    if plan is None:
+        return
+    pinned = [s.entry for s in srcs if s.seq in set(plan.pinned)]
+    kept = [s.entry for s in srcs if s.seq >= plan.first_kept_seq]
+    summary = Entry(
+        role="user",
+        parts=[text_part(render_context_message("what happened"))],
+        content_form="string",
+    )
+    context = [*pinned, summary, *kept]
+
+    # Nothing the whole history could show in the kept part is lost by the cut.
+    before = shown(history)
+    after = shown(context)
+    kept_ids = {id(e) for e in kept}
+    assert {pair for pair in before if pair[0] in kept_ids} <= after
+
+    # No system entry is summarized; no tool result is.
+    summarized = [s for s in srcs if s.seq < plan.first_kept_seq]
+    assert all(s.seq in set(plan.pinned) for s in summarized if s.entry.role == "system")
+    assert len(plan.history) + len(plan.turn_prefix) == sum(
+        1 for s in summarized if s.entry.role != "system"
+    )
+    assert not kept or kept[0].role != "tool"
+
+    # And the context, rendered, is valid for both providers.
+    paired = pair_tool_calls(context)
+    # The last assistant's calls may still be running (results to come).
+    last = next((e for e in reversed(history) if e.role != "tool"), None)
+    pending = last is not None and last.role == "assistant" and bool(last.call_ids)
+    messages = [openai_format.render_message(e) for e in paired]
+    assert check_openai_pairing(messages, allow_pending=pending) == []
+    _, blocks = anthropic_format.render_messages(paired)
+    assert check_anthropic_pairing(blocks, allow_pending=pending) == []
+
+
+@PROPERTY
+@given(
+    history=messy_histories(),
+    tokens=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+    keep=st.integers(0, 1500),
+)
+def test_the_split_turn_parts_are_the_summarized_entries(
+    history: list[Entry], tokens: list[int], keep: int
+) -> None:
+    srcs = sources(history, tokens)
+    plan = engine.plan(srcs, start_seq=1, end_seq=len(srcs) + 1, keep=keep, previous_details=None)
+    if plan is None:
+        return
+    summarized = [s.entry for s in srcs if s.seq < plan.first_kept_seq and s.entry.role != "system"]
+    assert [*plan.history, *plan.turn_prefix] == summarized
+    if plan.turn_prefix:
+        # The prefix is the start of the turn the cut splits: a user message opens
+        # it, or the turn began before the pivot and the history part is empty.
+        assert plan.turn_prefix[0].role == "user" or not plan.history
+        assert all(e.role != "user" for e in plan.turn_prefix[1:])
+    assert plan.summarized_tokens + plan.kept_tokens == sum(
+        s.entry.tokens for s in srcs if s.entry.role != "system"
+    )
