@@ -113,9 +113,14 @@ def upgrade() -> None:
         sa.Column("compaction_failures", sa.Integer(), server_default="0", nullable=False),
     )
     op.add_column("session", sa.Column("compaction_held_seq", sa.BigInteger(), nullable=True))
+    # The session's version when its pivot last moved: a usage report or a
+    # provider error about a context read before it measures a context that is
+    # gone, and must neither calibrate nor trigger anything.
+    op.add_column("session", sa.Column("pivot_version", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("session", "pivot_version")
     op.drop_column("session", "compaction_held_seq")
     op.drop_column("session", "compaction_failures")
     op.drop_column("session", "active_compaction_id")

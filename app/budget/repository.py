@@ -63,6 +63,16 @@ RETURNING version
 """
 
 
+# A report about a context the pivot has replaced: kept as the last usage, but
+# neither the calibration nor the estimate's base moves.
+_STALE_USAGE_SQL = """
+UPDATE session SET overhead_tokens = $3, last_usage = $4::jsonb, usage_count = usage_count + 1,
+    version = version + 1, updated_at = $5
+WHERE id = $1 AND tenant_id = $2
+RETURNING version
+"""
+
+
 class WindowItem(NamedTuple):
     """An entry of the current view, as pruning reads it."""
 
@@ -162,6 +172,14 @@ class BudgetRepository:
 
     async def mark_checked(self, driver: Any, session_id: str, urgent: bool) -> None:
         await driver.execute(_CHECKED_SQL, session_id, self.tenant_id, urgent)
+
+    async def record_stale_usage(
+        self, driver: Any, session_id: str, *, overhead_tokens: int, usage_json: str, now: datetime
+    ) -> int:
+        version: int = await driver.fetchval(
+            _STALE_USAGE_SQL, session_id, self.tenant_id, overhead_tokens, usage_json, now
+        )
+        return version
 
     async def record_usage(
         self,

@@ -68,6 +68,13 @@ class UsageReport(Strict):
         le=MAX_REPORTED_TOKENS,
         description="Tokens the tool schemas and other unstored text add to each request.",
     )
+    context_version: int | None = Field(
+        None,
+        ge=0,
+        description="The `version` of the context this call sent (from GET /context). A "
+        "report about a context that a compaction has since replaced is recorded but "
+        "neither calibrates nor triggers anything (`stale` in the answer).",
+    )
     finish_reason: str | None = Field(
         None,
         max_length=64,
@@ -113,13 +120,21 @@ class PruneResult(BaseModel):
 
 class UsageResponse(BaseModel):
     calibration_factor: float
-    reported_prompt_tokens: int
+    reported_prompt_tokens: int | None = Field(
+        description="The estimate's exact base: this report's prompt (null when a stale "
+        "report left none since the last compaction)."
+    )
     overhead_tokens: int
     version: int
     overflow: Verdict
     pruned: PruneResult | None = Field(description="The automatic prune this report started.")
     compaction: CompactionStarted | None = Field(
         None, description="The automatic compaction this report started."
+    )
+    stale: bool = Field(
+        False,
+        description="The report measured a context a compaction has replaced since: kept as "
+        "the last usage only.",
     )
 
 
@@ -137,6 +152,12 @@ class ProviderError(Strict):
     )
 
     status: int | None = Field(None, ge=100, le=599, description="The provider's HTTP status.")
+    context_version: int | None = Field(
+        None,
+        ge=0,
+        description="The `version` of the context the refused call sent (from GET /context): "
+        "an error about a context a compaction has since replaced starts no recovery.",
+    )
     message: str = Field(
         max_length=1_000_000, description="The error message, or the whole error body as text."
     )
@@ -149,6 +170,11 @@ class Recovery(BaseModel):
     )
     pruned: PruneResult | None
     compaction: CompactionStarted | None = None
+    stale: bool = Field(
+        False,
+        description="The refused prompt was a context a compaction has replaced since: "
+        "read the context again and retry.",
+    )
 
 
 class ProviderErrorVerdict(BaseModel):

@@ -160,6 +160,32 @@ async def prune_locked(
     return result(pruned, saved, plan.candidate_tokens, plan.protected_tokens, None)
 
 
+# Above this ratio of reported to counted, a report that came right after a
+# compaction is taken to measure the context before it.
+STALE_RATIO = 1.5
+
+
+def measured_before_pivot(
+    state: SessionState, context_version: int | None, prompt: int | None, counted: int
+) -> bool:
+    """Whether a usage report or a provider error is about a context that a
+    compaction has replaced since the agent read it.
+
+    With ``context_version`` (the ``version`` of the context the agent sent)
+    this is exact. Without it: the first report after a compaction whose
+    prompt is far larger than the context now counted is taken as stale.
+    """
+    if state.pivot_version is None:
+        return False
+    if context_version is not None:
+        return context_version < state.pivot_version
+    return (
+        state.reported_prompt_tokens is None
+        and prompt is not None
+        and prompt > STALE_RATIO * counted
+    )
+
+
 def _pick(value: int | None, default: int) -> int:
     return default if value is None else value
 
@@ -213,6 +239,27 @@ class BudgetService:
             # The prompt just measured is the context the session holds, plus what
             # each request adds: compare like with like, uncalibrated.
             counted = state.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
+            if measured_before_pivot(state, report.context_version, prompt, counted):
+                # The agent's call went out before a compaction committed: its
+                # prompt is not this context's, so it teaches nothing.
+                state.version = await self.repo.record_stale_usage(
+                    driver,
+                    session_id,
+                    overhead_tokens=overhead,
+                    usage_json=report.model_dump_json(exclude={"tools"}),
+                    now=now,
+                )
+                state.overhead_tokens = overhead
+                return UsageResponse(
+                    calibration_factor=state.calibration_factor,
+                    reported_prompt_tokens=state.reported_prompt_tokens,
+                    overhead_tokens=overhead,
+                    version=state.version,
+                    overflow=verdict_model(state, config),
+                    pruned=None,
+                    compaction=None,
+                    stale=True,
+                )
             factor = budget.calibrate(state.calibration_factor, prompt, counted)
             state.version = await self.repo.record_usage(
                 driver,
@@ -268,7 +315,15 @@ class BudgetService:
         async with driver_connection(self.engine) as driver, driver.transaction():
             state = await locked_state(driver, self.tenant_id, session_id)
             recovery = None
-            if match.overflow:
+            counted = state.context_tokens + state.overhead_tokens + tokens.REPLY_PRIMING_TOKENS
+            stale = match.overflow and measured_before_pivot(
+                state, error.context_version, match.requested_tokens, counted
+            )
+            if stale:
+                # The refused prompt was the context before a compaction that has
+                # committed since: the agent's next read already fits better.
+                recovery = Recovery(action="none", pruned=None, compaction=None, stale=True)
+            elif match.overflow:
                 config = sessions.effective_config(state.config)
                 pruned = await prune_locked(
                     driver, self.tenant_id, session_id, state, config, minimum_tokens=0, urgent=True

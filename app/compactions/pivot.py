@@ -38,7 +38,8 @@ from app.sessions.schemas import SessionConfig
 FAILURE_LIMIT = sessions.COMPACTION_FAILURE_LIMIT  # failed automatic ones in a row that stop them
 LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
 CONTINUE_TEXT = "Continue if you have next steps."
-STOPPED = frozenset({"stop", "end_turn", "stop_sequence"})
+# Finish reasons of a reply cut off by the output limit (OpenAI, Anthropic, Gemini).
+CUT_OFF = frozenset({"length", "max_tokens", "model_length"})
 
 
 def started(job: JobRow, created: bool) -> CompactionStarted:
@@ -119,7 +120,6 @@ async def enqueue_locked(
         summarizer=ask.summarizer or c.summarizer,
         model=ask.model or c.model,
         instructions=_instructions(c.instructions, ask.instructions),
-        now=now,
     )
     state.active_compaction_id = job.id
     return started(job, created)
@@ -242,18 +242,26 @@ def _new_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> NewEnt
 async def _should_continue(
     driver: Any, repo: CompactionRepository, session_id: str, seq: int
 ) -> bool:
-    """The synthetic "continue" goes after an automatic compaction unless the agent
-    stopped on its own (its last turn ended with a stop reason), or is waiting on
-    tool results (a user message there would orphan its calls)."""
+    """Whether a synthetic "continue" should follow an automatic compaction.
+
+    Only when the agent was interrupted mid-work: its last entry is a tool
+    result and every call of that turn has its result (a user message while
+    calls still run would hide them from the view), or its last reply was cut
+    off by the output limit. Not after a reply that ended on its own (no
+    calls, any other finish reason), nor after a user message, which already
+    asks for the next step.
+    """
     tail = await repo.tail(driver, session_id, seq)
     if tail is None:
         return False
     role, kind, calls, finish_reason = tail
-    if kind == "continue":
+    if kind != "message":
         return False
+    if role == "tool":
+        return not await repo.calls_pending(driver, session_id, seq)
     if role == "assistant":
-        return not calls and (finish_reason or "").lower() not in STOPPED
-    return True
+        return not calls and (finish_reason or "").lower() in CUT_OFF
+    return False
 
 
 async def commit_pivot(
@@ -313,7 +321,7 @@ async def commit_pivot(
         state.compaction_failures = 0
     if state.active_compaction_id == job_id:
         state.active_compaction_id = None
-    state.version = await repo.move_pivot(
+    state.pivot_version = state.version = await repo.move_pivot(
         driver,
         session_id,
         Pivot(

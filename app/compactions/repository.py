@@ -68,19 +68,26 @@ def _job(row: Any) -> JobRow:
 _INDEX = {f.name: i for i, f in enumerate(fields(JobRow))}
 
 # Insert a job unless the session already has one queued or running (the
-# partial unique key); either way the active job comes back. pg_notify is
-# transactional: workers wake when the enqueueing transaction commits.
+# partial unique key); either way the active job comes back. The claim compares
+# run_after with the database's clock, so the database's clock sets it.
 _ENQUEUE_SQL = f"""
-WITH inserted AS (
-    INSERT INTO compaction AS c (session_id, tenant_id, id, status, reason, auto, strategy,
-        summarizer, model, instructions, attempts, run_after, created_at)
-    VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, 0, $10, $10)
-    ON CONFLICT (session_id, tenant_id) WHERE status IN ('queued', 'running') DO NOTHING
-    RETURNING {_COLUMNS}
-), woken AS (
-    SELECT pg_notify('{CHANNEL}', '') FROM inserted
-)
-SELECT * FROM inserted
+INSERT INTO compaction AS c (session_id, tenant_id, id, status, reason, auto, strategy,
+    summarizer, model, instructions, attempts, run_after, created_at)
+VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, 0, now(), now())
+ON CONFLICT (session_id, tenant_id) WHERE status IN ('queued', 'running') DO NOTHING
+RETURNING {_COLUMNS}
+"""
+
+# Transactional: workers (in every process) wake when the enqueue commits.
+_NOTIFY_SQL = f"SELECT pg_notify('{CHANNEL}', '')"
+
+# A job in hand when its worker shuts down goes back to the queue at once,
+# without using up a claim (instead of waiting out its lease).
+_RELEASE_SQL = """
+UPDATE compaction SET status = 'queued', run_after = now(), lease_owner = NULL,
+    lease_expires_at = NULL, attempts = attempts - 1
+WHERE session_id = $1 AND tenant_id = $2 AND id = $3 AND status = 'running'
+    AND lease_owner = $4 AND attempts = $5
 """
 
 _ACTIVE_SQL = f"""
@@ -241,7 +248,8 @@ UPDATE session SET next_seq = $3, entry_count = entry_count + $4,
     compaction_count = compaction_count + 1, active_compaction_id = $11,
     compaction_failures = $12, compaction_held_seq = $13, reported_prompt_tokens = NULL,
     context_tokens_at_report = NULL, prune_checked_tool_tokens = NULL,
-    prune_checked_urgent = NULL, version = version + 1, updated_at = now()
+    prune_checked_urgent = NULL, version = version + 1, pivot_version = version + 1,
+    updated_at = now()
 WHERE id = $1 AND tenant_id = $2
 RETURNING version
 """
@@ -255,6 +263,21 @@ _TAIL_SQL = """
 SELECT e.role, e.kind, e.call_ids IS NOT NULL, s.last_usage->>'finish_reason'
 FROM session AS s JOIN entry AS e ON e.session_id = s.id AND e.tenant_id = s.tenant_id
 WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq = $3
+"""
+
+# Whether the latest assistant entry with tool calls, at or before $3, still
+# waits on one of them.
+_PENDING_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM tool_call AS t
+    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.result_seq IS NULL
+        AND t.call_seq = (
+            SELECT e.seq FROM entry AS e
+            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq <= $3
+                AND e.role = 'assistant' AND e.call_ids IS NOT NULL
+            ORDER BY e.seq DESC LIMIT 1
+        )
+)
 """
 
 _HOLD_SQL = "UPDATE session SET compaction_held_seq = $3 WHERE id = $1 AND tenant_id = $2"
@@ -321,7 +344,6 @@ class CompactionRepository:
         summarizer: str,
         model: str | None,
         instructions: str | None,
-        now: datetime,
     ) -> tuple[JobRow, bool]:
         """The session's active job and whether it is new; a new one becomes the
         session's ``active_compaction_id``. Runs in the caller's transaction."""
@@ -336,16 +358,21 @@ class CompactionRepository:
             summarizer,
             model,
             instructions,
-            now,
         )
         if row is not None:
             job = _job(row)
             await driver.execute(_SET_ACTIVE_SQL, session_id, self.tenant_id, job.id)
+            await driver.execute(_NOTIFY_SQL)
             return job, True
         active = await driver.fetchrow(_ACTIVE_SQL, session_id, self.tenant_id)
         if active is None:  # pragma: no cover - the key said one exists, under the lock
             raise RuntimeError("no active compaction after a conflict")
         return _job(active), False
+
+    async def release(self, driver: Any, job: JobRow) -> None:
+        await driver.execute(
+            _RELEASE_SQL, job.session_id, job.tenant_id, job.id, job.lease_owner, job.attempts
+        )
 
     async def claim(self, driver: Any, owner: str, lease_seconds: float) -> JobRow | None:
         row = await driver.fetchrow(_CLAIM_SQL, owner, lease_seconds)
@@ -587,6 +614,10 @@ class CompactionRepository:
         finish reason of the session's last usage report."""
         row = await driver.fetchrow(_TAIL_SQL, session_id, self.tenant_id, seq)
         return None if row is None else (row[0], row[1], row[2], row[3])
+
+    async def calls_pending(self, driver: Any, session_id: str, seq: int) -> bool:
+        pending: bool = await driver.fetchval(_PENDING_SQL, session_id, self.tenant_id, seq)
+        return pending
 
     async def hold(self, driver: Any, session_id: str, seq: int) -> None:
         await driver.execute(_HOLD_SQL, session_id, self.tenant_id, seq)

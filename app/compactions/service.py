@@ -89,53 +89,53 @@ class CompactionService:
     async def request(self, session_id: str, body: CompactionRequest) -> CompactionOut:
         """A manual compaction: the session's active one if it has one, else a new
         job; 409 when there is nothing to compact."""
-        async with driver_connection(self.engine) as driver:
-            async with driver.transaction():
-                state = await lock_state(driver, self.tenant_id, session_id)
-                if state is None:
-                    raise NotFound(f"session {session_id!r} does not exist")
-                config = sessions.effective_config(state.config)
-                if not config.compaction.enabled:
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            state = await lock_state(driver, self.tenant_id, session_id)
+            if state is None:
+                raise NotFound(f"session {session_id!r} does not exist")
+            config = sessions.effective_config(state.config)
+            if not config.compaction.enabled:
+                raise Conflict(
+                    "compaction is disabled for this session (config.compaction.enabled)"
+                )
+            job = None
+            if state.active_compaction_id is not None:
+                job = await self.repo.get(driver, session_id, state.active_compaction_id)
+            if job is None or job.status in FINISHED:
+                prepared = await prepare(driver, self.tenant_id, session_id, state, config)
+                if prepared is None:
                     raise Conflict(
-                        "compaction is disabled for this session (config.compaction.enabled)"
+                        "nothing to compact: the history since the last compaction fits in "
+                        f"keep_recent_tokens, or has no point to cut at "
+                        f"({state.next_seq - state.context_start_seq} entries since the pivot)"
                     )
-                job = None
-                if state.active_compaction_id is not None:
-                    job = await self.repo.get(driver, session_id, state.active_compaction_id)
-                if job is None or job.status in FINISHED:
-                    prepared = await prepare(driver, self.tenant_id, session_id, state, config)
-                    if prepared is None:
-                        raise Conflict(
-                            "nothing to compact: the history since the last compaction fits in "
-                            f"keep_recent_tokens, or has no point to cut at "
-                            f"({state.next_seq - state.context_start_seq} entries since the pivot)"
-                        )
-                    out = await enqueue_locked(
-                        driver,
-                        self.tenant_id,
-                        session_id,
-                        state,
-                        config,
-                        reason="manual",
-                        auto=False,
-                        now=datetime.now(UTC),
-                        request=body,
-                    )
-                    job_id = out.id
-                else:
-                    job_id = job.id
-            if self.wake is not None:
-                self.wake.set()
-            job = await self._wait(driver, session_id, job_id, body.wait)
-        return to_schema(job)
+                out = await enqueue_locked(
+                    driver,
+                    self.tenant_id,
+                    session_id,
+                    state,
+                    config,
+                    reason="manual",
+                    auto=False,
+                    now=datetime.now(UTC),
+                    request=body,
+                )
+                job_id = out.id
+            else:
+                job_id = job.id
+        if self.wake is not None:
+            self.wake.set()
+        return to_schema(await self._wait(session_id, job_id, body.wait))
 
-    async def _wait(
-        self, driver: Any, session_id: str, job_id: uuid.UUID, seconds: float
-    ) -> JobRow:
+    async def _wait(self, session_id: str, job_id: uuid.UUID, seconds: float) -> JobRow:
+        """Poll the job until it finishes or ``seconds`` pass, holding a pooled
+        connection only for each read: waiting clients must not starve the
+        workers they wait for."""
         deadline = time.monotonic() + seconds
         pause = 0.01
         while True:
-            job = await self.repo.get(driver, session_id, job_id)
+            async with driver_connection(self.engine) as driver:
+                job = await self.repo.get(driver, session_id, job_id)
             if job is None:
                 raise NotFound(f"compaction {job_id} does not exist")
             if job.status in FINISHED or time.monotonic() >= deadline:

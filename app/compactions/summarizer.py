@@ -28,6 +28,7 @@ from app.engine.summary import (
     build_short_prompt,
     build_turn_prefix_prompt,
     clean_reply,
+    clean_short_reply,
     serialize_conversation,
 )
 from app.upstream.client import UpstreamConfig, UpstreamError, backoff_delay, complete
@@ -87,7 +88,7 @@ def extractive(plan: Plan, previous_summary: str | None) -> Summarized:
         max_chars=plan.summary_chars,
     )
     return Summarized(
-        summary=final_summary(body, None, plan.file_ops),
+        summary=final_summary(body, None, plan.file_ops, plan.summary_chars),
         short_summary=_short_from(body),
         used="extractive",
     )
@@ -120,14 +121,18 @@ class _Call:
         self.usage: dict[str, int] = {}
         self.model: str | None = None
 
-    async def ask(self, system: str, prompt: str) -> str:
+    async def ask(
+        self, system: str, prompt: str, clean: Callable[[str], str | None] = clean_reply
+    ) -> str:
         done = await complete(
             self.llm.http, self.llm.config, model=self.llm.model, system=system, prompt=prompt
         )
         self.model = done.model or self.llm.model
         for key, value in done.usage.items():
             self.usage[key] = self.usage.get(key, 0) + value
-        text = clean_reply(done.text)
+        # NUL and lone surrogates cannot be stored (and a model has no reason to
+        # send them): dropped, as nothing of the agent's is altered by it.
+        text = clean(done.text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8"))
         if text is None:
             raise UpstreamError(
                 "empty", "the summarizer's reply was empty or unusable", retryable=True
@@ -286,14 +291,14 @@ async def summarize(
         fallback.upstream_model = call.model
         fallback.usage = call.usage
         return fallback
-    summary = final_summary(history, prefix, plan.file_ops)
+    summary = final_summary(history, prefix, plan.file_ops, plan.summary_chars)
     short: str | None
     notes: list[str] = []
     # Titled after the history, unless there is none: then after the split turn.
     titled = prefix if prefix and not plan.history and not previous_summary else history
     try:
         request = build_short_prompt(titled)
-        short = (await call.ask(request.system, request.prompt)).splitlines()[0][:SHORT_MAX_CHARS]
+        short = await call.ask(request.system, request.prompt, clean_short_reply)
     except UpstreamError as exc:
         short = _short_from(titled)
         notes.append(f"short summary: upstream {exc.kind}; taken from the summary")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -44,7 +45,7 @@ from app.core.database import driver_connection
 from app.core.settings import Settings
 from app.sessions import service as sessions
 from app.sessions.repository import lock_state, read_state
-from app.upstream.client import UpstreamConfig
+from app.upstream.client import UpstreamConfig, backoff_delay
 
 log = logging.getLogger("compactd.worker")
 
@@ -179,7 +180,10 @@ class Worker:
                         "keep_recent_tokens, or has no point to cut at",
                     )
                     return
-                llm = self._llm(job, state_model)
+                # Claims beyond max_attempts come from crashes: no more upstream calls.
+                llm = None
+                if job.attempts <= self.config.backoff.max_attempts:
+                    llm = self._llm(job, state_model, prepared.plan.summary_chars)
                 summarized = await self._heartbeat_while(
                     job,
                     summarize(
@@ -205,6 +209,24 @@ class Worker:
             log.warning("compaction %s: lease lost; another worker has it", job.id)
         except CancelRequested:
             await self._finish(job, "cancelled", "cancelled while running")
+        except asyncio.CancelledError:
+            # Shutting down: the job goes back to the queue, not to lease expiry.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._release(job))
+            raise
+        except Exception as exc:
+            # A bug, or the database going away mid-job: recorded on the job and
+            # retried after a backoff; claims past max_attempts go extractive.
+            log.exception("compaction %s: failed unexpectedly", job.id)
+            delay = backoff_delay(
+                job.attempts,
+                base=self.config.backoff.base_seconds,
+                cap=self.config.backoff.cap_seconds,
+                retry_after=None,
+                rand=self.config.backoff.rand,
+            )
+            with contextlib.suppress(Exception):
+                await self._retry(job, RetryLater(delay, f"internal error: {exc!r}"[:500]))
 
     async def _prepare(self, job: JobRow) -> tuple[Prepared | None, str, bool] | None:
         """A plan from one snapshot, the session's model, and whether its verdict
@@ -223,11 +245,16 @@ class Worker:
             needed = sessions.verdict_of(state, config).action in ("compact", "emergency")
             return prepared, state.model, needed
 
-    def _llm(self, job: JobRow, session_model: str) -> Llm | None:
+    def _llm(self, job: JobRow, session_model: str, summary_chars: int) -> Llm | None:
         if job.summarizer != "llm" or self.config.upstream is None or self.http is None:
             return None
         model = job.model or self.config.upstream_model or session_model
-        return Llm(http=self.http, config=self.config.upstream, model=model)
+        # A summary in proportion to the session's window (about two characters
+        # a token of room): a small window is not filled by its own summary.
+        upstream = self.config.upstream
+        limit = min(upstream.max_output_tokens, max(1_024, summary_chars // 2))
+        config = dataclasses.replace(upstream, max_output_tokens=limit)
+        return Llm(http=self.http, config=config, model=model)
 
     async def _heartbeat_while(self, job: JobRow, work: Awaitable[T]) -> T:
         """Run ``work`` while extending the lease; stop it when the lease is lost
@@ -295,7 +322,11 @@ class Worker:
                 auto=job.auto,
                 now=datetime.now(UTC),
             )
-            fell_back = job.summarizer == "llm" and summarized.used == "extractive"
+            fell_back = (
+                job.summarizer == "llm"
+                and summarized.used == "extractive"
+                and self.config.upstream is not None
+            )
             await repo.succeed(
                 driver,
                 job.id,
@@ -350,6 +381,11 @@ class Worker:
                 failures,
             )
 
+    async def _release(self, job: JobRow) -> None:
+        async with driver_connection(self.engine) as driver:
+            await CompactionRepository(job.tenant_id).release(driver, job)
+        log.info("compaction %s: released to the queue on shutdown", job.id)
+
     async def _retry(self, job: JobRow, later: RetryLater) -> None:
         repo = CompactionRepository(job.tenant_id)
         async with driver_connection(self.engine) as driver, driver.transaction():
@@ -370,13 +406,20 @@ async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
 
 
-async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
+async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, seconds: float | None) -> None:
     waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
     try:
         await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()
+
+
+def _setter(event: asyncio.Event) -> Any:
+    def on_termination(_connection: Any) -> None:
+        event.set()
+
+    return on_termination
 
 
 class Listener:
@@ -392,9 +435,14 @@ class Listener:
             connection: Any = None
             try:
                 connection = await asyncpg.connect(self.dsn)
+                lost = asyncio.Event()
+                connection.add_termination_listener(_setter(lost))
                 await connection.add_listener(CHANNEL, self._notified)
                 self.wake.set()  # jobs may have come while not listening
-                await stop.wait()
+                await _wait_any(stop, lost, None)
+                if lost.is_set() and not stop.is_set():
+                    log.warning("compaction listener: connection lost; reconnecting")
+                    await _sleep_or(stop, 1.0)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("compaction listener: %s; polling until it reconnects", exc)
                 await _sleep_or(stop, 2.0)

@@ -132,10 +132,33 @@ def plan(
     )
 
 
-def final_summary(history_summary: str, turn_prefix_summary: str | None, ops: FileOps) -> str:
+def capped_files(ops: FileOps, max_chars: int) -> tuple[list[str], list[str]]:
+    """The file lists as the summary shows them, within ``max_chars``: modified
+    files first, then read ones; what does not fit is counted, not listed (the
+    job's details keep every path). Without a cap the lists, cumulative across
+    compactions, would grow each summary until it filled the window."""
+    budget = max_chars
+    shown: dict[str, list[str]] = {"modified": [], "read": []}
+    for kind, paths in (("modified", ops.modified), ("read", ops.read)):
+        for path in paths:
+            if len(path) + 1 > budget:
+                break
+            shown[kind].append(path)
+            budget -= len(path) + 1
+        hidden = len(paths) - len(shown[kind])
+        if hidden:
+            shown[kind].append(f"(and {hidden} more)")
+    return shown["read"], shown["modified"]
+
+
+def final_summary(
+    history_summary: str, turn_prefix_summary: str | None, ops: FileOps, max_chars: int = 12_000
+) -> str:
     """The stored summary: the history, the split turn's prefix under its own
-    heading, and the files read and modified so far."""
+    heading, and the files read and modified so far (at most a quarter of
+    ``max_chars``, the summary's size)."""
     text = history_summary
     if turn_prefix_summary:
         text = merge_split_turn(history_summary, turn_prefix_summary)
-    return with_file_tags(text, ops.read, ops.modified)
+    read, modified = capped_files(ops, max(400, max_chars // 4))
+    return with_file_tags(text, read, modified)

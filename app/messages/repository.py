@@ -260,11 +260,21 @@ async def read_window(
     window = [r for r in records if r[7] != "compaction"]
     if not pinned_seqs:
         return [*summary, *window]
-    wanted = set(pinned_seqs)
-    rows = await driver.fetch(
-        _PINNED_SQL[fmt], session_id, tenant_id, min(pinned_seqs), max(pinned_seqs)
-    )
-    return [*(r for r in rows if r[0] in wanted), *summary, *window]
+    pinned: list[Any] = []
+    for first, last in _runs(pinned_seqs):
+        pinned.extend(await driver.fetch(_PINNED_SQL[fmt], session_id, tenant_id, first, last))
+    return [*pinned, *summary, *window]
+
+
+def _runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """Sorted seqs as ranges of consecutive ones: [1, 2, 3, 9] -> [(1, 3), (9, 9)]."""
+    runs: list[tuple[int, int]] = []
+    for seq in sorted(seqs):
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
 
 
 class AppendRepository:

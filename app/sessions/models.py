@@ -61,5 +61,6 @@ class Session(Base):
     active_compaction_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     compaction_failures: Mapped[int] = mapped_column(Integer, default=0)
     compaction_held_seq: Mapped[int | None] = mapped_column(BigInteger)
+    pivot_version: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -44,6 +44,7 @@ class SessionState:
     compaction_failures: int
     compaction_held_seq: int | None
     compaction_count: int
+    pivot_version: int | None
 
 
 STATE_FIELDS = tuple(f.name for f in fields(SessionState))

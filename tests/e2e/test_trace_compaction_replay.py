@@ -14,7 +14,9 @@ summarizer and once with the test upstream LLM; the figures are printed
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +85,12 @@ async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
     r = await client.get(f"/v1/sessions/{sid}/compactions")
     jobs = r.json()["compactions"]
     for job in jobs:
-        if job["status"] in ("queued", "running"):
-            r = await client.post(f"/v1/sessions/{sid}/compactions", json={"wait": 60})
-            assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 60
+        while job["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            await asyncio.sleep(0.05)
+            r = await client.get(f"/v1/sessions/{sid}/compactions/{job['id']}")
+            job = r.json()
     jobs = (await client.get(f"/v1/sessions/{sid}/compactions", params={"limit": 200})).json()[
         "compactions"
     ]
