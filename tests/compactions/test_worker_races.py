@@ -503,3 +503,66 @@ async def test_a_cancel_that_meets_a_retryable_failure_still_cancels(
     assert session["compaction_count"] == 0
     fresh = await request_compaction(client, sid)
     assert fresh["id"] != job["id"]
+
+
+async def test_sigterm_stops_a_worker_and_gives_its_job_back(
+    app: Any,
+    client: httpx.AsyncClient,
+    upstream: Upstream,
+    db_url: str,
+    settings: Settings,
+    tmp_path: Path,
+) -> None:
+    sid = await seeded(client, 12)
+    upstream.script([Hang(60)])
+    job = await request_compaction(client, sid)
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "COMPACTD_UPSTREAM_BASE_URL": upstream.url,
+        "COMPACTD_UPSTREAM_TIMEOUT_SECONDS": "60",
+        "COMPACTD_COMPACTION_LEASE_SECONDS": "30",
+        "COMPACTD_COMPACTION_POLL_SECONDS": "0.1",
+        "COMPACTD_COMPACTION_SHUTDOWN_GRACE_SECONDS": "0.5",
+        "COMPACTD_TIKTOKEN_CACHE_DIR": str(settings.tiktoken_cache_dir),
+        "COMPACTD_LOG_LEVEL": "warning",
+    }
+    env.pop("COMPACTD_DATABASE_URL", None)
+    log = tmp_path / "worker.log"
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "compactd"),
+            "worker",
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=output,
+        )
+    try:
+
+        async def claimed() -> bool:
+            assert process.returncode is None, log.read_text()
+            state = await compaction(client, sid, job["id"])
+            return bool(state["status"] == "running")
+
+        await _until(claimed, within=30)
+        await asyncio.to_thread(upstream.wait_for, 1, 10.0)  # mid-call
+        process.send_signal(signal.SIGTERM)
+        # Stops within the grace period, cleanly.
+        assert await asyncio.wait_for(process.wait(), 15) == 0, log.read_text()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    # The job went back to the queue at once (not to a 30 s lease), its claim uncounted.
+    released = await job_row(app.state.engine, sid, job["id"])
+    assert released.status == "queued"
+    assert released.attempts == 0
+    assert released.lease_owner is None
+    upstream.script([Reply(SUMMARY), Reply(SHORT)])
+    assert await drain(app, worker_config(upstream)) == 1
+    done = await compaction(client, sid, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] == 1
+    assert await compaction_count(client, sid) == 1
