@@ -20,6 +20,7 @@ from app.compactions.repository import (
     CompactionRepository,
     JobRow,
     NewEntry,
+    Outcome,
     Pivot,
     SourceRow,
 )
@@ -341,12 +342,28 @@ async def commit_pivot(
     return Committed(seq, before, after, state.version, continued)
 
 
-def job_details(prepared: Prepared, summarized: Summarized, committed: Committed) -> dict[str, Any]:
-    return {
-        **prepared.plan.details,
-        "notes": summarized.notes,
-        "continued": committed.continued,
-    }
+def outcome(
+    prepared: Prepared, summarized: Summarized, committed: Committed, *, error: str | None = None
+) -> Outcome:
+    """What the job records once its summary is committed."""
+    return Outcome(
+        summary=summarized.summary,
+        short_summary=summarized.short_summary,
+        summarizer_used=summarized.used,
+        source_start_seq=prepared.plan.start_seq,
+        first_kept_seq=prepared.plan.first_kept_seq,
+        entry_seq=committed.entry_seq,
+        tokens_before=committed.tokens_before,
+        tokens_after=committed.tokens_after,
+        details={
+            **prepared.plan.details,
+            "notes": summarized.notes,
+            "continued": committed.continued,
+        },
+        upstream_model=summarized.upstream_model,
+        upstream_usage=summarized.usage or None,
+        error=error,
+    )
 
 
 async def compact_now(
@@ -385,15 +402,8 @@ async def compact_now(
         driver,
         session_id,
         job_id,
+        outcome(prepared, summarized, committed),
         reason="emergency",
         now=now,
-        summary=summarized.summary,
-        short_summary=summarized.short_summary,
-        source_start_seq=prepared.plan.start_seq,
-        first_kept_seq=prepared.plan.first_kept_seq,
-        entry_seq=committed.entry_seq,
-        tokens_before=committed.tokens_before,
-        tokens_after=committed.tokens_after,
-        details=job_details(prepared, summarized, committed),
     )
     return CompactionStarted(id=job_id, status="succeeded", reason="emergency", created=True)

@@ -202,11 +202,11 @@ WHERE session_id = $1 AND tenant_id = $2 AND id = $3
 # A compaction made on the spot (the emergency path): born succeeded.
 _INSERT_DONE_SQL = """
 INSERT INTO compaction (session_id, tenant_id, id, status, reason, auto, strategy, summarizer,
-    summarizer_used, attempts, run_after, summary, short_summary, source_start_seq,
-    first_kept_seq, entry_seq, tokens_before, tokens_after, details, created_at, started_at,
-    finished_at)
-VALUES ($1, $2, $3, 'succeeded', $4, true, 'structured', 'extractive', 'extractive', 1, $5,
-    $6, $7, $8, $9, $10, $11, $12, $13::jsonb, $5, $5, $5)
+    attempts, run_after, created_at, started_at, finished_at, summary, short_summary,
+    summarizer_used, source_start_seq, first_kept_seq, entry_seq, tokens_before, tokens_after,
+    details, upstream_model, upstream_usage, error)
+VALUES ($1, $2, $3, 'succeeded', $4, true, 'structured', 'extractive', 1, $5, $5, $5, $5,
+    $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16::jsonb, $17)
 """
 
 _INSERT_ENTRY_SQL = """
@@ -300,6 +300,42 @@ class SourceRow:
     tokens: int
     link_id: str | None  # the result's call as the view names it
     call_ids: list[str] | None  # the calls as the view names them
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a succeeded compaction records on its job, in the order of the
+    columns _SUCCEED_SQL and _INSERT_DONE_SQL write."""
+
+    summary: str
+    short_summary: str | None
+    summarizer_used: str
+    source_start_seq: int
+    first_kept_seq: int
+    entry_seq: int
+    tokens_before: int
+    tokens_after: int
+    details: dict[str, Any]
+    upstream_model: str | None = None
+    upstream_usage: dict[str, Any] | None = None
+    error: str | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        usage = None if self.upstream_usage is None else orjson.dumps(self.upstream_usage).decode()
+        return (
+            self.summary,
+            self.short_summary,
+            self.summarizer_used,
+            self.source_start_seq,
+            self.first_kept_seq,
+            self.entry_seq,
+            self.tokens_before,
+            self.tokens_after,
+            orjson.dumps(self.details).decode(),
+            self.upstream_model,
+            usage,
+            self.error,
+        )
 
 
 @dataclass(slots=True)
@@ -471,76 +507,22 @@ class CompactionRepository:
             row = await driver.fetchrow(_REQUEST_CANCEL_SQL, session_id, self.tenant_id, job_id)
         return None if row is None else _job(row)
 
-    async def succeed(
-        self,
-        driver: Any,
-        job_id: uuid.UUID,
-        session_id: str,
-        *,
-        summary: str,
-        short_summary: str | None,
-        summarizer_used: str,
-        source_start_seq: int,
-        first_kept_seq: int,
-        entry_seq: int,
-        tokens_before: int,
-        tokens_after: int,
-        details: dict[str, Any],
-        upstream_model: str | None,
-        upstream_usage: dict[str, Any] | None,
-        error: str | None,
-    ) -> None:
-        await driver.execute(
-            _SUCCEED_SQL,
-            session_id,
-            self.tenant_id,
-            job_id,
-            summary,
-            short_summary,
-            summarizer_used,
-            source_start_seq,
-            first_kept_seq,
-            entry_seq,
-            tokens_before,
-            tokens_after,
-            orjson.dumps(details).decode(),
-            upstream_model,
-            None if upstream_usage is None else orjson.dumps(upstream_usage).decode(),
-            error,
-        )
+    async def succeed(self, driver: Any, job_id: uuid.UUID, session_id: str, done: Outcome) -> None:
+        await driver.execute(_SUCCEED_SQL, session_id, self.tenant_id, job_id, *done.values())
 
     async def insert_done(
         self,
         driver: Any,
         session_id: str,
         job_id: uuid.UUID,
+        done: Outcome,
         *,
         reason: str,
         now: datetime,
-        summary: str,
-        short_summary: str | None,
-        source_start_seq: int,
-        first_kept_seq: int,
-        entry_seq: int,
-        tokens_before: int,
-        tokens_after: int,
-        details: dict[str, Any],
     ) -> None:
+        """A compaction made on the spot, recorded as succeeded."""
         await driver.execute(
-            _INSERT_DONE_SQL,
-            session_id,
-            self.tenant_id,
-            job_id,
-            reason,
-            now,
-            summary,
-            short_summary,
-            source_start_seq,
-            first_kept_seq,
-            entry_seq,
-            tokens_before,
-            tokens_after,
-            orjson.dumps(details).decode(),
+            _INSERT_DONE_SQL, session_id, self.tenant_id, job_id, reason, now, *done.values()
         )
 
     async def insert_entry(

@@ -35,7 +35,7 @@ from app.compactions.pivot import (
     FAILURE_LIMIT,
     Prepared,
     commit_pivot,
-    job_details,
+    outcome,
     pivot_unchanged,
     prepare,
 )
@@ -327,22 +327,12 @@ class Worker:
                 and summarized.used == "extractive"
                 and self.config.upstream is not None
             )
+            error = "; ".join(summarized.notes) if fell_back and summarized.notes else None
             await repo.succeed(
                 driver,
                 job.id,
                 job.session_id,
-                summary=summarized.summary,
-                short_summary=summarized.short_summary,
-                summarizer_used=summarized.used,
-                source_start_seq=prepared.plan.start_seq,
-                first_kept_seq=prepared.plan.first_kept_seq,
-                entry_seq=committed.entry_seq,
-                tokens_before=committed.tokens_before,
-                tokens_after=committed.tokens_after,
-                details=job_details(prepared, summarized, committed),
-                upstream_model=summarized.upstream_model,
-                upstream_usage=summarized.usage or None,
-                error="; ".join(summarized.notes) if fell_back and summarized.notes else None,
+                outcome(prepared, summarized, committed, error=error),
             )
         log.info(
             "compaction %s succeeded: %d -> %d tokens (%s)",

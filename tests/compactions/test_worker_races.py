@@ -265,6 +265,37 @@ async def test_a_live_worker_that_lost_its_lease_stops_without_committing(
 # --- SIGKILL -------------------------------------------------------------------------
 
 
+async def spawn_worker(
+    db_url: str, upstream: Upstream, settings: Settings, tmp_path: Path, **env: str
+) -> tuple[asyncio.subprocess.Process, Path]:
+    """A real `compactd worker --count 1` process on the test database; its output
+    goes to the returned log file."""
+    environment = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "COMPACTD_UPSTREAM_BASE_URL": upstream.url,
+        "COMPACTD_UPSTREAM_TIMEOUT_SECONDS": "60",
+        "COMPACTD_COMPACTION_POLL_SECONDS": "0.1",
+        "COMPACTD_TIKTOKEN_CACHE_DIR": str(settings.tiktoken_cache_dir),
+        "COMPACTD_LOG_LEVEL": "warning",
+        **env,
+    }
+    environment.pop("COMPACTD_DATABASE_URL", None)
+    log = tmp_path / "worker.log"
+    with log.open("wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "compactd"),
+            "worker",
+            "--count",
+            "1",
+            cwd=ROOT,
+            env=environment,
+            stdout=output,
+            stderr=output,
+        )
+    return process, log
+
+
 async def test_a_worker_killed_mid_call_is_replaced_after_its_lease(
     app: Any,
     client: httpx.AsyncClient,
@@ -276,30 +307,14 @@ async def test_a_worker_killed_mid_call_is_replaced_after_its_lease(
     sid = await seeded(client, 12)
     upstream.script([Hang(60)])
     job = await request_compaction(client, sid)
-    env = {
-        **os.environ,
-        "DATABASE_URL": db_url,
-        "COMPACTD_UPSTREAM_BASE_URL": upstream.url,
-        "COMPACTD_UPSTREAM_API_KEY": "sk-test",
-        "COMPACTD_UPSTREAM_TIMEOUT_SECONDS": "60",
-        "COMPACTD_COMPACTION_LEASE_SECONDS": "2",
-        "COMPACTD_COMPACTION_POLL_SECONDS": "0.1",
-        "COMPACTD_TIKTOKEN_CACHE_DIR": str(settings.tiktoken_cache_dir),
-        "COMPACTD_LOG_LEVEL": "warning",
-    }
-    env.pop("COMPACTD_DATABASE_URL", None)
-    log = tmp_path / "worker.log"
-    with log.open("wb") as output:
-        process = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "compactd"),
-            "worker",
-            "--count",
-            "1",
-            cwd=ROOT,
-            env=env,
-            stdout=output,
-            stderr=output,
-        )
+    process, log = await spawn_worker(
+        db_url,
+        upstream,
+        settings,
+        tmp_path,
+        COMPACTD_UPSTREAM_API_KEY="sk-test",
+        COMPACTD_COMPACTION_LEASE_SECONDS="2",
+    )
     try:
 
         async def claimed() -> bool:
@@ -516,28 +531,14 @@ async def test_sigterm_stops_a_worker_and_gives_its_job_back(
     sid = await seeded(client, 12)
     upstream.script([Hang(60)])
     job = await request_compaction(client, sid)
-    env = {
-        **os.environ,
-        "DATABASE_URL": db_url,
-        "COMPACTD_UPSTREAM_BASE_URL": upstream.url,
-        "COMPACTD_UPSTREAM_TIMEOUT_SECONDS": "60",
-        "COMPACTD_COMPACTION_LEASE_SECONDS": "30",
-        "COMPACTD_COMPACTION_POLL_SECONDS": "0.1",
-        "COMPACTD_COMPACTION_SHUTDOWN_GRACE_SECONDS": "0.5",
-        "COMPACTD_TIKTOKEN_CACHE_DIR": str(settings.tiktoken_cache_dir),
-        "COMPACTD_LOG_LEVEL": "warning",
-    }
-    env.pop("COMPACTD_DATABASE_URL", None)
-    log = tmp_path / "worker.log"
-    with log.open("wb") as output:
-        process = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "compactd"),
-            "worker",
-            cwd=ROOT,
-            env=env,
-            stdout=output,
-            stderr=output,
-        )
+    process, log = await spawn_worker(
+        db_url,
+        upstream,
+        settings,
+        tmp_path,
+        COMPACTD_COMPACTION_LEASE_SECONDS="30",
+        COMPACTD_COMPACTION_SHUTDOWN_GRACE_SECONDS="0.5",
+    )
     try:
 
         async def claimed() -> bool:
