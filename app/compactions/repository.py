@@ -95,6 +95,11 @@ SELECT {_COLUMNS} FROM compaction AS c
 WHERE c.session_id = $1 AND c.tenant_id = $2 AND c.status IN ('queued', 'running')
 """
 
+_TO_OVERFLOW_SQL = """
+UPDATE compaction SET reason = 'overflow'
+WHERE session_id = $1 AND tenant_id = $2 AND status = 'queued' AND reason = 'threshold'
+"""
+
 _SET_ACTIVE_SQL = "UPDATE session SET active_compaction_id = $3 WHERE id = $1 AND tenant_id = $2"
 
 # One short statement: the oldest due job, or a running one whose lease ended
@@ -400,6 +405,10 @@ class CompactionRepository:
             await driver.execute(_SET_ACTIVE_SQL, session_id, self.tenant_id, job.id)
             await driver.execute(_NOTIFY_SQL)
             return job, True
+        if reason == "overflow":
+            # The provider refused a prompt: a job still waiting plans with the
+            # overflow's smaller keep when it runs.
+            await driver.execute(_TO_OVERFLOW_SQL, session_id, self.tenant_id)
         active = await driver.fetchrow(_ACTIVE_SQL, session_id, self.tenant_id)
         if active is None:  # pragma: no cover - the key said one exists, under the lock
             raise RuntimeError("no active compaction after a conflict")

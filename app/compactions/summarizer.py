@@ -127,7 +127,8 @@ class _Call:
         done = await complete(
             self.llm.http, self.llm.config, model=self.llm.model, system=system, prompt=prompt
         )
-        self.model = done.model or self.llm.model
+        # The model that wrote the summary: the first call's (the title call is last).
+        self.model = self.model or done.model or self.llm.model
         for key, value in done.usage.items():
             self.usage[key] = self.usage.get(key, 0) + value
         # NUL and lone surrogates cannot be stored (and a model has no reason to

@@ -225,3 +225,37 @@ async def test_shutdown_gives_the_job_in_hand_back_to_the_queue(
     upstream.script([Reply(SUMMARY), Reply(SUMMARY), Reply("A short title")])
     assert await drain(app, worker_config(upstream)) == 1
     assert (await compaction(client, "g", job_id))["status"] == "succeeded"
+
+
+async def test_an_overflow_error_makes_a_waiting_threshold_job_an_overflow_one(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    config = {"compaction": {"reserve_tokens": 4_000}, "prune": {"auto": False}}
+    await make_session(
+        client, id="w", context_window=16_000, max_output_tokens=2_000, config=config
+    )
+    queued = None
+    for batch in conversation(40, words=300):
+        body = await append_ok(client, "w", batch)
+        if body["compaction"]:
+            queued = body["compaction"]
+            break
+    assert queued is not None
+    assert queued["reason"] == "threshold"
+    version = (await client.get("/v1/sessions/w/context")).json()["version"]
+    r = await client.post(
+        "/v1/sessions/w/overflow-errors",
+        json={
+            "status": 400,
+            "message": "prompt is too long: 208310 tokens > 200000 maximum",
+            "context_version": version,
+        },
+    )
+    started = r.json()["recovery"]["compaction"]
+    assert started["id"] == queued["id"]
+    assert started["created"] is False
+    assert started["reason"] == "overflow"
+    assert await drain(app) == 1
+    done = await compaction(client, "w", queued["id"])
+    assert done["status"] == "succeeded"
+    assert done["reason"] == "overflow"
