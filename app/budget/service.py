@@ -339,7 +339,6 @@ class BudgetService:
                         config,
                         reason="overflow",
                         auto=True,
-                        now=datetime.now(UTC),
                     )
                 action = "compact" if compaction else "prune" if pruned.pruned else "none"
                 recovery = Recovery(action=action, pruned=pruned, compaction=compaction)

@@ -94,7 +94,7 @@ async def start_auto(
     if reason == "emergency":
         return await compact_now(driver, tenant_id, session_id, state, config, now=now)
     return await enqueue_locked(
-        driver, tenant_id, session_id, state, config, reason=reason, auto=True, now=now
+        driver, tenant_id, session_id, state, config, reason=reason, auto=True
     )
 
 
@@ -107,7 +107,6 @@ async def enqueue_locked(
     *,
     reason: Reason,
     auto: bool,
-    now: datetime,
     request: CompactionRequest | None = None,
 ) -> CompactionStarted:
     c = config.compaction
@@ -178,12 +177,16 @@ async def prepare(
     config: SessionConfig,
     *,
     reason: str = "manual",
+    light: bool = False,
 ) -> Prepared | None:
     """Read what the session holds since its pivot and plan the cut. None when
-    there is nothing to compact."""
+    there is nothing to compact. ``light`` reads no content: the plan then says
+    where the cut falls, and holds nothing to summarize."""
     repo = CompactionRepository(tenant_id)
-    rows, marks = await repo.source(driver, session_id, state.context_start_seq, state.next_seq)
-    previous = await repo.previous(driver, session_id, state.summary_seq)
+    rows, marks = await repo.source(
+        driver, session_id, state.context_start_seq, state.next_seq, light=light
+    )
+    previous = None if light else await repo.previous(driver, session_id, state.summary_seq)
     window, _ = sessions.window_of(state)
     trigger = sessions.thresholds_of(config).trigger_tokens(window.usable_tokens)
     urgent = reason in ("emergency", "overflow")

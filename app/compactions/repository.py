@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from app.messages.repository import read_marks
+
 CHANNEL = "compactd_compactions"
 
 
@@ -153,18 +155,17 @@ WHERE session_id = $1 AND tenant_id = $2 AND entry_seq = $3 AND status = 'succee
 """
 
 # The entries since the pivot, whole: what a compaction summarizes and keeps.
-_SOURCE_SQL = """
-SELECT seq, kind, role, parts, tool_call_id, tool_name, is_error, name, tokens,
-    coalesce(view_call_id, tool_call_id), call_ids
+# Without the parts ("light"): enough to know where a cut falls, not to summarize.
+_SOURCE_SQL = {
+    light: f"""
+SELECT seq, kind, role, {"NULL::jsonb" if light else "parts"}, tool_call_id, tool_name,
+    is_error, name, tokens, coalesce(view_call_id, tool_call_id), call_ids
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
 ORDER BY seq
 """
-
-_MARKS_SQL = """
-SELECT seq, tokens FROM prune_mark
-WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
-"""
+    for light in (False, True)
+}
 
 # The reason also goes into details.notes, so a job that succeeds on a later
 # attempt still records why the earlier ones failed.
@@ -470,20 +471,23 @@ class CompactionRepository:
         return row[0], details
 
     async def source(
-        self, driver: Any, session_id: str, start_seq: int, end_seq: int
+        self, driver: Any, session_id: str, start_seq: int, end_seq: int, *, light: bool = False
     ) -> tuple[list[SourceRow], dict[int, int]]:
-        """The entries ``start_seq <= seq < end_seq`` and their prune marks."""
-        rows = await driver.fetch(_SOURCE_SQL, session_id, self.tenant_id, start_seq, end_seq)
-        marks = await driver.fetch(_MARKS_SQL, session_id, self.tenant_id, start_seq, end_seq)
+        """The entries ``start_seq <= seq < end_seq`` and their prune marks;
+        ``light`` leaves their parts out (empty)."""
+        rows = await driver.fetch(
+            _SOURCE_SQL[light], session_id, self.tenant_id, start_seq, end_seq
+        )
+        marks = await read_marks(driver, self.tenant_id, session_id, start_seq, end_seq)
         out = []
         for r in rows:
-            parts = r[3]
+            parts = r[3] or []
             if isinstance(parts, str):
                 parts = orjson.loads(parts)
             out.append(
                 SourceRow(r[0], r[1], r[2], parts, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
             )
-        return out, {m[0]: m[1] for m in marks}
+        return out, marks
 
     async def retry_later(self, driver: Any, job: JobRow, delay_seconds: float, error: str) -> None:
         await driver.execute(

@@ -8,7 +8,7 @@ import asyncio
 import base64
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -102,7 +102,10 @@ class CompactionService:
             if state.active_compaction_id is not None:
                 job = await self.repo.get(driver, session_id, state.active_compaction_id)
             if job is None or job.status in FINISHED:
-                prepared = await prepare(driver, self.tenant_id, session_id, state, config)
+                # Is there anything to cut? The worker reads the content itself.
+                prepared = await prepare(
+                    driver, self.tenant_id, session_id, state, config, light=True
+                )
                 if prepared is None:
                     raise Conflict(
                         "nothing to compact: the history since the last compaction fits in "
@@ -117,7 +120,6 @@ class CompactionService:
                     config,
                     reason="manual",
                     auto=False,
-                    now=datetime.now(UTC),
                     request=body,
                 )
                 job_id = out.id

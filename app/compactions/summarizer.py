@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
@@ -311,7 +311,3 @@ async def summarize(
         usage=call.usage,
         notes=notes,
     )
-
-
-def describe(summarized: Summarized) -> dict[str, Any]:
-    return {"notes": summarized.notes} if summarized.notes else {}

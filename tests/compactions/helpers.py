@@ -89,3 +89,19 @@ async def compaction(client: httpx.AsyncClient, sid: str, cid: str) -> dict[str,
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()
     return data
+
+
+ANTHROPIC_OVERFLOW = "prompt is too long: 208310 tokens > 200000 maximum"
+
+
+async def overflow_error(
+    client: httpx.AsyncClient, sid: str, context_version: int | None = None
+) -> dict[str, Any]:
+    """Forward Anthropic's context-overflow error; the recovery it started."""
+    body: dict[str, Any] = {"status": 400, "message": ANTHROPIC_OVERFLOW}
+    if context_version is not None:
+        body["context_version"] = context_version
+    r = await client.post(f"/v1/sessions/{sid}/overflow-errors", json=body)
+    assert r.status_code == 200, r.text
+    recovery: dict[str, Any] = r.json()["recovery"]
+    return recovery

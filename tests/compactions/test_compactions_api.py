@@ -11,7 +11,7 @@ import pytest
 from app.core.settings import Settings
 from app.engine.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
-from tests.compactions.helpers import compaction, conversation, drain
+from tests.compactions.helpers import compaction, conversation, drain, overflow_error
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, history
 
@@ -314,11 +314,8 @@ async def test_continue_only_when_the_agent_did_not_stop(
     )
     assert r.status_code == 200, r.text
     await append_ok(client, "s", [{"role": "assistant", "content": "All done."}])
-    r = await client.post(
-        "/v1/sessions/s/overflow-errors",
-        json={"status": 400, "message": "prompt is too long: 208310 tokens > 200000 maximum"},
-    )
-    job = r.json()["recovery"]["compaction"]
+    recovery = await overflow_error(client, "s")
+    job = recovery["compaction"]
     assert await drain(app) == 1
     assert (await compaction(client, "s", job["id"]))["details"]["continued"] is continued
     last = (await context(client, "s"))["messages"][-1]
@@ -381,12 +378,7 @@ async def test_emergency_compacts_in_the_append(client: httpx.AsyncClient) -> No
 async def test_overflow_error_starts_a_compaction(app: Any, client: httpx.AsyncClient) -> None:
     await make_session(client, id="o", config={"prune": {"auto": False}})
     await fill(client, "o", conversation(12))
-    r = await client.post(
-        "/v1/sessions/o/overflow-errors",
-        json={"status": 400, "message": "prompt is too long: 208310 tokens > 200000 maximum"},
-    )
-    assert r.status_code == 200, r.text
-    recovery = r.json()["recovery"]
+    recovery = await overflow_error(client, "o")
     assert recovery["action"] == "compact"
     assert recovery["compaction"]["reason"] == "overflow"
     assert await drain(app) == 1

@@ -14,7 +14,13 @@ from app.compactions.worker import WorkerPool
 from app.engine.compaction import capped_files
 from app.engine.fileops import FileOps
 from tests import postgres
-from tests.compactions.helpers import compaction, conversation, drain, worker_config
+from tests.compactions.helpers import (
+    compaction,
+    conversation,
+    drain,
+    overflow_error,
+    worker_config,
+)
 from tests.compactions.worker_support import SUMMARY
 from tests.conftest import make_session
 from tests.helpers import append_ok, get_session, history
@@ -72,15 +78,7 @@ async def test_a_usage_report_about_the_context_before_a_compaction_is_stale(
     )
     assert r.json()["stale"] is False
     # And a provider error about the old context starts no recovery.
-    r = await client.post(
-        "/v1/sessions/u/overflow-errors",
-        json={
-            "status": 400,
-            "message": "prompt is too long: 208310 tokens > 200000 maximum",
-            "context_version": old_version,
-        },
-    )
-    recovery = r.json()["recovery"]
+    recovery = await overflow_error(client, "u", old_version)
     assert recovery["stale"] is True
     assert recovery["action"] == "none"
     assert (await get_session(client, "u"))["active_compaction_id"] is None
@@ -113,11 +111,8 @@ async def test_no_continue_after_a_user_message_or_while_calls_run(
             {"role": "tool", "tool_call_id": "p1", "content": "built"},
         ],
     )
-    r = await client.post(
-        "/v1/sessions/k/overflow-errors",
-        json={"status": 400, "message": "prompt is too long: 208310 tokens > 200000 maximum"},
-    )
-    job = r.json()["recovery"]["compaction"]
+    recovery = await overflow_error(client, "k")
+    job = recovery["compaction"]
     assert await drain(app) == 1
     done = await compaction(client, "k", job["id"])
     assert done["details"]["continued"] is False
@@ -127,15 +122,8 @@ async def test_no_continue_after_a_user_message_or_while_calls_run(
     await append_ok(client, "k", [{"role": "tool", "tool_call_id": "p2", "content": "ok"}])
     await append_ok(client, "k", [{"role": "user", "content": "Please look at this log."}])
     version = (await client.get("/v1/sessions/k/context")).json()["version"]
-    r = await client.post(
-        "/v1/sessions/k/overflow-errors",
-        json={
-            "status": 400,
-            "message": "prompt is too long: 208310 tokens > 200000 maximum",
-            "context_version": version,
-        },
-    )
-    job = r.json()["recovery"]["compaction"]
+    recovery = await overflow_error(client, "k", version)
+    job = recovery["compaction"]
     assert await drain(app) == 1
     assert (await compaction(client, "k", job["id"]))["details"]["continued"] is False
     ctx = (await client.get("/v1/sessions/k/context")).json()
@@ -243,15 +231,8 @@ async def test_an_overflow_error_makes_a_waiting_threshold_job_an_overflow_one(
     assert queued is not None
     assert queued["reason"] == "threshold"
     version = (await client.get("/v1/sessions/w/context")).json()["version"]
-    r = await client.post(
-        "/v1/sessions/w/overflow-errors",
-        json={
-            "status": 400,
-            "message": "prompt is too long: 208310 tokens > 200000 maximum",
-            "context_version": version,
-        },
-    )
-    started = r.json()["recovery"]["compaction"]
+    recovery = await overflow_error(client, "w", version)
+    started = recovery["compaction"]
     assert started["id"] == queued["id"]
     assert started["created"] is False
     assert started["reason"] == "overflow"

@@ -6,10 +6,12 @@ with SIGKILL mid-call. Real workers, a real upstream server, real Postgres."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -265,11 +267,21 @@ async def test_a_live_worker_that_lost_its_lease_stops_without_committing(
 # --- SIGKILL -------------------------------------------------------------------------
 
 
-async def spawn_worker(
-    db_url: str, upstream: Upstream, settings: Settings, tmp_path: Path, **env: str
-) -> tuple[asyncio.subprocess.Process, Path]:
-    """A real `compactd worker --count 1` process on the test database; its output
-    goes to the returned log file."""
+@contextlib.asynccontextmanager
+async def worker_mid_call(
+    client: httpx.AsyncClient,
+    upstream: Upstream,
+    db_url: str,
+    settings: Settings,
+    tmp_path: Path,
+    **env: str,
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, dict[str, Any], Path]]:
+    """A real `compactd worker --count 1` process on the test database, caught in
+    the middle of an upstream call for a manual compaction: yields the process,
+    the session, the job and the process's log. Killed on the way out if still up."""
+    sid = await seeded(client, 12)
+    upstream.script([Hang(60)])
+    job = await request_compaction(client, sid)
     environment = {
         **os.environ,
         "DATABASE_URL": db_url,
@@ -293,7 +305,20 @@ async def spawn_worker(
             stdout=output,
             stderr=output,
         )
-    return process, log
+    try:
+
+        async def claimed() -> bool:
+            assert process.returncode is None, log.read_text()
+            state = await compaction(client, sid, job["id"])
+            return bool(state["status"] == "running")
+
+        await _until(claimed, within=30)
+        await asyncio.to_thread(upstream.wait_for, 1, 10.0)  # mid-call
+        yield process, sid, job, log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 async def test_a_worker_killed_mid_call_is_replaced_after_its_lease(
@@ -304,32 +329,17 @@ async def test_a_worker_killed_mid_call_is_replaced_after_its_lease(
     settings: Settings,
     tmp_path: Path,
 ) -> None:
-    sid = await seeded(client, 12)
-    upstream.script([Hang(60)])
-    job = await request_compaction(client, sid)
-    process, log = await spawn_worker(
-        db_url,
+    async with worker_mid_call(
+        client,
         upstream,
+        db_url,
         settings,
         tmp_path,
         COMPACTD_UPSTREAM_API_KEY="sk-test",
         COMPACTD_COMPACTION_LEASE_SECONDS="2",
-    )
-    try:
-
-        async def claimed() -> bool:
-            assert process.returncode is None, log.read_text()
-            state = await compaction(client, sid, job["id"])
-            return bool(state["status"] == "running" and state["attempts"] == 1)
-
-        await _until(claimed, within=30)
-        await asyncio.to_thread(upstream.wait_for, 1, 10.0)  # mid-call
+    ) as (process, sid, job, _):
         process.send_signal(signal.SIGKILL)
         assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGKILL
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
     killed = await job_row(app.state.engine, sid, job["id"])
     assert killed.status == "running"
@@ -528,33 +538,18 @@ async def test_sigterm_stops_a_worker_and_gives_its_job_back(
     settings: Settings,
     tmp_path: Path,
 ) -> None:
-    sid = await seeded(client, 12)
-    upstream.script([Hang(60)])
-    job = await request_compaction(client, sid)
-    process, log = await spawn_worker(
-        db_url,
+    async with worker_mid_call(
+        client,
         upstream,
+        db_url,
         settings,
         tmp_path,
         COMPACTD_COMPACTION_LEASE_SECONDS="30",
         COMPACTD_COMPACTION_SHUTDOWN_GRACE_SECONDS="0.5",
-    )
-    try:
-
-        async def claimed() -> bool:
-            assert process.returncode is None, log.read_text()
-            state = await compaction(client, sid, job["id"])
-            return bool(state["status"] == "running")
-
-        await _until(claimed, within=30)
-        await asyncio.to_thread(upstream.wait_for, 1, 10.0)  # mid-call
+    ) as (process, sid, job, log):
         process.send_signal(signal.SIGTERM)
         # Stops within the grace period, cleanly.
         assert await asyncio.wait_for(process.wait(), 15) == 0, log.read_text()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
     # The job went back to the queue at once (not to a 30 s lease), its claim uncounted.
     released = await job_row(app.state.engine, sid, job["id"])

@@ -47,6 +47,18 @@ def storable(history: list[Entry]) -> bool:
     return True
 
 
+# Histories with token counts to plan over, and how much to keep.
+HISTORIES = given(
+    history=messy_histories(),
+    tokens=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+    keep=st.integers(0, 1500),
+)
+
+
+def plan_of(srcs: list[engine.Source], keep: int) -> engine.Plan | None:
+    return engine.plan(srcs, start_seq=1, end_seq=len(srcs) + 1, keep=keep, previous_details=None)
+
+
 def shown(items: list[Entry]) -> set[tuple[int, str]]:
     """(object id, call id) of every call and result the pairing emits."""
     out: set[tuple[int, str]] = set()
@@ -61,17 +73,13 @@ def shown(items: list[Entry]) -> set[tuple[int, str]]:
 
 
 @PROPERTY
-@given(
-    history=messy_histories(),
-    tokens=st.lists(st.integers(1, 400), min_size=1, max_size=8),
-    keep=st.integers(0, 1500),
-)
+@HISTORIES
 def test_a_compacted_context_never_orphans(
     history: list[Entry], tokens: list[int], keep: int
 ) -> None:
     assume(storable(history))
     srcs = sources(history, tokens)
-    plan = engine.plan(srcs, start_seq=1, end_seq=len(srcs) + 1, keep=keep, previous_details=None)
+    plan = plan_of(srcs, keep)
     if plan is None:
         return
     pinned = [s.entry for s in srcs if s.seq in set(plan.pinned)]
@@ -109,16 +117,12 @@ def test_a_compacted_context_never_orphans(
 
 
 @PROPERTY
-@given(
-    history=messy_histories(),
-    tokens=st.lists(st.integers(1, 400), min_size=1, max_size=8),
-    keep=st.integers(0, 1500),
-)
+@HISTORIES
 def test_the_split_turn_parts_are_the_summarized_entries(
     history: list[Entry], tokens: list[int], keep: int
 ) -> None:
     srcs = sources(history, tokens)
-    plan = engine.plan(srcs, start_seq=1, end_seq=len(srcs) + 1, keep=keep, previous_details=None)
+    plan = plan_of(srcs, keep)
     if plan is None:
         return
     summarized = [s.entry for s in srcs if s.seq < plan.first_kept_seq and s.entry.role != "system"]

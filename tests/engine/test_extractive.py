@@ -21,20 +21,10 @@ from app.engine.extractive import (
 from app.engine.model import Entry
 from app.engine.summary import merge_split_turn, render_context_message, with_file_tags
 from tests import traces
+from tests.engine.test_summary import STRUCTURED_HEADINGS
 
-HEADINGS = (
-    "## Goal",
-    "## Constraints & Preferences",
-    "## Progress",
-    "### Done",
-    "### In Progress",
-    "### Blocked",
-    "## Key Decisions",
-    "## Files & Artifacts",
-    "## Next Steps",
-    "## Critical Context",
-    "## Lookup Hints",
-)
+# The structured prompt's sections: the extractive summary keeps its layout.
+HEADINGS = STRUCTURED_HEADINGS
 # Below this, the headings themselves no longer fit.
 ROOM_FOR_HEADINGS = 700
 
