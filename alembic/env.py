@@ -9,6 +9,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 import app.compactions.models
+import app.keys.models
 import app.messages.models
 import app.sessions.models  # noqa: F401  (registers the tables)
 from alembic import context

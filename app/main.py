@@ -7,6 +7,7 @@ import gc
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import Depends, FastAPI, Request
@@ -16,9 +17,12 @@ from app.budget.router import router as budget_router
 from app.compactions.router import router as compactions_router
 from app.compactions.worker import WorkerConfig, WorkerPool
 from app.context.router import router as context_router
+from app.core import metrics
+from app.core.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
 from app.core.http import BodyLimitMiddleware, install_error_handlers
+from app.core.observability import LimitMiddleware, RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
 from app.engine.storable import (
@@ -66,6 +70,19 @@ async def reject_unstorable_text(request: Request) -> None:
         raise invalid(*found)
 
 
+def _document_auth(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        spec = generate()
+        if fresh:
+            document_bearer_auth(spec)
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
     """The app; ``database_url`` (asyncpg) wins over settings, for tests."""
     settings = settings or get_settings()
@@ -77,6 +94,8 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         engine = create_engine(url, settings)
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine)
+        app.state.keys = KeyStore(engine, settings.auth_cache_seconds)
+        app.state.metrics = metrics.app_registry(engine)
         for name in ("o200k_base", "cl100k_base"):
             get_encoding(name)  # loaded now, not on the first request that needs it
         # Everything built so far lives as long as the process: keep it out of the
@@ -120,7 +139,17 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     app.state.settings = settings
     install_error_handlers(app)
     install_problem_openapi(app)
+    _document_auth(app)
+    # Outermost last: request id and log -> limits and deadline -> API key -> body size.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware)
+    app.add_middleware(
+        LimitMiddleware,
+        max_concurrent=settings.max_concurrent_requests,
+        max_queued=settings.max_queued_requests,
+        timeout=settings.request_timeout_seconds,
+    )
+    app.add_middleware(RequestLogMiddleware)
     for router in (
         health_router,
         sessions_router,

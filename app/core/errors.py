@@ -43,6 +43,12 @@ class BadRequest(ProblemError):
     """The request could not be read at all (not UTF-8, not JSON)."""
 
 
+class Unauthorized(ProblemError):
+    """No API key, or one that is unknown, malformed or revoked."""
+
+    status, type, title = 401, "unauthorized", "Unauthorized"
+
+
 class NotFound(ProblemError):
     """The resource does not exist (or belongs to another tenant)."""
 

@@ -34,7 +34,35 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8080
-    log_level: str = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="The least severe log level written."
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="json: one JSON object a line; text: for people."
+    )
+    insecure_no_auth: bool = Field(
+        default=False,
+        description="Serve without API keys on a non-loopback address (something in front "
+        "must authenticate clients).",
+    )
+    auth_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a verified key is trusted before it is read again; a "
+        "revocation takes effect within this time.",
+    )
+    max_concurrent_requests: int = Field(
+        default=64, ge=1, description="Requests served at once; the rest wait in a queue."
+    )
+    max_queued_requests: int = Field(
+        default=256, ge=0, description="Requests that may wait for a slot; beyond it: 503."
+    )
+    request_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request's deadline, waiting and reading its body included: 408 if the "
+        "body is still arriving, else 503. A compaction's `wait` is added to it.",
+    )
     # Connections kept open: overflow ones are closed on return, and a new asyncpg
     # connection costs a backend fork and a fresh statement cache.
     db_pool_size: int = 20
@@ -75,6 +103,12 @@ class Settings(BaseSettings):
     )
     upstream_timeout_seconds: float = Field(default=120.0, gt=0)
     upstream_max_output_tokens: int = Field(default=4096, ge=256, le=200_000)
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="`compactd worker` serves Prometheus metrics on this port when set.",
+    )
     tiktoken_cache_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "tiktoken",
         description="Where the offline BPE files are written for tiktoken.",

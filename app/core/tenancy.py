@@ -1,17 +1,20 @@
-"""The tenant a request acts for. One default tenant until API keys arrive."""
+"""The tenant a request acts for, as resolved by :class:`app.core.auth.AuthMiddleware`."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 
-from app.sessions.models import DEFAULT_TENANT
+from app.core.errors import Unauthorized
 
 
-async def get_tenant() -> str:
+async def get_tenant(request: Request) -> str:
     # async: FastAPI would run a plain function in its thread pool, on every request.
-    return DEFAULT_TENANT
+    tenant: str | None = request.scope.get("state", {}).get("tenant")
+    if tenant is None:  # a route the middleware did not cover: fail closed
+        raise Unauthorized("no API key was checked for this route")
+    return tenant
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from sqlalchemy import text
 
+from app.core import metrics
 from app.core.errors import ServiceUnavailable
 from app.core.openapi import problems
 
@@ -46,3 +48,18 @@ async def readyz(request: Request) -> Readiness:
             f"migrations are behind: at {current}, head is {head}", headers={"Retry-After": "5"}
         )
     return Readiness(status="ready", database="ok", migration=head)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}
+    },
+)
+async def prometheus_metrics(request: Request) -> Response:
+    """Prometheus text format: requests by route and status with latency histograms,
+    compaction jobs by status and reason with their duration and tokens saved,
+    upstream LLM calls by outcome, pruning savings, and the database pool."""
+    body = b"".join(generate_latest(r) for r in metrics.registries(request.app.state))
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

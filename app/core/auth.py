@@ -1,0 +1,194 @@
+"""Who a request acts for: API keys on ``/v1``, and the rule for running without them.
+
+Every ``/v1`` request must carry ``Authorization: Bearer <key>`` once any key exists
+(revoked keys count, so revoking the last key locks everyone out rather than
+opening the service). With no key at all the service is open and every request
+acts for the default tenant; ``compactd serve`` allows that only on a loopback
+address, unless told ``--insecure-no-auth``.
+
+Verified keys are cached for ``auth_cache_seconds``, so a revocation (made by the
+CLI, in another process) takes effect within that time.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.core.database import DISCONNECTS, driver_connection
+from app.core.errors import ProblemError, ServiceUnavailable, Unauthorized
+from app.core.http import problem_response
+from app.keys import repository, tokens
+from app.keys.repository import KeyRow
+from app.sessions.models import DEFAULT_TENANT
+
+log = logging.getLogger("compactd.auth")
+
+_CACHE_LIMIT = 10_000
+# Compared against when the key id is unknown, so a miss costs what a hit costs.
+_DUMMY = tokens.digest("000000000000", "x" * 43)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+
+
+def open_bind_refusal(host: str, keys_exist: bool, insecure: bool) -> str | None:
+    """Why ``serve`` must not start, or None. Open (no keys) is for loopback only."""
+    if keys_exist or insecure or is_loopback(host):
+        return None
+    return (
+        f"refusing to serve on {host} without API keys: anyone who can reach it could read "
+        "and change every session. Create a key first (`compactd keys create --tenant NAME`), "
+        "bind to 127.0.0.1, or pass --insecure-no-auth (COMPACTD_INSECURE_NO_AUTH=true) "
+        "if something in front of compactd authenticates clients."
+    )
+
+
+class KeyStore:
+    """Looks up keys by id, with a short cache; knows whether auth is required."""
+
+    def __init__(self, engine: AsyncEngine, cache_seconds: float) -> None:
+        self.engine = engine
+        self.cache_seconds = cache_seconds
+        self._keys: dict[str, tuple[float, KeyRow]] = {}
+        self._required = False
+        self._required_checked = -float("inf")
+
+    async def required(self) -> bool:
+        """Once a key exists, for good; until then re-checked every cache period."""
+        now = time.monotonic()
+        if self._required or now - self._required_checked < self.cache_seconds:
+            return self._required
+        async with driver_connection(self.engine) as driver:
+            self._required = await repository.any_exist(driver)
+        self._required_checked = now
+        return self._required
+
+    async def _row(self, key_id: str) -> KeyRow | None:
+        now = time.monotonic()
+        cached = self._keys.get(key_id)
+        if cached and now - cached[0] < self.cache_seconds:
+            return cached[1]
+        async with driver_connection(self.engine) as driver:
+            row = await repository.get(driver, key_id)
+        if row is not None:
+            if len(self._keys) >= _CACHE_LIMIT:
+                self._keys.clear()
+            self._keys[key_id] = (now, row)
+        return row
+
+    async def tenant(self, authorization: str | None) -> str:
+        """The tenant this request acts for, or :class:`Unauthorized`."""
+        if authorization is None:
+            if not await self.required():
+                return DEFAULT_TENANT
+            raise _unauthorized("missing Authorization header: send `Bearer <API key>`")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _unauthorized("the Authorization header must be `Bearer <API key>`")
+        parsed = tokens.parse(token.strip())
+        if parsed is None:
+            raise _unauthorized("the API key is malformed", invalid=True)
+        key_id, secret = parsed
+        row = await self._row(key_id)
+        if row is None:
+            tokens.matches(_DUMMY, key_id, secret)
+            raise _unauthorized("the API key is not valid", invalid=True, key_id=key_id)
+        if not tokens.matches(row.secret_sha256, key_id, secret):
+            raise _unauthorized("the API key is not valid", invalid=True, key_id=key_id)
+        if row.revoked_at is not None:
+            raise _unauthorized("the API key has been revoked", invalid=True, key_id=key_id)
+        return row.tenant_id
+
+
+class _AuthFailed(Unauthorized):
+    def __init__(self, detail: str, key_id: str | None, headers: dict[str, str]) -> None:
+        super().__init__(detail, headers=headers)
+        self.key_id = key_id
+
+
+def _unauthorized(detail: str, *, invalid: bool = False, key_id: str | None = None) -> _AuthFailed:
+    challenge = 'Bearer realm="compactd"' + (', error="invalid_token"' if invalid else "")
+    return _AuthFailed(detail, key_id, {"WWW-Authenticate": challenge})
+
+
+class AuthMiddleware:
+    """Resolves the tenant of every ``/v1`` request before its body is read, and puts
+    it in ``scope["state"]["tenant"]`` (see :mod:`app.core.tenancy`)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        store: KeyStore = scope["app"].state.keys
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        try:
+            tenant = await store.tenant(authorization)
+        except _AuthFailed as failed:
+            # Never the key itself: its public id at most.
+            log.warning(
+                "authentication failed",
+                extra={"reason": failed.detail, "key_id": failed.key_id, "path": scope["path"]},
+            )
+            await _send_problem(failed, scope, receive, send)
+            return
+        except (*DISCONNECTS, SQLAlchemyError, ServiceUnavailable) as exc:
+            log.warning("database unavailable during authentication: %s", type(exc).__name__)
+            unavailable = ServiceUnavailable(
+                "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
+            )
+            await _send_problem(unavailable, scope, receive, send)
+            return
+        scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
+
+
+async def _send_problem(error: ProblemError, scope: Scope, receive: Receive, send: Send) -> None:
+    await problem_response(error, scope["path"])(scope, receive, send)
+
+
+def document_bearer_auth(spec: dict[str, Any]) -> None:
+    """Declare the Bearer scheme and the 401 on every ``/v1`` operation."""
+    components = spec.setdefault("components", {})
+    components.setdefault("securitySchemes", {})["apiKey"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key from `compactd keys create --tenant NAME` "
+        "(`cpd_<id>_<secret>`). Not needed while no key exists (open mode, loopback only).",
+    }
+    for path, item in spec.get("paths", {}).items():
+        if not path.startswith("/v1/"):
+            continue
+        for operation in item.values():
+            operation["security"] = [{"apiKey": []}, {}]
+            operation.setdefault("responses", {})["401"] = {
+                "description": "No API key, or one that is unknown, malformed or revoked.",
+                "content": {
+                    "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+                },
+                "headers": {
+                    "WWW-Authenticate": {
+                        "description": "The Bearer challenge.",
+                        "schema": {"type": "string"},
+                    }
+                },
+            }

@@ -1,0 +1,66 @@
+"""All SQL for API keys, on a bare asyncpg connection (the CLI's and the request path's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from app.keys import tokens
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    id: str
+    tenant_id: str
+    name: str | None
+    secret_sha256: bytes
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+_COLUMNS = "id, tenant_id, name, secret_sha256, created_at, revoked_at"
+
+
+async def create(driver: Any, tenant_id: str, name: str | None) -> tuple[KeyRow, str]:
+    """A new key for the tenant: its row, and the whole key (shown once, never stored)."""
+    new = tokens.generate()
+    row = await driver.fetchrow(
+        f"INSERT INTO api_key (id, tenant_id, name, secret_sha256) VALUES ($1, $2, $3, $4) "
+        f"RETURNING {_COLUMNS}",
+        new.id,
+        tenant_id,
+        name,
+        new.secret_sha256,
+    )
+    return KeyRow(**dict(row)), new.token
+
+
+async def get(driver: Any, key_id: str) -> KeyRow | None:
+    row = await driver.fetchrow(f"SELECT {_COLUMNS} FROM api_key WHERE id = $1", key_id)
+    return KeyRow(**dict(row)) if row else None
+
+
+async def revoke(driver: Any, key_id: str) -> KeyRow | None:
+    """Revoked from now on; revoking twice keeps the first time. None if no such key."""
+    row = await driver.fetchrow(
+        f"UPDATE api_key SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 "
+        f"RETURNING {_COLUMNS}",
+        key_id,
+    )
+    return KeyRow(**dict(row)) if row else None
+
+
+async def list_keys(driver: Any, tenant_id: str | None = None) -> list[KeyRow]:
+    rows = await driver.fetch(
+        f"SELECT {_COLUMNS} FROM api_key WHERE $1::text IS NULL OR tenant_id = $1 "
+        "ORDER BY tenant_id, created_at, id",
+        tenant_id,
+    )
+    return [KeyRow(**dict(r)) for r in rows]
+
+
+async def any_exist(driver: Any) -> bool:
+    """Whether any key was ever created. Revoked keys count: revoking the last key
+    must lock everyone out, not open the service."""
+    return bool(await driver.fetchval("SELECT EXISTS (SELECT 1 FROM api_key)"))
