@@ -26,6 +26,7 @@ from app.budget.schemas import (
     Verdict,
 )
 from app.compactions import pivot
+from app.core import metrics
 from app.core.database import driver_connection
 from app.core.errors import NotFound
 from app.engine import budget, catalog, overflow_errors, tokens, view
@@ -61,6 +62,7 @@ async def prune_locked(
     request: PruneRequest | None = None,
     minimum_tokens: int | None = None,
     urgent: bool = False,
+    trigger: str = "auto",
 ) -> PruneResult:
     """Plan and (unless ``dry_run``) apply a prune of the session's current view.
 
@@ -157,6 +159,7 @@ async def prune_locked(
         state.context_tool_tokens -= saved
         state.prune_checked_tool_tokens = state.context_tool_tokens
         state.prune_checked_urgent = urgent
+        metrics.pruned(trigger, saved)
     return result(pruned, saved, plan.candidate_tokens, plan.protected_tokens, None)
 
 
@@ -306,6 +309,7 @@ class BudgetService:
                 config,
                 dry_run=request.dry_run,
                 request=request,
+                trigger="manual",
             )
 
     async def provider_error(self, session_id: str, error: ProviderError) -> ProviderErrorVerdict:
@@ -326,7 +330,14 @@ class BudgetService:
             elif match.overflow:
                 config = sessions.effective_config(state.config)
                 pruned = await prune_locked(
-                    driver, self.tenant_id, session_id, state, config, minimum_tokens=0, urgent=True
+                    driver,
+                    self.tenant_id,
+                    session_id,
+                    state,
+                    config,
+                    minimum_tokens=0,
+                    urgent=True,
+                    trigger="overflow",
                 )
                 compaction = None
                 if config.compaction.enabled and config.compaction.auto:

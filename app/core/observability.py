@@ -58,7 +58,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        request_id = request_id_var.get()
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
         if request_id is not None:
             doc["request_id"] = request_id
         for key, value in record.__dict__.items():
@@ -141,6 +141,7 @@ class RequestLogMiddleware:
                 log.info(
                     "request",
                     extra={
+                        "request_id": request_id,
                         "method": method,
                         "path": scope["path"],
                         "route": route,
@@ -161,10 +162,13 @@ class _RequestTimeout(ProblemError):
 
 class LimitMiddleware:
     """At most ``max_concurrent`` requests run at once; up to ``max_queued`` more wait
-    for a slot and the rest get 503 at once. A request (its wait included) has
-    ``timeout`` seconds: a body still arriving then gets 408, a slow answer 503.
-    A handler that waits on purpose (a compaction's ``wait``) moves its deadline
-    with :func:`extend_deadline`."""
+    for a slot, and the rest get 503 at once. Waiting for a slot and reading the body
+    share one deadline of ``timeout`` seconds: a request still queued then gets 503,
+    a body still arriving gets 408 (a slow client holds no slot for longer).
+
+    A handler is never cancelled halfway: that would abandon a transaction mid-way
+    and could answer 503 for a write that commits. Its database work is bounded by
+    the pool's checkout timeout and Postgres's ``statement_timeout`` instead."""
 
     def __init__(
         self, app: ASGIApp, *, max_concurrent: int, max_queued: int, timeout: float
@@ -181,75 +185,77 @@ class LimitMiddleware:
             await self.app(scope, receive, send)
             return
         if self._slots.locked() and self._waiting >= self.max_queued:
-            metrics.HTTP_REJECTED.labels("queue_full").inc()
-            busy = ServiceUnavailable(
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                "queue_full",
                 f"the server is at capacity ({self.max_concurrent} requests running, "
                 f"{self._waiting} waiting); retry shortly",
-                headers={"Retry-After": "1"},
             )
-            await problem_response(busy, scope["path"])(scope, receive, send)
             return
-        started = False
-        body_done = scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS")
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        self._waiting += 1
+        metrics.HTTP_WAITING.inc()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                "timeout",
+                f"no free slot within {self.timeout:g} s (the server is busy); retry shortly",
+            )
+            return
+        finally:
+            self._waiting -= 1
+            metrics.HTTP_WAITING.dec()
 
-        async def watched_receive() -> Message:
-            nonlocal body_done
-            message = await receive()
-            if message["type"] == "http.request" and not message.get("more_body", False):
+        body_done = False
+        body_timed_out = False
+        replaced = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done, body_timed_out
+            if body_done or body_timed_out:
+                return await receive()  # after the body: a disconnect, whenever it comes
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                body_timed_out = True
+                return {"type": "http.disconnect"}
+            if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
 
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            async with asyncio.timeout(self.timeout) as deadline:
-                scope.setdefault("state", {})["deadline"] = (deadline, self.timeout)
-                self._waiting += 1
-                metrics.HTTP_WAITING.inc()
-                try:
-                    await self._slots.acquire()
-                finally:
-                    self._waiting -= 1
-                    metrics.HTTP_WAITING.dec()
-                metrics.HTTP_IN_FLIGHT.inc()
-                try:
-                    await self.app(scope, watched_receive, watched_send)
-                finally:
-                    self._slots.release()
-                    metrics.HTTP_IN_FLIGHT.dec()
-        except TimeoutError:
-            if not deadline.expired():
-                raise  # not ours: a timeout inside the app is the app's to answer
-            if started:
-                raise  # the answer is half sent: nothing to do but drop the connection
-            error: ProblemError
-            if body_done:
-                metrics.HTTP_REJECTED.labels("timeout").inc()
-                error = ServiceUnavailable(
-                    f"the request did not complete within {self.timeout:g} s; retry shortly",
-                    headers={"Retry-After": "2"},
-                )
-            else:
+        async def guarded_send(message: Message) -> None:
+            nonlocal replaced
+            if not body_timed_out:
+                await send(message)
+                return
+            if not replaced:  # whatever the app made of the cut body: the real cause
+                replaced = True
                 metrics.HTTP_REJECTED.labels("body_timeout").inc()
-                error = _RequestTimeout(
+                log.warning("request body timed out", extra={"path": scope["path"]})
+                late = _RequestTimeout(
                     f"the request body did not arrive within {self.timeout:g} s",
                     headers={"Connection": "close"},
                 )
-            log.warning("request timed out", extra={"path": scope["path"], "body": body_done})
-            await problem_response(error, scope["path"])(scope, receive, send)
+                await problem_response(late, scope["path"])(scope, receive, send)
 
+        metrics.HTTP_IN_FLIGHT.inc()
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        finally:
+            self._slots.release()
+            metrics.HTTP_IN_FLIGHT.dec()
 
-def extend_deadline(scope: Scope, seconds: float) -> None:
-    """Let this request wait ``seconds`` on purpose: its deadline becomes the usual
-    request timeout counted from the end of that wait."""
-    found: tuple[asyncio.Timeout, float] | None = scope.get("state", {}).get("deadline")
-    if found is None:
-        return
-    deadline, timeout = found
-    when = deadline.when()
-    if when is not None:
-        deadline.reschedule(max(when, asyncio.get_running_loop().time() + seconds + timeout))
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, reason: str, detail: str
+    ) -> None:
+        metrics.HTTP_REJECTED.labels(reason).inc()
+        busy = ServiceUnavailable(detail, headers={"Retry-After": "1"})
+        await problem_response(busy, scope["path"])(scope, receive, send)

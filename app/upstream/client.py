@@ -49,6 +49,7 @@ from typing import Any, Final, Literal
 import httpx
 import orjson
 
+from app.core import metrics
 from app.engine.overflow_errors import OverflowMatch, classify
 
 Api = Literal["openai", "anthropic"]
@@ -178,8 +179,24 @@ async def complete(
 ) -> Completion:
     """Ask the upstream for one completion of ``prompt`` under ``system``.
 
-    Raises :class:`UpstreamError`, and nothing else, on any failure.
+    Raises :class:`UpstreamError`, and nothing else, on any failure. Each call is
+    counted in ``compactd_upstream_calls`` by its outcome: ok or the failure's kind.
     """
+    started = time.perf_counter()
+    outcome = "ok"
+    try:
+        return await _complete(http, config, model=model, system=system, prompt=prompt)
+    except UpstreamError as error:
+        outcome = error.kind
+        raise
+    finally:
+        metrics.UPSTREAM_CALLS.labels(config.api, outcome).inc()
+        metrics.UPSTREAM_SECONDS.labels(config.api).observe(time.perf_counter() - started)
+
+
+async def _complete(
+    http: httpx.AsyncClient, config: UpstreamConfig, *, model: str, system: str, prompt: str
+) -> Completion:
     headers = _headers(config)
     body = _encode(_payload(config, model=model, system=system, prompt=prompt))
     try:

@@ -1,0 +1,176 @@
+"""Request ids, one JSON log line per request, and /metrics in Prometheus format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.core.observability import JsonFormatter
+from tests.compactions.helpers import drain
+from tests.conftest import make_session
+from tests.helpers import append_ok
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def _metrics(client: httpx.AsyncClient) -> dict[Any, float]:
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    return _samples(r.text)
+
+
+async def test_every_answer_carries_a_request_id(client: httpx.AsyncClient) -> None:
+    generated = (await client.get("/healthz")).headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
+    assert (await client.get("/healthz")).headers["x-request-id"] != generated
+    mine = await client.get("/v1/sessions", headers={"X-Request-ID": "agent-7.turn-12"})
+    assert mine.headers["x-request-id"] == "agent-7.turn-12"
+    # An id that would corrupt a log line is replaced, not echoed.
+    for bad in ("has spaces in it", "x" * 200, 'quote"d'):
+        r = await client.get("/v1/sessions", headers={"X-Request-ID": bad})
+        assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"]), bad
+    problem = await client.get("/v1/sessions/nope")
+    assert problem.status_code == 404
+    assert problem.headers["x-request-id"]
+
+
+async def test_one_json_log_line_per_request(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="compactd.http")
+    session = await make_session(client)
+    r = await client.get(f"/v1/sessions/{session['id']}", headers={"X-Request-ID": "trace-1"})
+    assert r.status_code == 200
+    lines = [
+        json.loads(JsonFormatter().format(rec))
+        for rec in caplog.records
+        if rec.name == "compactd.http" and rec.getMessage() == "request"
+    ]
+    assert [line["status"] for line in lines] == [201, 200]
+    last = lines[-1]
+    assert last["request_id"] == "trace-1"
+    assert last["route"] == "/v1/sessions/{session_id}"
+    assert last["path"] == f"/v1/sessions/{session['id']}"
+    assert last["method"] == "GET"
+    assert last["tenant"] == "default"
+    assert last["level"] == "info"
+    assert last["duration_ms"] >= 0
+    assert last["ts"].endswith("Z")
+
+
+def test_the_json_formatter_keeps_extras_and_exceptions() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.getLogger("compactd.test").makeRecord(
+            "compactd.test",
+            logging.ERROR,
+            __file__,
+            1,
+            "job %s failed",
+            ("j1",),
+            __import__("sys").exc_info(),
+            extra={"job_id": "j1", "attempts": 2},
+        )
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "job j1 failed"
+    assert line["job_id"] == "j1"
+    assert line["attempts"] == 2
+    assert "ValueError: boom" in line["exc"]
+    assert "\n" not in JsonFormatter().format(record)
+
+
+async def test_metrics_count_requests_by_route_and_status(client: httpx.AsyncClient) -> None:
+    before = await _metrics(client)
+    session = await make_session(client)
+    await client.get(f"/v1/sessions/{session['id']}")
+    await client.get("/v1/sessions/missing")
+    after = await _metrics(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    created = {"method": "POST", "route": "/v1/sessions", "status": "201"}
+    assert delta("compactd_http_requests_total", **created) == 1
+    read = {"method": "GET", "route": "/v1/sessions/{session_id}"}
+    assert delta("compactd_http_requests_total", **read, status="200") == 1
+    assert delta("compactd_http_requests_total", **read, status="404") == 1
+    assert delta("compactd_http_request_duration_seconds_count", **read) == 2
+    assert _value(after, "compactd_http_request_duration_seconds_bucket", **read, le="+Inf") >= 2
+    assert _value(after, "compactd_db_pool_size") == 5  # TEST_SETTINGS.db_pool_size
+    assert ("compactd_db_pool_checked_out", ()) in after
+
+
+async def test_metrics_show_compactions_pruning_and_upstream_calls(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    before = await _metrics(client)
+    session = await make_session(
+        client,
+        config={
+            "compaction": {"auto": False, "keep_recent_tokens": 500},
+            "prune": {"protect_tokens": 100, "minimum_tokens": 10, "protect_turns": 0},
+        },
+    )
+    sid = session["id"]
+    for i in range(3):
+        await append_ok(
+            client,
+            sid,
+            [
+                {"role": "user", "content": f"step {i}: " + "read the file and fix it. " * 40},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"c{i}",
+                            "type": "function",
+                            "function": {"name": "bash", "arguments": '{"cmd": "cat a.py"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": f"c{i}", "content": "line of output\n" * 300},
+            ],
+        )
+    pruned = await client.post(f"/v1/sessions/{sid}/prune", json={})
+    assert pruned.status_code == 200, pruned.text
+    saved = pruned.json()["tokens_saved"]
+    assert saved > 0
+    r = await client.post(f"/v1/sessions/{sid}/compactions", json={"summarizer": "extractive"})
+    assert r.status_code == 202, r.text
+    assert await drain(app) == 1
+    job = (await client.get(f"/v1/sessions/{sid}/compactions/{r.json()['id']}")).json()
+    assert job["status"] == "succeeded"
+    after = await _metrics(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert delta("compactd_prunes_total", trigger="manual") == 1
+    assert delta("compactd_pruned_tokens_total", trigger="manual") == saved
+    assert delta("compactd_compaction_jobs_total", status="claimed", reason="manual") == 1
+    assert delta("compactd_compaction_jobs_total", status="succeeded", reason="manual") == 1
+    assert (
+        delta("compactd_compaction_tokens_saved_total", reason="manual")
+        == job["tokens_before"] - job["tokens_after"]
+    )
+    seconds = {"reason": "manual", "summarizer": "extractive"}
+    assert delta("compactd_compaction_duration_seconds_count", **seconds) == 1
