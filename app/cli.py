@@ -233,7 +233,8 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``compactd`` command line; each subcommand sets ``func``."""
     parser = argparse.ArgumentParser(prog="compactd", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -286,8 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         "-o", "--output", default="openapi/openapi.json", help="file, or - for stdout"
     )
     openapi.set_defaults(func=cmd_openapi)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_format)
     return int(args.func(args))

@@ -13,6 +13,7 @@ temporary folder) and measures over real HTTP:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import shutil
@@ -36,7 +37,7 @@ from app.core.settings import Settings
 from app.engine import openai_format, tokens
 from app.messages.service import entry_from_row
 from app.sessions.models import DEFAULT_TENANT
-from bench import upstream
+from bench import load, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -460,7 +461,20 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
         await pg.close()
 
 
+SECTIONS = ("append", "context", "budget", "compaction", "load")
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("sections", nargs="*", help=f"any of {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help="length of each open-loop load run (default COMPACTD_BENCH_LOAD_SECONDS or 60)",
+    )
+    args = parser.parse_args()
+    if unknown := set(args.sections) - set(SECTIONS):
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
     folder = Path(tempfile.mkdtemp(prefix="compactd-bench-"))
     port = free_port()
     url = embedded.start(folder / "pgdata", cleanup_mode="delete")
@@ -492,7 +506,7 @@ def main() -> int:
         )
 
         # `python -m bench budget` runs one section; no argument runs them all.
-        sections = set(sys.argv[1:]) or {"append", "context", "budget", "compaction"}
+        sections = set(args.sections) or set(SECTIONS)
 
         async def run() -> None:
             instant = await upstream.start(upstream_port)
@@ -510,6 +524,10 @@ def main() -> int:
                     port,
                     url.replace("postgresql+asyncpg://", "postgresql://"),
                     {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"},
+                )
+            if "load" in sections:
+                await load.bench_load(
+                    "127.0.0.1", port, server.pid, args.seconds, folder / "pgdata"
                 )
             instant.close()
 

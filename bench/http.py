@@ -32,6 +32,16 @@ class Connection:
             self._writer.close()
             await self._writer.wait_closed()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the server has closed the connection (or it was never opened)."""
+        return self._reader is None or self._reader.at_eof()
+
+    def close(self) -> None:
+        """Close without waiting (a connection dropped by a pool)."""
+        if self._writer is not None:
+            self._writer.close()
+
     async def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:

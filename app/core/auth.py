@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.core import metrics
 from app.core.database import DISCONNECTS, driver_connection
 from app.core.errors import ProblemError, ServiceUnavailable, Unauthorized
 from app.core.http import problem_response
@@ -94,34 +95,43 @@ class KeyStore:
         if authorization is None:
             if not await self.required():
                 return DEFAULT_TENANT
-            raise _unauthorized("missing Authorization header: send `Bearer <API key>`")
+            raise _unauthorized("missing Authorization header: send `Bearer <API key>`", "missing")
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise _unauthorized("the Authorization header must be `Bearer <API key>`")
+            raise _unauthorized("the Authorization header must be `Bearer <API key>`", "scheme")
         parsed = tokens.parse(token.strip())
         if parsed is None:
-            raise _unauthorized("the API key is malformed", invalid=True)
+            raise _unauthorized("the API key is malformed", "malformed", invalid=True)
         key_id, secret = parsed
         row = await self._row(key_id)
         if row is None:
             tokens.matches(_DUMMY, key_id, secret)
-            raise _unauthorized("the API key is not valid", invalid=True, key_id=key_id)
+            raise _unauthorized("the API key is not valid", "unknown", invalid=True, key_id=key_id)
         if not tokens.matches(row.secret_sha256, key_id, secret):
-            raise _unauthorized("the API key is not valid", invalid=True, key_id=key_id)
+            raise _unauthorized(
+                "the API key is not valid", "wrong_secret", invalid=True, key_id=key_id
+            )
         if row.revoked_at is not None:
-            raise _unauthorized("the API key has been revoked", invalid=True, key_id=key_id)
+            raise _unauthorized(
+                "the API key has been revoked", "revoked", invalid=True, key_id=key_id
+            )
         return row.tenant_id
 
 
 class _AuthFailed(Unauthorized):
-    def __init__(self, detail: str, key_id: str | None, headers: dict[str, str]) -> None:
+    def __init__(
+        self, detail: str, reason: str, key_id: str | None, headers: dict[str, str]
+    ) -> None:
         super().__init__(detail, headers=headers)
+        self.reason = reason
         self.key_id = key_id
 
 
-def _unauthorized(detail: str, *, invalid: bool = False, key_id: str | None = None) -> _AuthFailed:
+def _unauthorized(
+    detail: str, reason: str, *, invalid: bool = False, key_id: str | None = None
+) -> _AuthFailed:
     challenge = 'Bearer realm="compactd"' + (', error="invalid_token"' if invalid else "")
-    return _AuthFailed(detail, key_id, {"WWW-Authenticate": challenge})
+    return _AuthFailed(detail, reason, key_id, {"WWW-Authenticate": challenge})
 
 
 class AuthMiddleware:
@@ -144,6 +154,7 @@ class AuthMiddleware:
         try:
             tenant = await store.tenant(authorization)
         except _AuthFailed as failed:
+            metrics.AUTH_FAILURES.labels(failed.reason).inc()
             # Never the key itself: its public id at most.
             log.warning(
                 "authentication failed",

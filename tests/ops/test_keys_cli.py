@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -47,7 +48,7 @@ async def _compactd(db_url: str, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-async def _rows(db_url: str) -> list[dict[str, object]]:
+async def _rows(db_url: str) -> list[dict[str, Any]]:
     conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
     try:
         return [dict(r) for r in await conn.fetch("SELECT * FROM api_key")]
@@ -70,7 +71,7 @@ async def test_create_prints_the_key_once_and_stores_only_its_hash(db_url: str) 
     assert rows[0]["name"] == "ci bot"
     assert secret not in repr(rows)
     assert key not in repr(rows)
-    assert tokens.matches(bytes(rows[0]["secret_sha256"]), key_id, secret)  # type: ignore[arg-type]
+    assert tokens.matches(bytes(rows[0]["secret_sha256"]), key_id, secret)
 
 
 async def test_list_shows_keys_without_secrets_and_revoke_marks_them(db_url: str) -> None:

@@ -7,11 +7,14 @@ import logging
 import re
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.core.migrations import head_revision
 from app.core.observability import JsonFormatter
+from tests import postgres
 from tests.compactions.helpers import drain
 from tests.conftest import make_session
 from tests.helpers import append_ok
@@ -174,3 +177,20 @@ async def test_metrics_show_compactions_pruning_and_upstream_calls(
     )
     seconds = {"reason": "manual", "summarizer": "extractive"}
     assert delta("compactd_compaction_duration_seconds_count", **seconds) == 1
+
+
+async def test_readyz_fails_while_migrations_are_behind(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+    try:
+        await conn.execute("UPDATE alembic_version SET version_num = '0003'")
+        r = await client.get("/readyz")
+        assert r.status_code == 503
+        assert r.headers["content-type"].startswith("application/problem+json")
+        assert "migrations are behind: at 0003" in r.json()["detail"]
+        assert r.headers["retry-after"]
+        await conn.execute("UPDATE alembic_version SET version_num = $1", head_revision())
+        assert (await client.get("/readyz")).status_code == 200
+    finally:
+        await conn.close()
