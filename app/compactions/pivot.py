@@ -9,6 +9,8 @@ totals and pivot are set, and the job is finished, together or not at all.
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,6 +28,7 @@ from app.compactions.repository import (
 )
 from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
+from app.core import metrics
 from app.engine import budget, catalog
 from app.engine import compaction as engine
 from app.engine.model import Entry, Role
@@ -35,6 +38,8 @@ from app.engine.view import render_view
 from app.sessions import service as sessions
 from app.sessions.repository import SessionState
 from app.sessions.schemas import SessionConfig
+
+log = logging.getLogger("compactd.compaction")
 
 FAILURE_LIMIT = sessions.COMPACTION_FAILURE_LIMIT  # failed automatic ones in a row that stop them
 LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
@@ -122,6 +127,19 @@ async def enqueue_locked(
         instructions=_instructions(c.instructions, ask.instructions),
     )
     state.active_compaction_id = job.id
+    if created:
+        metrics.job("queued", reason)
+        log.info(
+            "compaction queued",
+            extra={
+                "compaction_id": str(job.id),
+                "session_id": session_id,
+                "tenant": tenant_id,
+                "status": "queued",
+                "reason": reason,
+                "auto": auto,
+            },
+        )
     return started(job, created)
 
 
@@ -381,6 +399,7 @@ async def compact_now(
     """The emergency path: an extractive compaction, no model call, committed in
     the caller's transaction. None (and held until new history) when nothing
     can be summarized."""
+    started = time.perf_counter()
     repo = CompactionRepository(tenant_id)
     prepared = await prepare(driver, tenant_id, session_id, state, config, reason="emergency")
     if prepared is None:
@@ -408,5 +427,23 @@ async def compact_now(
         outcome(prepared, summarized, committed),
         reason="emergency",
         now=now,
+    )
+    seconds = time.perf_counter() - started
+    metrics.committed(
+        "emergency", "extractive", seconds, committed.tokens_before, committed.tokens_after
+    )
+    log.info(
+        "compaction succeeded",
+        extra={
+            "compaction_id": str(job_id),
+            "session_id": session_id,
+            "tenant": tenant_id,
+            "status": "succeeded",
+            "reason": "emergency",
+            "summarizer": "extractive",
+            "tokens_before": committed.tokens_before,
+            "tokens_after": committed.tokens_after,
+            "duration_ms": round(seconds * 1000, 2),
+        },
     )
     return CompactionStarted(id=job_id, status="succeeded", reason="emergency", created=True)

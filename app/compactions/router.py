@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, status
 from app.compactions.schemas import CompactionOut, CompactionPage, CompactionRequest, SourcePage
 from app.compactions.service import CompactionService
 from app.core.database import DbDep, EngineDep
-from app.core.openapi import problems
+from app.core.openapi import link, problems
 from app.core.tenancy import TenantDep
 from app.messages.schemas import Format
 from app.sessions.router import SessionIdPath, checked_id
@@ -29,11 +29,28 @@ async def compaction_wake(request: Request) -> asyncio.Event | None:
 
 WakeDep = Annotated[asyncio.Event | None, Depends(compaction_wake)]
 
+_COMPACTION = "/v1/sessions/{session_id}/compactions/{compaction_id}"
+# Where a requested compaction leads: OpenAPI links, for clients and stateful fuzzers.
+COMPACTION_LINKS = {
+    name: link(
+        _COMPACTION + suffix,
+        method,
+        text,
+        session_id="$response.body#/session_id",
+        compaction_id="$response.body#/id",
+    )
+    for name, (method, suffix, text) in {
+        "GetCompaction": ("get", "", "Follow the compaction."),
+        "CancelCompaction": ("post", "/cancel", "Cancel the compaction."),
+        "CompactionSource": ("get", "/source", "Read the entries it replaced."),
+    }.items()
+}
+
 
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
-    responses=problems(404, 409, 413, 422),
+    responses={202: {"links": COMPACTION_LINKS}, **problems(404, 409, 413, 422)},
 )
 async def request_compaction(
     session_id: SessionIdPath,

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ from app.compactions.pivot import (
 )
 from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
 from app.compactions.summarizer import Backoff, Llm, RetryLater, Summarized, summarize
-from app.core.database import driver_connection
+from app.core import metrics
+from app.core.database import driver_connection, unavailable_cause
 from app.core.settings import Settings
 from app.sessions import service as sessions
 from app.sessions.repository import lock_state, read_state
@@ -116,6 +118,7 @@ class Worker:
         self.http = http
         self.name = name or worker_name()
         self.wake = wake or asyncio.Event()
+        self._claimed_at: dict[uuid.UUID, float] = {}
 
     # --- the loop ---------------------------------------------------------------
 
@@ -124,8 +127,11 @@ class Worker:
         while not stop.is_set():
             try:
                 worked = await self.run_once()
-            except Exception:  # the database went away, a bug: keep the worker alive
-                log.exception("compaction worker %s: job loop failed", self.name)
+            except Exception as exc:  # the database went away, a bug: keep the worker alive
+                if unavailable_cause(exc) is not None:
+                    log.warning("compaction worker %s: the database is unavailable", self.name)
+                else:
+                    log.exception("compaction worker %s: job loop failed", self.name)
                 worked = False
                 await _sleep_or(stop, min(5.0, self.config.poll_seconds * 2))
             if worked or stop.is_set():
@@ -139,14 +145,12 @@ class Worker:
             job = await CompactionRepository("").claim(driver, self.name, self.config.lease_seconds)
         if job is None:
             return False
-        log.info(
-            "compaction %s claimed (session %s, attempt %d) by %s",
-            job.id,
-            job.session_id,
-            job.attempts,
-            self.name,
-        )
-        await self.process(job)
+        self._claimed_at[job.id] = time.perf_counter()
+        _transition(job, "claimed", worker=self.name)
+        try:
+            await self.process(job)
+        finally:
+            self._claimed_at.pop(job.id, None)
         return True
 
     # --- one job ----------------------------------------------------------------
@@ -203,10 +207,12 @@ class Worker:
                 log.info("compaction %s: the pivot moved meanwhile; planning again", job.id)
             await self._finish(job, "failed", "the session's pivot kept moving; try again")
         except RetryLater as later:
-            log.info("compaction %s: %s; retry in %.1fs", job.id, later.reason, later.delay_seconds)
+            _transition(
+                job, "retried", detail=later.reason, retry_in_s=round(later.delay_seconds, 1)
+            )
             await self._retry(job, later)
         except LeaseLost:
-            log.warning("compaction %s: lease lost; another worker has it", job.id)
+            _transition(job, "lease_lost", level=logging.WARNING, detail="another worker has it")
         except CancelRequested:
             await self._finish(job, "cancelled", "cancelled while running")
         except asyncio.CancelledError:
@@ -334,12 +340,19 @@ class Worker:
                 job.session_id,
                 outcome(prepared, summarized, committed, error=error),
             )
-        log.info(
-            "compaction %s succeeded: %d -> %d tokens (%s)",
-            job.id,
-            committed.tokens_before,
-            committed.tokens_after,
-            summarized.used,
+        seconds = time.perf_counter() - self._claimed_at.get(job.id, time.perf_counter())
+        metrics.committed(
+            job.reason, summarized.used, seconds, committed.tokens_before, committed.tokens_after
+        )
+        _transition(
+            job,
+            "succeeded",
+            count=False,
+            summarizer=summarized.used,
+            tokens_before=committed.tokens_before,
+            tokens_after=committed.tokens_after,
+            duration_ms=round(seconds * 1000, 2),
+            detail=error,
         )
         return True
 
@@ -362,7 +375,7 @@ class Worker:
                 failures=failures,
                 only_if_active=None,
             )
-        log.info("compaction %s %s: %s", job.id, status, error)
+        _transition(job, status, detail=error)
         if failures >= FAILURE_LIMIT and status == "failed" and job.auto:
             log.warning(
                 "session %s: %d automatic compactions failed in a row; automatic compaction "
@@ -374,7 +387,7 @@ class Worker:
     async def _release(self, job: JobRow) -> None:
         async with driver_connection(self.engine) as driver:
             await CompactionRepository(job.tenant_id).release(driver, job)
-        log.info("compaction %s: released to the queue on shutdown", job.id)
+        _transition(job, "released", detail="back to the queue on shutdown")
 
     async def _retry(self, job: JobRow, later: RetryLater) -> None:
         repo = CompactionRepository(job.tenant_id)
@@ -389,6 +402,27 @@ class Worker:
             return
         if later.delay_seconds <= 0:
             self.wake.set()
+
+
+def _transition(
+    job: JobRow, status: str, *, level: int = logging.INFO, count: bool = True, **fields: Any
+) -> None:
+    """One log line (and one count in ``compactd_compaction_jobs``) per job transition."""
+    if count:
+        metrics.job(status, job.reason)
+    log.log(
+        level,
+        f"compaction {status}",
+        extra={
+            "compaction_id": str(job.id),
+            "session_id": job.session_id,
+            "tenant": job.tenant_id,
+            "status": status,
+            "reason": job.reason,
+            "attempt": job.attempts,
+            **{k: v for k, v in fields.items() if v is not None},
+        },
+    )
 
 
 async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
@@ -433,8 +467,8 @@ class Listener:
                 if lost.is_set() and not stop.is_set():
                     log.warning("compaction listener: connection lost; reconnecting")
                     await _sleep_or(stop, 1.0)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("compaction listener: %s; polling until it reconnects", exc)
+            except Exception as exc:  # any failure: poll meanwhile, never stop listening
+                log.warning("compaction listener: %r; polling until it reconnects", exc)
                 await _sleep_or(stop, 2.0)
             finally:
                 if connection is not None:
@@ -465,6 +499,7 @@ class WorkerPool:
         wake: asyncio.Event | None = None,
     ) -> None:
         self.wake = wake or asyncio.Event()
+        self._claimed_at: dict[uuid.UUID, float] = {}
         self.stop = asyncio.Event()
         self.grace_seconds = grace_seconds
         self.workers = [

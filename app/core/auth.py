@@ -17,12 +17,11 @@ import logging
 import time
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.core import metrics
-from app.core.database import DISCONNECTS, driver_connection
+from app.core.database import driver_connection, unavailable, unavailable_cause
 from app.core.errors import ProblemError, ServiceUnavailable, Unauthorized
 from app.core.http import problem_response
 from app.keys import repository, tokens
@@ -162,12 +161,14 @@ class AuthMiddleware:
             )
             await _send_problem(failed, scope, receive, send)
             return
-        except (*DISCONNECTS, SQLAlchemyError, ServiceUnavailable) as exc:
+        except ServiceUnavailable as exc:
+            await _send_problem(exc, scope, receive, send)
+            return
+        except Exception as exc:
+            if unavailable_cause(exc) is None:
+                raise  # a bug: the server error handler answers 500
             log.warning("database unavailable during authentication: %s", type(exc).__name__)
-            unavailable = ServiceUnavailable(
-                "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
-            )
-            await _send_problem(unavailable, scope, receive, send)
+            await _send_problem(unavailable(), scope, receive, send)
             return
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -9,7 +10,9 @@ from typing import Annotated, Any
 import asyncpg
 import orjson
 from fastapi import Depends, Request
-from sqlalchemy import MetaData
+from sqlalchemy import MetaData, event
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -18,8 +21,10 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import DeclarativeBase
 
-from app.core.errors import ServiceUnavailable
+from app.core.errors import ProblemError, ServiceUnavailable
 from app.core.settings import Settings
+
+log = logging.getLogger("compactd")
 
 # Postgres's own naming style, so Alembic names match what psql shows.
 NAMING_CONVENTION = {
@@ -40,7 +45,7 @@ def _dumps(value: object) -> str:
 
 
 def create_engine(url: str, settings: Settings) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
@@ -49,8 +54,33 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         json_deserializer=orjson.loads,
         # Every query is a keyed lookup; the append's write statement (CTEs over
         # unnest) cost more to plan on each call than to run. See the README.
-        connect_args={"server_settings": {"plan_cache_mode": "force_generic_plan"}},
+        connect_args={"server_settings": _server_settings(settings)},
     )
+    event.listen(engine.sync_engine, "checkout", _skip_closed)
+    return engine
+
+
+def _server_settings(settings: Settings) -> dict[str, str]:
+    # A statement that waits past the timeout (a lock held too long, say) is
+    # cancelled by Postgres, its transaction rolls back and the request gets a 503:
+    # the only safe way to bound a handler, which is never cancelled from outside.
+    return {
+        "plan_cache_mode": "force_generic_plan",
+        "statement_timeout": str(int(settings.db_statement_timeout_seconds * 1000)),
+    }
+
+
+def _skip_closed(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    """Never hand out a pooled connection the server has already closed.
+
+    A restarted or failed-over Postgres closes every connection; asyncpg sees
+    the socket close at once, even on an idle pooled connection, so checking
+    costs nothing (unlike ``pool_pre_ping``, a round trip per checkout). The
+    pool then replaces the connection, and no request fails on a stale one.
+    """
+    driver = record.driver_connection
+    if driver is not None and driver.is_closed():
+        raise DisconnectionError("the pooled connection was closed by the server")
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
@@ -65,18 +95,75 @@ async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
             yield db
             await db.commit()
         except BaseException:
-            await db.rollback()
+            try:
+                await db.rollback()
+            except Exception as exc:  # a dropped connection: the first error says why
+                log.debug("rollback failed: %r", exc)
             raise
 
 
-# What a dropped or refused connection raises from asyncpg itself (the raw paths
-# below); SQLAlchemy wraps the same as OperationalError on its own paths.
+# What a database that cannot serve us right now raises: it is down, starting,
+# stopping or full, or it dropped the connection. SQLAlchemy wraps these (in a
+# DBAPIError whose ``orig`` is caused by the driver's error); the raw asyncpg
+# paths below see them as they are.
+UNAVAILABLE = (
+    OSError,  # refused, no socket file, reset, timed out (TimeoutError is an OSError)
+    asyncpg.PostgresConnectionError,  # class 08, and "closed in the middle of operation"
+    asyncpg.exceptions.AdminShutdownError,  # 57P01: a fast shutdown, pg_terminate_backend
+    asyncpg.exceptions.CrashShutdownError,  # 57P02
+    asyncpg.exceptions.CannotConnectNowError,  # 57P03: starting up or shutting down
+    asyncpg.exceptions.TooManyConnectionsError,  # 53300
+    asyncpg.exceptions.QueryCanceledError,  # 57014: statement_timeout (a lock wait, say)
+    PoolTimeout,  # no pooled connection came free within pool_timeout
+)
+
+
+# By class, for callers that catch with ``except``: a superset of UNAVAILABLE
+# (any InterfaceError, any operator intervention); ``unavailable_cause`` is exact.
 DISCONNECTS = (
+    OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,
-    OSError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    PoolTimeout,
 )
+
+
+def unavailable_cause(exc: BaseException) -> BaseException | None:
+    """The error that says the database cannot be reached, if ``exc`` is or
+    wraps one; None for anything else (a bug, bad SQL, a constraint)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        found: BaseException = error
+        if isinstance(error, UNAVAILABLE):
+            return found
+        if isinstance(error, asyncpg.InterfaceError) and "closed" in str(error):
+            return found  # "connection is closed", "connection was closed"
+        if isinstance(error, DBAPIError):
+            # OperationalError: SQLAlchemy's word for a database that failed us.
+            if error.connection_invalidated or isinstance(error, OperationalError):
+                return error
+            if isinstance(error.orig, BaseException):
+                todo.append(error.orig)
+        if error.__cause__ is not None:
+            todo.append(error.__cause__)
+        elif error.__context__ is not None and not error.__suppress_context__:
+            # Raised while handling one (a ROLLBACK on a connection being dropped).
+            todo.append(error.__context__)
+    return None
+
+
+def unavailable() -> ServiceUnavailable:
+    """The 503 for a database that cannot be reached: retry shortly."""
+    return ServiceUnavailable(
+        "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
+    )
 
 
 @asynccontextmanager
@@ -85,18 +172,37 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
 
     For the hot paths (append), where SQLAlchemy's per-statement work costs more
     than the query itself: each statement is its own transaction unless the
-    caller opens one (``driver.transaction()``). A dropped connection is
-    invalidated, so the pool never hands it out again, and the request gets a 503.
+    caller opens one (``driver.transaction()``). A database that cannot be
+    reached, when the connection is taken or while it is used, raises
+    ``ServiceUnavailable`` (a 503); a dropped connection is invalidated, so the
+    pool never hands it out again.
     """
-    async with engine.connect() as connection:
-        proxied = await connection.get_raw_connection()
-        try:
-            yield proxied.driver_connection
-        except DISCONNECTS as exc:
-            await connection.invalidate(exc)
-            raise ServiceUnavailable(
-                "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
-            ) from exc
+    try:
+        async with engine.connect() as connection:
+            proxied = await connection.get_raw_connection()
+            driver: Any = proxied.driver_connection
+            try:
+                yield driver
+            except ProblemError:
+                raise
+            except Exception as exc:
+                down = driver.is_closed() or unavailable_cause(exc) is not None
+                # InternalClientError: the driver's protocol state is broken; never reuse it.
+                broken = down or isinstance(exc, asyncpg.InternalClientError)
+                if broken and not connection.invalidated:
+                    await connection.invalidate(exc)
+                if down:
+                    log.warning("database unavailable: %r", exc)
+                    raise unavailable() from exc
+                raise
+    except ProblemError:
+        raise
+    except Exception as exc:
+        # Taking the connection failed (checkout, connect), or giving it back did.
+        if unavailable_cause(exc) is None:
+            raise
+        log.warning("database unavailable: %r", exc)
+        raise unavailable() from exc
 
 
 async def get_engine(request: Request) -> AsyncEngine:

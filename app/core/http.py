@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import asyncpg
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import PROBLEM_JSON, PayloadTooLarge, ProblemError, ServiceUnavailable
+from app.core.database import UNAVAILABLE, unavailable, unavailable_cause
+from app.core.errors import PROBLEM_JSON, PayloadTooLarge, ProblemError
 
 log = logging.getLogger("compactd")
 
@@ -86,21 +87,18 @@ def install_error_handlers(app: FastAPI) -> None:
         )
         return problem_response(error, request.url.path)
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(PoolTimeout)
-    @app.exception_handler(OSError)
     async def _unavailable(request: Request, exc: Exception) -> Response:
+        """The database cannot be reached (down, restarting, full, or it dropped the
+        connection): a 503 with Retry-After. Any other database error is a bug: 500."""
+        if unavailable_cause(exc) is None:
+            raise exc
         log.warning("database unavailable: %s", exc)
-        error = ServiceUnavailable(
-            "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
-        )
-        return problem_response(error, request.url.path)
+        return problem_response(unavailable(), request.url.path)
 
-    @app.exception_handler(DBAPIError)
-    async def _dbapi(request: Request, exc: DBAPIError) -> Response:
-        if exc.connection_invalidated:
-            return await _unavailable(request, exc)
-        raise exc
+    # DBAPIError covers SQLAlchemy's OperationalError and InterfaceError; the rest
+    # are what the driver or the pool raise on the paths SQLAlchemy does not wrap.
+    for error in (DBAPIError, *UNAVAILABLE, asyncpg.InterfaceError):
+        app.add_exception_handler(error, _unavailable)
 
 
 class BodyLimitMiddleware:

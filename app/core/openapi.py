@@ -46,6 +46,31 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+def link(path: str, method: str, description: str, **parameters: str) -> dict[str, Any]:
+    """An OpenAPI link to the operation at ``method path``, its parameters taken from
+    this response (runtime expressions such as ``$response.body#/id``)."""
+    pointer = path.replace("~", "~0").replace("/", "~1")
+    return {
+        "operationRef": f"#/paths/{pointer}/{method.lower()}",
+        "parameters": parameters,
+        "description": description,
+    }
+
+
+def _add_app_wide_responses(method: str, operation: dict[str, Any]) -> None:
+    """Statuses any route can answer, whatever its own ``responses=`` says.
+
+    The app-wide dependency refuses a NUL in any query parameter, declared or not
+    (422); on POST, PUT and PATCH it reads the body, which must be UTF-8 (400), and
+    the body limit applies (413).
+    """
+    responses: dict[str, Any] = operation.setdefault("responses", {})
+    codes = [422, 400, 413] if method.lower() in ("post", "put", "patch") else [422]
+    for code in codes:
+        responses.setdefault(str(code), {"description": _DESCRIPTIONS[code]})
+    operation["responses"] = dict(sorted(responses.items()))
+
+
 def install_problem_openapi(app: FastAPI) -> None:
     """Document every 4xx/5xx as ``application/problem+json`` with the Problem schema.
 
@@ -60,7 +85,8 @@ def install_problem_openapi(app: FastAPI) -> None:
         spec = generate()
         if fresh:
             for item in spec.get("paths", {}).values():
-                for operation in item.values():
+                for method, operation in item.items():
+                    _add_app_wide_responses(method, operation)
                     for code, response in operation.get("responses", {}).items():
                         if code[:1] in ("4", "5"):
                             response["content"] = {

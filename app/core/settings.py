@@ -60,14 +60,23 @@ class Settings(BaseSettings):
     request_timeout_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="A request's deadline, waiting and reading its body included: 408 if the "
-        "body is still arriving, else 503. A compaction's `wait` is added to it.",
+        description="How long a request may wait for a free slot (then 503) and take to send "
+        "its body (then 408). A handler that has started is never cut; its database work is "
+        "bounded by db_pool_timeout_seconds and db_statement_timeout_seconds.",
     )
     # Connections kept open: overflow ones are closed on return, and a new asyncpg
     # connection costs a backend fork and a fresh statement cache.
     db_pool_size: int = 20
     db_max_overflow: int = 10
-    db_pool_timeout_seconds: float = 10.0
+    db_pool_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="How long a request waits for a pooled connection: 503."
+    )
+    db_statement_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="Postgres's statement_timeout for the service's connections (a lock wait "
+        "included); past it the request gets 503 and its transaction rolls back. 0: none.",
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )

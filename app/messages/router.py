@@ -31,7 +31,11 @@ async def append_messages(
     settings: SettingsDep,
     idempotency_key: Annotated[
         str | None,
-        Header(max_length=255, description="A retry with the same key returns the first response."),
+        Header(
+            min_length=1,
+            max_length=255,
+            description="A retry with the same key returns the first response.",
+        ),
     ] = None,
     if_match: IfMatch = None,
 ) -> Response:

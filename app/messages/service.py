@@ -466,8 +466,9 @@ class _Batch:
         self.format = body.format
         self.entries = parse_batch(body.messages, body.format)
         self.looked_up = looked_up_ids(self.entries)
-        self.idempotency_key = idempotency_key
-        self.digest = request_hash(body) if idempotency_key else None
+        # An empty key is no key (the route refuses one; this keeps the record consistent).
+        self.idempotency_key = idempotency_key or None
+        self.digest = request_hash(body) if self.idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
         self._shown: dict[tuple[Any, ...], _Shown] = {}

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.core.database import DbDep
 from app.core.errors import NotFound, invalid
-from app.core.openapi import problems
+from app.core.openapi import link, problems
 from app.core.tenancy import TenantDep
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
@@ -27,6 +27,29 @@ SessionIdPath = Annotated[str, Path(description="The session id.")]
 IfMatch = Annotated[str | None, Header(description="Expected session version; 412 when stale.")]
 
 
+_SESSION_ROUTES = {
+    "GetSession": ("get", "", "Read the session."),
+    "PatchSession": ("patch", "", "Change the session."),
+    "DeleteSession": ("delete", "", "Delete the session."),
+    "AppendMessages": ("post", "/messages", "Append messages to its history."),
+    "ListMessages": ("get", "/messages", "Page through its stored history."),
+    "GetContext": ("get", "/context", "Read the context to send to the model."),
+    "GetOverflow": ("get", "/overflow", "Read its overflow verdict."),
+    "ReportUsage": ("post", "/usage", "Report a model call's usage."),
+    "Prune": ("post", "/prune", "Prune old tool outputs."),
+    "ReportProviderError": ("post", "/overflow-errors", "Forward a provider's error."),
+    "RequestCompaction": ("post", "/compactions", "Compact its history."),
+    "ListCompactions": ("get", "/compactions", "List its compactions."),
+}
+# Where a created session's id leads: OpenAPI links, for clients and stateful fuzzers.
+SESSION_LINKS = {
+    name: link(
+        f"/v1/sessions/{{session_id}}{suffix}", method, text, session_id="$response.body#/id"
+    )
+    for name, (method, suffix, text) in _SESSION_ROUTES.items()
+}
+
+
 def checked_id(session_id: str) -> str:
     """An id that cannot exist is simply not found (never a 500 from the database)."""
     import re
@@ -36,7 +59,11 @@ def checked_id(session_id: str) -> str:
     return session_id
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, responses=problems(409, 413, 422))
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses={201: {"links": SESSION_LINKS}, **problems(409, 413, 422)},
+)
 async def create_session(
     body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response
 ) -> SessionOut:

@@ -132,3 +132,17 @@ async def test_a_huge_body_is_refused_before_it_is_read(client: httpx.AsyncClien
     r = await client.post(f"/v1/sessions/{sid}/messages", json=huge)
     assert_problem(r, 413, "limit")
     assert await history(client, sid) == []
+
+
+async def test_a_statement_held_past_the_timeout_gets_503_and_stores_nothing(db_url: str) -> None:
+    async with served(db_url, db_statement_timeout_seconds=0.5) as (_, client):
+        sid = (await make_session(client))["id"]
+        async with session_locked(db_url, sid):
+            slow = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": USER})
+            assert_problem(slow, 503, "retry")
+            assert slow.headers["retry-after"]
+        assert await history(client, sid) == []
+        # Its connection is fine afterwards, and so is the pool.
+        ok = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": USER})
+        assert ok.status_code == 201, ok.text
+        assert len(await history(client, sid)) == 1
