@@ -7,9 +7,17 @@ step (the assistant message and the tool results that answer it, with an
 Claude sessions) and reports the prompt's usage. When a trace runs out the
 agent starts it again with fresh tool-call ids.
 
-1. Saturation: a closed loop with ``SATURATION_AGENTS`` agents doing turns back
-   to back for a few seconds measures the most requests per second the service
-   sustains for this mix.
+Every run starts from fresh sessions in the same state (same traces, same
+prefixes), so each rate is a share of a maximum measured on the same work.
+
+1. Maximum rate. First a closed loop: ``SATURATION_AGENTS`` agents doing turns back
+   to back for a few seconds (printed: the closed-loop rate). Then the maximum
+   open-loop rate, by bisection over short open-loop runs between half and all of
+   the closed-loop rate: the highest rate with no error, p99 under a second and
+   every answer in within half a second of the schedule's end. It is the lower of
+   the two: open-loop arrivals come in bursts, and a turn's append and usage report
+   meet on the session's row lock, where a closed-loop agent sends them one after
+   the other. The runs below are shares of this open-loop maximum.
 2. Open loop at 50 % and 90 % of that rate: a Poisson schedule of requests is
    computed in advance (turn after turn: append, context, usage, each its own
    arrival), every request is sent at its scheduled time whatever the earlier
@@ -42,7 +50,12 @@ from app.engine import openai_format, tokens
 from bench.http import Connection
 from tests import traces
 
-SESSIONS = 200
+# Many sessions, so that each grows by a few turns in a run and the work stays
+# close to what the maximum rate was measured on.
+SESSIONS = 1000
+SEED = 20240611
+CAPACITY_PROBES = 5
+CAPACITY_SECONDS = 8.0
 SATURATION_AGENTS = 48
 SATURATION_SECONDS = 12.0
 SATURATION_WARMUP = 2.0
@@ -266,6 +279,7 @@ class Stats:
     # (scheduled time, latency) of every request, for the timeline.
     timeline: list[tuple[float, float]] = field(default_factory=list)
     effects: Counter[str] = field(default_factory=Counter)
+    started: float = 0.0  # the monotonic time the schedule's offsets count from
 
     def record(self, kind: str, at: float, seconds: float, status: str, body: bytes = b"") -> None:
         self.latency[kind].append(seconds)
@@ -472,7 +486,7 @@ async def saturation(pool: Pool, agents: list[Agent], cpu: Cpu) -> float:
         f" {SATURATION_SECONDS:.0f} s after {SATURATION_WARMUP:.0f} s warm-up"
     )
     report(stats, wall)
-    print(f"  max sustainable rate: {rate:.0f} req/s ({rate / 3:.0f} agent turns/s)")
+    print(f"  closed-loop rate: {rate:.0f} req/s ({rate / 3:.0f} agent turns/s)")
     print(f"  {used}")
     return rate
 
@@ -485,38 +499,29 @@ class RunResult:
     rss_max: float
 
 
-async def open_loop(
-    pool: Pool,
-    agents: list[Agent],
-    server: psutil.Process,
-    cpu: Cpu,
-    rate: float,
-    seconds: float,
-    label: str,
-    rng: random.Random,
-) -> RunResult:
-    # The schedule, computed before the clock starts: Poisson arrivals, turn after turn.
+def poisson_schedule(
+    agents: list[Agent], rate: float, seconds: float, label: str, rng: random.Random
+) -> list[tuple[float, Request]]:
+    """Computed before the clock starts: Poisson arrivals, turn after turn."""
     schedule: list[tuple[float, Request]] = []
     t = 0.0
-    turns = 0
-    while True:
+    while t < seconds:
         agent = agents[rng.randrange(len(agents))]
-        reqs = agent.next_turn(label)
-        turns += 1
-        for req in reqs:
+        for req in agent.next_turn(label):
             t += rng.expovariate(rate)
             schedule.append((t, req))
-        if t >= seconds:
-            break
-    schedule = [(at, req) for at, req in schedule if at < seconds]
+    return [(at, req) for at, req in schedule if at < seconds]
 
+
+async def play(
+    pool: Pool, schedule: list[tuple[float, Request]]
+) -> tuple[Stats, list[float], list[float], float, float]:
+    """Send each request at its time, whatever the earlier ones are doing: (stats, dispatch
+    lags, write lags, seconds to dispatch the schedule, seconds until the last answer)."""
     stats = Stats()
-    memory = Memory(server.pid)
     lag: list[float] = []
     sent: list[float] = []
     tasks: set[asyncio.Task[None]] = set()
-    memory.start()
-    cpu.start()
     start = time.monotonic() + 0.05
     for offset, req in schedule:
         at = start + offset
@@ -529,10 +534,62 @@ async def open_loop(
         task.add_done_callback(tasks.discard)
     dispatched = time.monotonic() - start
     await asyncio.gather(*tasks)
-    wall = time.monotonic() - start
+    stats.started = start
+    return stats, lag, sent, dispatched, time.monotonic() - start
+
+
+async def open_loop_capacity(pool: Pool, agents: list[Agent], closed_rate: float) -> float:
+    """The highest arrival rate the service keeps up with, open loop: a bisection over
+    short runs between half and all of the closed-loop rate. A rate is kept up with when
+    nothing fails, every answer is in within half a second of the schedule's end and
+    p99 stays under a second. Open-loop arrivals come in bursts, and an append and the
+    usage report of the same turn meet on the session's lock, so this is lower than
+    the closed-loop rate, where each agent waits for one answer before the next."""
+    rng = random.Random(SEED)
+    low, high = 0.5 * closed_rate, closed_rate
+    print(
+        f"\n  open-loop maximum: bisection, {CAPACITY_PROBES} runs of {CAPACITY_SECONDS:.0f} s"
+        f" between {low:.0f} and {high:.0f} req/s"
+    )
+    for _ in range(CAPACITY_PROBES):
+        rate = (low + high) / 2
+        schedule = poisson_schedule(agents, rate, CAPACITY_SECONDS, "probe", rng)
+        stats, _, _, _, wall = await play(pool, schedule)
+        every = [x for kind in KINDS for x in stats.latency[kind]]
+        late = wall - CAPACITY_SECONDS
+        kept_up = stats.errors() == 0 and late <= 0.5 and ms(every, 0.99) < 1000
+        print(
+            f"    {rate:6.0f} req/s: p50 {ms(every, 0.5):7.2f} ms, p99 {ms(every, 0.99):8.2f} ms,"
+            f" errors {stats.errors()}, done {late:+.2f} s after the schedule:"
+            f" {'kept up' if kept_up else 'fell behind'}"
+        )
+        if kept_up:
+            low = rate
+        else:
+            high = rate
+        await asyncio.sleep(3)  # whatever queued drains before the next probe
+    print(f"  max sustainable rate, open loop: {low:.0f} req/s ({low / 3:.0f} agent turns/s)")
+    return low
+
+
+async def open_loop(
+    pool: Pool,
+    agents: list[Agent],
+    server: psutil.Process,
+    cpu: Cpu,
+    rate: float,
+    seconds: float,
+    label: str,
+    rng: random.Random,
+) -> RunResult:
+    schedule = poisson_schedule(agents, rate, seconds, label, rng)
+    memory = Memory(server.pid)
+    memory.start()
+    cpu.start()
+    stats, lag, sent, dispatched, wall = await play(pool, schedule)
     used = cpu.stop()
     hwm, rss_max, rss_now = await memory.stop()
-    timeline = stalls(stats, start)
+    timeline = stalls(stats, stats.started)
 
     print(f"\n  {label}: open loop, target {rate:.0f} req/s for {seconds:.0f} s (Poisson)")
     report(stats, wall)
@@ -566,25 +623,33 @@ async def bench_load(
     )
     server = psutil.Process(server_pid)
     cpu = Cpu(server, pgdata)
-    rng = random.Random(20240611)
     pool = Pool(host, port, MAX_CONNECTIONS)
-    try:
+
+    async def fresh_agents(label: str) -> list[Agent]:
+        """New sessions in the same state for every run (same traces, same prefixes): the
+        rates of the open-loop runs are shares of a maximum measured on the same work."""
         t = time.monotonic()
-        agents = await create_agents(pool, rng)
+        agents = await create_agents(pool, random.Random(SEED))
         stored = sum(a.stored_tokens for a in agents)
         print(
-            f"  {len(agents)} sessions ({', '.join(MODELS)}) with trace prefixes:"
-            f" {stored:,} tokens stored in {time.monotonic() - t:.1f} s;"
+            f"\n  {label}: {len(agents)} fresh sessions ({', '.join(MODELS)}) with trace"
+            f" prefixes, {stored:,} tokens stored in {time.monotonic() - t:.1f} s;"
             f" service RSS {server.memory_info().rss / 2**20:.0f} MB"
         )
-        rate = await saturation(pool, agents, cpu)
+        await asyncio.sleep(2)
+        return agents
+
+    try:
+        agents = await fresh_agents("maximum rate")
+        closed = await saturation(pool, agents, cpu)
+        rate = await open_loop_capacity(pool, agents, closed)
         results = []
         for share in (0.5, 0.9):
-            await asyncio.sleep(2)
+            label = f"{share:.0%} load"
+            agents = await fresh_agents(label)
+            rng = random.Random(SEED + int(share * 100))
             results.append(
-                await open_loop(
-                    pool, agents, server, cpu, rate * share, seconds, f"{share:.0%} load", rng
-                )
+                await open_loop(pool, agents, server, cpu, rate * share, seconds, label, rng)
             )
     finally:
         pool.close()

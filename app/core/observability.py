@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import re
 import sys
@@ -17,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import metrics
@@ -66,7 +66,7 @@ class JsonFormatter(logging.Formatter):
                 doc[key] = value
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str, ensure_ascii=False)
+        return orjson.dumps(doc, default=str).decode()
 
 
 def configure_logging(level: str, fmt: str = "json") -> None:

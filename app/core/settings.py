@@ -55,7 +55,10 @@ class Settings(BaseSettings):
         default=64, ge=1, description="Requests served at once; the rest wait in a queue."
     )
     max_queued_requests: int = Field(
-        default=256, ge=0, description="Requests that may wait for a slot; beyond it: 503."
+        default=1024,
+        ge=0,
+        description="Requests that may wait for a slot (a couple of seconds of one process's "
+        "throughput); beyond it: 503.",
     )
     request_timeout_seconds: float = Field(
         default=30.0,

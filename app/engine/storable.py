@@ -12,15 +12,7 @@ import itertools
 import re
 from typing import Any
 
-# An escape (odd run of backslashes) for U+0000 or any surrogate, in raw JSON.
-_SUSPECT = re.compile(rb"(?<!\\)(?:\\\\)*\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})|\d{19}")
 _INT64 = range(-(2**63), 2**63)
-
-
-def body_may_be_unstorable(body: bytes) -> bool:
-    """A fast pre-check on a raw JSON body; a hit is confirmed by :func:`find_unstorable`."""
-    return _SUSPECT.search(body) is not None
-
 
 # Deeper than any real message; the JSON encoder stops at 255 levels, and the
 # stored forms wrap a client's value in a few levels of their own.
@@ -45,6 +37,8 @@ def nests_too_deep(body: bytes) -> bool:
 def _bad_text(text: str) -> str | None:
     if "\x00" in text:
         return "contains a NUL character (\\u0000), which cannot be stored; remove or escape it"
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
