@@ -12,6 +12,7 @@ CLI, in another process) takes effect within that time.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import time
@@ -31,6 +32,7 @@ from app.sessions.models import DEFAULT_TENANT
 log = logging.getLogger("compactd.auth")
 
 _CACHE_LIMIT = 10_000
+_LOOKUPS = 4
 # Compared against when the key id is unknown, so a miss costs what a hit costs.
 _DUMMY = tokens.digest("000000000000", "x" * 43)
 
@@ -62,7 +64,10 @@ class KeyStore:
     def __init__(self, engine: AsyncEngine, cache_seconds: float) -> None:
         self.engine = engine
         self.cache_seconds = cache_seconds
-        self._keys: dict[str, tuple[float, KeyRow]] = {}
+        self._keys: dict[str, tuple[float, KeyRow | None]] = {}
+        # Unknown ids are looked up a few at a time: a flood of forged keys cannot
+        # take every pooled connection from the requests that carry real ones.
+        self._lookups = asyncio.Semaphore(_LOOKUPS)
         self._required = False
         self._required_checked = -float("inf")
 
@@ -77,16 +82,16 @@ class KeyStore:
         return self._required
 
     async def _row(self, key_id: str) -> KeyRow | None:
-        now = time.monotonic()
+        """The key's row, or None; both answers are kept for the cache period (a key
+        cannot be presented before it is created: its id is random)."""
         cached = self._keys.get(key_id)
-        if cached and now - cached[0] < self.cache_seconds:
+        if cached and time.monotonic() - cached[0] < self.cache_seconds:
             return cached[1]
-        async with driver_connection(self.engine) as driver:
+        async with self._lookups, driver_connection(self.engine) as driver:
             row = await repository.get(driver, key_id)
-        if row is not None:
-            if len(self._keys) >= _CACHE_LIMIT:
-                self._keys.clear()
-            self._keys[key_id] = (now, row)
+        if len(self._keys) >= _CACHE_LIMIT:
+            self._keys.clear()
+        self._keys[key_id] = (time.monotonic(), row)
         return row
 
     async def tenant(self, authorization: str | None) -> str:

@@ -141,7 +141,9 @@ def unavailable_cause(exc: BaseException) -> BaseException | None:
             continue
         seen.add(id(error))
         found: BaseException = error
-        if isinstance(error, UNAVAILABLE):
+        if isinstance(error, OSError) and not _raised_by_the_driver(error):
+            pass  # a file or socket of our own: a bug, not the database
+        elif isinstance(error, UNAVAILABLE):
             return found
         if isinstance(error, asyncpg.InterfaceError) and "closed" in str(error):
             return found  # "connection is closed", "connection was closed"
@@ -157,6 +159,21 @@ def unavailable_cause(exc: BaseException) -> BaseException | None:
             # Raised while handling one (a ROLLBACK on a connection being dropped).
             todo.append(error.__context__)
     return None
+
+
+_DRIVER_MODULES = ("asyncpg", "sqlalchemy", "app.core.database")
+
+
+def _raised_by_the_driver(error: BaseException) -> bool:
+    """Whether an OSError came out of the database driver or the pool (a refused or
+    reset connection, a missing socket file), not from the app's own I/O."""
+    tb = error.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module.startswith(_DRIVER_MODULES):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def unavailable() -> ServiceUnavailable:
@@ -186,9 +203,12 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
             except ProblemError:
                 raise
             except Exception as exc:
-                down = driver.is_closed() or unavailable_cause(exc) is not None
-                # InternalClientError: the driver's protocol state is broken; never reuse it.
-                broken = down or isinstance(exc, asyncpg.InternalClientError)
+                cause = unavailable_cause(exc)
+                down = driver.is_closed() or cause is not None
+                # A statement_timeout leaves a healthy connection behind (the transaction
+                # rolled back); InternalClientError a broken one: never reuse that.
+                timed_out = isinstance(cause, asyncpg.exceptions.QueryCanceledError)
+                broken = (down and not timed_out) or isinstance(exc, asyncpg.InternalClientError)
                 if broken and not connection.invalidated:
                     await connection.invalidate(exc)
                 if down:

@@ -27,6 +27,8 @@ log = logging.getLogger("compactd.http")
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Label values must stay few: any other method is counted as "other".
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Probes and scrapes answer even when the service is saturated.
 OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -134,7 +136,7 @@ class RequestLogMiddleware:
         finally:
             elapsed = time.perf_counter() - started
             route = _route(scope)
-            method = scope["method"]
+            method = scope["method"] if scope["method"] in _METHODS else "other"
             metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
             metrics.HTTP_LATENCY.labels(method, route).observe(elapsed)
             if scope["path"] not in OPS_PATHS or status >= 400:

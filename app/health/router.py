@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -12,6 +14,8 @@ from app.core.errors import ServiceUnavailable
 from app.core.openapi import problems
 
 router = APIRouter(tags=["ops"])
+
+READY_TIMEOUT_SECONDS = 2.0
 
 
 class Health(BaseModel):
@@ -36,8 +40,12 @@ async def readyz(request: Request) -> Readiness:
     from app.core.migrations import head_revision
 
     try:
-        async with request.app.state.engine.connect() as conn:
-            current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        # A probe has a short timeout of its own: answer before it, even when every
+        # pooled connection is busy.
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS):
+            async with request.app.state.engine.connect() as conn:
+                query = text("SELECT version_num FROM alembic_version")
+                current = (await conn.execute(query)).scalar()
     except Exception as exc:
         raise ServiceUnavailable(
             f"the database is not ready: {type(exc).__name__}", headers={"Retry-After": "2"}

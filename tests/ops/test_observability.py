@@ -14,10 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.migrations import head_revision
 from app.core.observability import JsonFormatter
+from app.upstream import UpstreamConfig, UpstreamError, complete
 from tests import postgres
 from tests.compactions.helpers import drain
 from tests.conftest import make_session
 from tests.helpers import append_ok
+from tests.upstream_server import Reply, Status, Upstream
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -121,9 +123,7 @@ async def test_metrics_count_requests_by_route_and_status(client: httpx.AsyncCli
     assert ("compactd_db_pool_checked_out", ()) in after
 
 
-async def test_metrics_show_compactions_pruning_and_upstream_calls(
-    app: Any, client: httpx.AsyncClient
-) -> None:
+async def test_metrics_show_compactions_and_pruning(app: Any, client: httpx.AsyncClient) -> None:
     before = await _metrics(client)
     session = await make_session(
         client,
@@ -194,3 +194,40 @@ async def test_readyz_fails_while_migrations_are_behind(
         assert (await client.get("/readyz")).status_code == 200
     finally:
         await conn.close()
+
+
+async def test_metrics_count_upstream_calls_by_outcome(
+    client: httpx.AsyncClient, upstream: Upstream
+) -> None:
+    before = await _metrics(client)
+    config = UpstreamConfig(api="anthropic", base_url=upstream.url, timeout_seconds=5.0)
+    upstream.script([Reply("A summary."), Status(529), Status(429, headers={"retry-after": "1"})])
+    async with httpx.AsyncClient() as http:
+        done = await complete(http, config, model="m", system="s", prompt="p")
+        assert done.text == "A summary."
+        for kind in ("server", "rate_limited"):
+            with pytest.raises(UpstreamError) as failed:
+                await complete(http, config, model="m", system="s", prompt="p")
+            assert failed.value.kind == kind
+    after = await _metrics(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    for outcome in ("ok", "server", "rate_limited"):
+        assert delta("compactd_upstream_calls_total", api="anthropic", outcome=outcome) == 1
+    assert delta("compactd_upstream_call_duration_seconds_count", api="anthropic") == 3
+
+
+async def test_odd_methods_are_counted_as_other(client: httpx.AsyncClient) -> None:
+    before = await _metrics(client)
+    r = await client.request("PROPFIND", "/v1/sessions")
+    assert r.status_code == 405
+    after = await _metrics(client)
+    labels = {"method": "other", "route": "/v1/sessions", "status": "405"}
+    assert (
+        _value(after, "compactd_http_requests_total", **labels)
+        - _value(before, "compactd_http_requests_total", **labels)
+        == 1
+    )
+    assert not any(dict(key[1]).get("method") == "PROPFIND" for key in after)

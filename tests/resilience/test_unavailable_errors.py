@@ -3,6 +3,7 @@ on the raw asyncpg paths and through SQLAlchemy, with no database needed."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import asyncpg
@@ -37,9 +38,6 @@ def wrapped(error: Exception, *, invalidated: bool = False) -> DBAPIError:
 
 
 UNAVAILABLE = [
-    ConnectionRefusedError(111, "Connection refused"),
-    FileNotFoundError(2, "No such file or directory"),  # no Unix socket: Postgres is down
-    TimeoutError(),
     asyncpg.exceptions.CannotConnectNowError("the database system is starting up"),
     asyncpg.exceptions.CannotConnectNowError("the database system is shutting down"),
     asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
@@ -72,6 +70,47 @@ def test_other_errors_are_not_unavailability(error: Exception) -> None:
 
 def test_an_invalidated_connection_is_unavailability() -> None:
     assert unavailable_cause(wrapped(asyncpg.InternalClientError("x"), invalidated=True))
+
+
+async def driver_os_error(kind: str) -> OSError:
+    """An OSError as asyncpg raises it when Postgres cannot be reached."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if kind == "timeout":
+            listener.listen()  # the handshake completes; no server ever answers
+        target: dict[str, Any] = {
+            "refused": {"host": "127.0.0.1", "port": port},  # bound, not listening
+            "no socket file": {"host": "/nonexistent/compactd-test"},  # Postgres is down
+            "timeout": {"host": "127.0.0.1", "port": port, "timeout": 0.2},
+        }[kind]
+        try:
+            await asyncpg.connect(user="compactd", database="compactd", **target)
+        except OSError as exc:
+            return exc
+    raise AssertionError(f"{kind}: connected")
+
+
+@pytest.mark.parametrize("kind", ["refused", "no socket file", "timeout"])
+async def test_os_errors_from_the_driver_are_unavailability(kind: str) -> None:
+    error = await driver_os_error(kind)
+    assert unavailable_cause(error) is error
+    assert unavailable_cause(wrapped(error)) is not None
+    # Fresh ones for the app: raising an error through it drops its traceback.
+    assert_unavailable(await get(app_raising(await driver_os_error(kind))))
+    assert_unavailable(await get(app_raising(wrapped(await driver_os_error(kind)))))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [FileNotFoundError(2, "app/prompts/system.md"), TimeoutError(), ConnectionResetError(104)],
+    ids=repr,
+)
+async def test_the_apps_own_os_errors_are_bugs(error: OSError) -> None:
+    """A missing file of our own or a timeout of our own is a bug to see, not a 503."""
+    assert unavailable_cause(error) is None
+    r = await get(app_raising(error))
+    assert r.status_code == 500, r.text
 
 
 def raised_while_handling_a_disconnect(*, suppress: bool) -> Exception:
@@ -112,7 +151,7 @@ async def get(app: FastAPI) -> httpx.Response:
 
 SQLALCHEMY_UNAVAILABLE: list[Any] = [
     *(wrapped(e) for e in UNAVAILABLE),
-    OperationalError("SELECT 1", None, ConnectionRefusedError(111, "refused")),
+    OperationalError("SELECT 1", None, Exception("connection refused")),
     InterfaceError(
         "SELECT 1", None, Exception("connection is closed"), connection_invalidated=True
     ),
