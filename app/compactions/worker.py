@@ -231,16 +231,16 @@ class Worker:
                 retry_after=None,
                 rand=self.config.backoff.rand,
             )
-            later = RetryLater(delay, f"internal error: {exc!r}"[:500])
+            again = RetryLater(delay, f"internal error: {exc!r}"[:500])
             _transition(
                 job,
                 "retried",
                 level=logging.WARNING,
-                detail=later.reason,
+                detail=again.reason,
                 retry_in_s=round(delay, 1),
             )
             with contextlib.suppress(Exception):
-                await self._retry(job, later)
+                await self._retry(job, again)
 
     async def _prepare(self, job: JobRow) -> tuple[Prepared | None, str, bool] | None:
         """A plan from one snapshot, the session's model, and whether its verdict
