@@ -19,7 +19,7 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -44,11 +44,13 @@ from schemathesis.core.result import Ok
 from app.core.settings import Settings
 from app.main import create_app
 from tests.e2e.server import running
+from tests.ops.conftest import create_key
 
 SEED = 20_240_521
 # Cases per operation (examples, positive and negative ones, seeded or not, all told);
 # the whole file runs in about a minute on two cores.
 MAX_EXAMPLES = 150
+KEYED_EXAMPLES = 40
 STATEFUL_SCENARIOS = 100
 STATEFUL_STEPS = 10
 
@@ -93,6 +95,7 @@ class Live:
 
     base_url: str
     compaction_id: str
+    key: str | None = None
     statuses: dict[str, Counter[int]] = field(default_factory=dict)
     stateful: dict[str, Counter[int]] = field(default_factory=dict)
 
@@ -113,9 +116,12 @@ def _conversation(steps: int) -> list[dict[str, Any]]:
     return out
 
 
-def seed_session(base_url: str, session_id: str, *, compact: bool) -> str | None:
+def seed_session(
+    base_url: str, session_id: str, *, compact: bool, key: str | None = None
+) -> str | None:
     """A session with a dozen tool turns; with ``compact``, a finished compaction's id."""
-    with httpx.Client(base_url=base_url, timeout=60) as client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=base_url, timeout=60, headers=headers) as client:
         body = {
             "id": session_id,
             "model": "gpt-4o-mini",
@@ -135,15 +141,17 @@ def seed_session(base_url: str, session_id: str, *, compact: bool) -> str | None
 
 
 @contextlib.contextmanager
-def serving(db_url: str, settings: Settings, *, workers: int) -> Iterator[Live]:
+def serving(
+    db_url: str, settings: Settings, *, workers: int, key: str | None = None
+) -> Iterator[Live]:
     """The app as the ``app`` fixture builds it, served by uvicorn, with seeded sessions."""
     app = create_app(
         settings.model_copy(update={"compaction_workers": workers}), database_url=db_url
     )
     with running(app) as base_url:
-        compaction_id = seed_session(base_url, MAIN, compact=workers > 0)
-        seed_session(base_url, VICTIM, compact=False)
-        yield Live(base_url=base_url, compaction_id=compaction_id or str(uuid.uuid4()))
+        compaction_id = seed_session(base_url, MAIN, compact=workers > 0, key=key)
+        seed_session(base_url, VICTIM, compact=False, key=key)
+        yield Live(base_url=base_url, compaction_id=compaction_id or str(uuid.uuid4()), key=key)
 
 
 @pytest.fixture
@@ -151,6 +159,14 @@ def live(db_url: str, settings: Settings) -> Iterator[Live]:
     """One compaction worker: a seeded compaction that finished, and a request's
     ``wait`` ends when its compaction does."""
     with serving(db_url, settings, workers=1) as server:
+        yield server
+
+
+@pytest.fixture
+async def live_with_a_key(db_url: str, settings: Settings) -> AsyncIterator[Live]:
+    """API keys on: every /v1 request needs one (the seeded sessions are its tenant's)."""
+    key = await create_key(db_url, "fuzz")
+    with serving(db_url, settings, workers=1, key=key) as server:
         yield server
 
 
@@ -260,22 +276,49 @@ def operation_strategy(operation: Operation, live: Live) -> st.SearchStrategy[Ca
     return st.one_of(strategies)
 
 
-def run_operation(operation: Operation, live: Live) -> None:
+# With keys on, a case carries the key, none, or a key that is wrong in some way.
+CREDENTIALS = ["key", "none", "forged", "garbage"]
+
+
+def _authorization(live: Live, credential: str) -> dict[str, str]:
+    assert live.key is not None
+    forged = live.key[:-1] + ("A" if live.key[-1] != "A" else "B")
+    return {
+        "key": {"Authorization": f"Bearer {live.key}"},
+        "none": {},
+        "forged": {"Authorization": f"Bearer {forged}"},
+        "garbage": {"Authorization": "Bearer \u00e9t\u00e9 cpd_"},
+    }[credential]
+
+
+def run_operation(operation: Operation, live: Live, max_examples: int = MAX_EXAMPLES) -> None:
     counts = live.statuses.setdefault(operation.label, Counter())
+    credentials = st.sampled_from(CREDENTIALS) if live.key else st.just("open")
 
     @seed(SEED)
-    @HYPOTHESIS
-    @given(case=operation_strategy(operation, live))
-    def fuzz(case: Case) -> None:
-        response = case.call_and_validate(checks=CHECKS)
+    @hsettings(HYPOTHESIS, max_examples=max_examples)
+    @given(case=operation_strategy(operation, live), credential=credentials)
+    def fuzz(case: Case, credential: str) -> None:
+        headers = _authorization(live, credential) if live.key else None
+        response = case.call_and_validate(checks=CHECKS, headers=headers)
         counts[response.status_code] += 1
         if case.path_parameters == {"session_id": VICTIM} and response.status_code == 204:
-            seed_session(live.base_url, VICTIM, compact=False)
+            seed_session(live.base_url, VICTIM, compact=False, key=live.key)
 
     fuzz()
 
 
 def test_every_operation_conforms(live: Live) -> None:
+    fuzz_every_operation(live, MAX_EXAMPLES)
+
+
+def test_every_operation_conforms_with_api_keys(live_with_a_key: Live) -> None:
+    """The same with keys on: the key, none, a forged one and garbage, on every route
+    (401s included must match the spec)."""
+    fuzz_every_operation(live_with_a_key, KEYED_EXAMPLES)
+
+
+def fuzz_every_operation(live: Live, max_examples: int) -> None:
     schema = load_schema(live)
     started = time.monotonic()
     failures: list[str] = []
@@ -287,7 +330,7 @@ def test_every_operation_conforms(live: Live) -> None:
         operation = result.ok()
         operations += 1
         try:
-            run_operation(operation, live)
+            run_operation(operation, live, max_examples)
         except (Exception, BaseExceptionGroup) as exc:
             failures.append(f"{operation.label}:\n{exc}")
     print(f"\n{operations} operations in {time.monotonic() - started:.1f} s")
