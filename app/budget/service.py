@@ -228,137 +228,142 @@ class BudgetService:
     async def usage(self, session_id: str, report: UsageReport) -> UsageResponse:
         """Calibrate against the provider's figures and give the new verdict."""
         now = datetime.now(UTC)
-        async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await locked_state(driver, self.tenant_id, session_id)
-            config = sessions.effective_config(state.config)
-            encoding = catalog.lookup(state.model).encoding
-            if report.tools_tokens is not None:
-                overhead = report.tools_tokens
-            elif report.tools is not None:
-                overhead = tokens.count_tools(report.tools, encoding)
-            else:
-                overhead = state.overhead_tokens
-            prompt = report.input_tokens + report.cache_read_tokens + report.cache_write_tokens
-            # The prompt just measured is the context the session holds, plus what
-            # each request adds: compare like with like, uncalibrated.
-            counted = state.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
-            if measured_before_pivot(state, report.context_version, prompt, counted):
-                # The agent's call went out before a compaction committed: its
-                # prompt is not this context's, so it teaches nothing.
-                state.version = await self.repo.record_stale_usage(
+        with metrics.after_commit():
+            async with driver_connection(self.engine) as driver, driver.transaction():
+                state = await locked_state(driver, self.tenant_id, session_id)
+                config = sessions.effective_config(state.config)
+                encoding = catalog.lookup(state.model).encoding
+                if report.tools_tokens is not None:
+                    overhead = report.tools_tokens
+                elif report.tools is not None:
+                    overhead = tokens.count_tools(report.tools, encoding)
+                else:
+                    overhead = state.overhead_tokens
+                prompt = report.input_tokens + report.cache_read_tokens + report.cache_write_tokens
+                # The prompt just measured is the context the session holds, plus what
+                # each request adds: compare like with like, uncalibrated.
+                counted = state.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
+                if measured_before_pivot(state, report.context_version, prompt, counted):
+                    # The agent's call went out before a compaction committed: its
+                    # prompt is not this context's, so it teaches nothing.
+                    state.version = await self.repo.record_stale_usage(
+                        driver,
+                        session_id,
+                        overhead_tokens=overhead,
+                        usage_json=report.model_dump_json(exclude={"tools"}),
+                        now=now,
+                    )
+                    state.overhead_tokens = overhead
+                    return UsageResponse(
+                        calibration_factor=state.calibration_factor,
+                        reported_prompt_tokens=state.reported_prompt_tokens,
+                        overhead_tokens=overhead,
+                        version=state.version,
+                        overflow=verdict_model(state, config),
+                        pruned=None,
+                        compaction=None,
+                        stale=True,
+                    )
+                factor = budget.calibrate(state.calibration_factor, prompt, counted)
+                state.version = await self.repo.record_usage(
                     driver,
                     session_id,
+                    calibration_factor=factor,
                     overhead_tokens=overhead,
+                    reported_prompt_tokens=prompt,
                     usage_json=report.model_dump_json(exclude={"tools"}),
                     now=now,
                 )
+                state.calibration_factor = factor
                 state.overhead_tokens = overhead
+                state.reported_prompt_tokens = prompt
+                state.context_tokens_at_report = state.context_tokens
+                pruned = None
+                action = sessions.verdict_of(state, config).action
+                if wants_auto_prune(state, config, action):
+                    pruned = await auto_prune(
+                        driver, self.tenant_id, session_id, state, config, action
+                    )
+                compaction = None
+                reason = pivot.auto_reason(state, config, sessions.verdict_of(state, config).action)
+                if reason is not None:
+                    compaction = await pivot.start_auto(
+                        driver, self.tenant_id, session_id, state, config, reason, now=now
+                    )
                 return UsageResponse(
-                    calibration_factor=state.calibration_factor,
-                    reported_prompt_tokens=state.reported_prompt_tokens,
+                    calibration_factor=factor,
+                    reported_prompt_tokens=prompt,
                     overhead_tokens=overhead,
                     version=state.version,
                     overflow=verdict_model(state, config),
-                    pruned=None,
-                    compaction=None,
-                    stale=True,
+                    pruned=pruned,
+                    compaction=compaction,
                 )
-            factor = budget.calibrate(state.calibration_factor, prompt, counted)
-            state.version = await self.repo.record_usage(
-                driver,
-                session_id,
-                calibration_factor=factor,
-                overhead_tokens=overhead,
-                reported_prompt_tokens=prompt,
-                usage_json=report.model_dump_json(exclude={"tools"}),
-                now=now,
-            )
-            state.calibration_factor = factor
-            state.overhead_tokens = overhead
-            state.reported_prompt_tokens = prompt
-            state.context_tokens_at_report = state.context_tokens
-            pruned = None
-            action = sessions.verdict_of(state, config).action
-            if wants_auto_prune(state, config, action):
-                pruned = await auto_prune(driver, self.tenant_id, session_id, state, config, action)
-            compaction = None
-            reason = pivot.auto_reason(state, config, sessions.verdict_of(state, config).action)
-            if reason is not None:
-                compaction = await pivot.start_auto(
-                    driver, self.tenant_id, session_id, state, config, reason, now=now
-                )
-            return UsageResponse(
-                calibration_factor=factor,
-                reported_prompt_tokens=prompt,
-                overhead_tokens=overhead,
-                version=state.version,
-                overflow=verdict_model(state, config),
-                pruned=pruned,
-                compaction=compaction,
-            )
 
     async def prune(self, session_id: str, request: PruneRequest) -> PruneResult:
-        async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await locked_state(driver, self.tenant_id, session_id)
-            config = sessions.effective_config(state.config)
-            return await prune_locked(
-                driver,
-                self.tenant_id,
-                session_id,
-                state,
-                config,
-                dry_run=request.dry_run,
-                request=request,
-                trigger="manual",
-            )
-
-    async def provider_error(self, session_id: str, error: ProviderError) -> ProviderErrorVerdict:
-        """Is it a context overflow? If so, relieve the window now (prune, with no
-        minimum: any saving helps the retry) and give the verdict."""
-        match = overflow_errors.classify(error.status, error.message)
-        async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await locked_state(driver, self.tenant_id, session_id)
-            recovery = None
-            counted = state.context_tokens + state.overhead_tokens + tokens.REPLY_PRIMING_TOKENS
-            stale = match.overflow and measured_before_pivot(
-                state, error.context_version, match.requested_tokens, counted
-            )
-            if stale:
-                # The refused prompt was the context before a compaction that has
-                # committed since: the agent's next read already fits better.
-                recovery = Recovery(action="none", pruned=None, compaction=None, stale=True)
-            elif match.overflow:
+        with metrics.after_commit():
+            async with driver_connection(self.engine) as driver, driver.transaction():
+                state = await locked_state(driver, self.tenant_id, session_id)
                 config = sessions.effective_config(state.config)
-                pruned = await prune_locked(
+                return await prune_locked(
                     driver,
                     self.tenant_id,
                     session_id,
                     state,
                     config,
-                    minimum_tokens=0,
-                    urgent=True,
-                    trigger="overflow",
+                    dry_run=request.dry_run,
+                    request=request,
+                    trigger="manual",
                 )
-                compaction = None
-                if config.compaction.enabled and config.compaction.auto:
-                    # The provider refused the prompt: summarize, whatever the guards say.
-                    compaction = await pivot.enqueue_locked(
+
+    async def provider_error(self, session_id: str, error: ProviderError) -> ProviderErrorVerdict:
+        """Is it a context overflow? If so, relieve the window now (prune, with no
+        minimum: any saving helps the retry) and give the verdict."""
+        match = overflow_errors.classify(error.status, error.message)
+        with metrics.after_commit():
+            async with driver_connection(self.engine) as driver, driver.transaction():
+                state = await locked_state(driver, self.tenant_id, session_id)
+                recovery = None
+                counted = state.context_tokens + state.overhead_tokens + tokens.REPLY_PRIMING_TOKENS
+                stale = match.overflow and measured_before_pivot(
+                    state, error.context_version, match.requested_tokens, counted
+                )
+                if stale:
+                    # The refused prompt was the context before a compaction that has
+                    # committed since: the agent's next read already fits better.
+                    recovery = Recovery(action="none", pruned=None, compaction=None, stale=True)
+                elif match.overflow:
+                    config = sessions.effective_config(state.config)
+                    pruned = await prune_locked(
                         driver,
                         self.tenant_id,
                         session_id,
                         state,
                         config,
-                        reason="overflow",
-                        auto=True,
+                        minimum_tokens=0,
+                        urgent=True,
+                        trigger="overflow",
                     )
-                action = "compact" if compaction else "prune" if pruned.pruned else "none"
-                recovery = Recovery(action=action, pruned=pruned, compaction=compaction)
-            return ProviderErrorVerdict(
-                overflow=match.overflow,
-                provider=match.provider,
-                pattern=match.pattern,
-                requested_tokens=match.requested_tokens,
-                limit_tokens=match.limit_tokens,
-                recovery=recovery,
-                verdict=verdict_model(state),
-            )
+                    compaction = None
+                    if config.compaction.enabled and config.compaction.auto:
+                        # The provider refused the prompt: summarize, whatever the guards say.
+                        compaction = await pivot.enqueue_locked(
+                            driver,
+                            self.tenant_id,
+                            session_id,
+                            state,
+                            config,
+                            reason="overflow",
+                            auto=True,
+                        )
+                    action = "compact" if compaction else "prune" if pruned.pruned else "none"
+                    recovery = Recovery(action=action, pruned=pruned, compaction=compaction)
+                return ProviderErrorVerdict(
+                    overflow=match.overflow,
+                    provider=match.provider,
+                    pattern=match.pattern,
+                    requested_tokens=match.requested_tokens,
+                    limit_tokens=match.limit_tokens,
+                    recovery=recovery,
+                    verdict=verdict_model(state),
+                )

@@ -129,9 +129,9 @@ async def enqueue_locked(
     state.active_compaction_id = job.id
     if created:
         metrics.job("queued", reason)
-        log.info(
+        log_after_commit(
             "compaction queued",
-            extra={
+            {
                 "compaction_id": str(job.id),
                 "session_id": session_id,
                 "tenant": tenant_id,
@@ -141,6 +141,11 @@ async def enqueue_locked(
             },
         )
     return started(job, created)
+
+
+def log_after_commit(message: str, fields: dict[str, Any]) -> None:
+    """A job transition made inside the caller's transaction is logged once it commits."""
+    metrics.observe(lambda: log.info(message, extra=fields))
 
 
 def _instructions(configured: str | None, asked: str | None) -> str | None:
@@ -432,9 +437,9 @@ async def compact_now(
     metrics.committed(
         "emergency", "extractive", seconds, committed.tokens_before, committed.tokens_after
     )
-    log.info(
+    log_after_commit(
         "compaction succeeded",
-        extra={
+        {
             "compaction_id": str(job_id),
             "session_id": session_id,
             "tenant": tenant_id,

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.compactions.pivot import enqueue_locked, prepare
+from app.compactions.pivot import enqueue_locked, log_after_commit, prepare
 from app.compactions.repository import CompactionRepository, JobRow
 from app.compactions.schemas import (
     CompactionOut,
@@ -21,6 +21,7 @@ from app.compactions.schemas import (
     CompactionRequest,
     SourcePage,
 )
+from app.core import metrics
 from app.core.database import driver_connection
 from app.core.errors import Conflict, NotFound, invalid
 from app.messages.schemas import Format
@@ -89,42 +90,43 @@ class CompactionService:
     async def request(self, session_id: str, body: CompactionRequest) -> CompactionOut:
         """A manual compaction: the session's active one if it has one, else a new
         job; 409 when there is nothing to compact."""
-        async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await lock_state(driver, self.tenant_id, session_id)
-            if state is None:
-                raise NotFound(f"session {session_id!r} does not exist")
-            config = sessions.effective_config(state.config)
-            if not config.compaction.enabled:
-                raise Conflict(
-                    "compaction is disabled for this session (config.compaction.enabled)"
-                )
-            job = None
-            if state.active_compaction_id is not None:
-                job = await self.repo.get(driver, session_id, state.active_compaction_id)
-            if job is None or job.status in FINISHED:
-                # Is there anything to cut? The worker reads the content itself.
-                prepared = await prepare(
-                    driver, self.tenant_id, session_id, state, config, light=True
-                )
-                if prepared is None:
+        with metrics.after_commit():
+            async with driver_connection(self.engine) as driver, driver.transaction():
+                state = await lock_state(driver, self.tenant_id, session_id)
+                if state is None:
+                    raise NotFound(f"session {session_id!r} does not exist")
+                config = sessions.effective_config(state.config)
+                if not config.compaction.enabled:
                     raise Conflict(
-                        "nothing to compact: the history since the last compaction fits in "
-                        f"keep_recent_tokens, or has no point to cut at "
-                        f"({state.next_seq - state.context_start_seq} entries since the pivot)"
+                        "compaction is disabled for this session (config.compaction.enabled)"
                     )
-                out = await enqueue_locked(
-                    driver,
-                    self.tenant_id,
-                    session_id,
-                    state,
-                    config,
-                    reason="manual",
-                    auto=False,
-                    request=body,
-                )
-                job_id = out.id
-            else:
-                job_id = job.id
+                job = None
+                if state.active_compaction_id is not None:
+                    job = await self.repo.get(driver, session_id, state.active_compaction_id)
+                if job is None or job.status in FINISHED:
+                    # Is there anything to cut? The worker reads the content itself.
+                    prepared = await prepare(
+                        driver, self.tenant_id, session_id, state, config, light=True
+                    )
+                    if prepared is None:
+                        raise Conflict(
+                            "nothing to compact: the history since the last compaction fits in "
+                            f"keep_recent_tokens, or has no point to cut at "
+                            f"({state.next_seq - state.context_start_seq} entries since the pivot)"
+                        )
+                    out = await enqueue_locked(
+                        driver,
+                        self.tenant_id,
+                        session_id,
+                        state,
+                        config,
+                        reason="manual",
+                        auto=False,
+                        request=body,
+                    )
+                    job_id = out.id
+                else:
+                    job_id = job.id
         if self.wake is not None:
             self.wake.set()
         return to_schema(await self._wait(session_id, job_id, body.wait))
@@ -164,25 +166,39 @@ class CompactionService:
     async def cancel(self, session_id: str, compaction_id: uuid.UUID) -> CompactionOut:
         """A queued job is cancelled at once; a running one is asked to stop and
         never commits. A finished one cannot be cancelled (409)."""
-        async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await lock_state(driver, self.tenant_id, session_id)
-            if state is None:
-                raise NotFound(f"session {session_id!r} does not exist")
-            job = await self._job(driver, session_id, compaction_id)
-            if job.status in FINISHED:
-                raise Conflict(f"compaction {compaction_id} already {job.status}")
-            cancelled = await self.repo.cancel(driver, session_id, compaction_id)
-            if cancelled is None:  # pragma: no cover - the session lock orders finishing
-                raise Conflict(f"compaction {compaction_id} already finished")
-            if cancelled.status == "cancelled" and state.active_compaction_id == compaction_id:
-                await self.repo.set_guards(
-                    driver,
-                    session_id,
-                    active=None,
-                    failures=state.compaction_failures,
-                    only_if_active=compaction_id,
-                )
-            return to_schema(cancelled)
+        with metrics.after_commit():
+            async with driver_connection(self.engine) as driver, driver.transaction():
+                state = await lock_state(driver, self.tenant_id, session_id)
+                if state is None:
+                    raise NotFound(f"session {session_id!r} does not exist")
+                job = await self._job(driver, session_id, compaction_id)
+                if job.status in FINISHED:
+                    raise Conflict(f"compaction {compaction_id} already {job.status}")
+                cancelled = await self.repo.cancel(driver, session_id, compaction_id)
+                if cancelled is None:  # pragma: no cover - the session lock orders finishing
+                    raise Conflict(f"compaction {compaction_id} already finished")
+                if cancelled.status == "cancelled":  # it was queued: no worker will say so
+                    metrics.job("cancelled", cancelled.reason)
+                    log_after_commit(
+                        "compaction cancelled",
+                        {
+                            "compaction_id": str(cancelled.id),
+                            "session_id": session_id,
+                            "tenant": self.tenant_id,
+                            "status": "cancelled",
+                            "reason": cancelled.reason,
+                            "detail": "cancelled while queued",
+                        },
+                    )
+                if cancelled.status == "cancelled" and state.active_compaction_id == compaction_id:
+                    await self.repo.set_guards(
+                        driver,
+                        session_id,
+                        active=None,
+                        failures=state.compaction_failures,
+                        only_if_active=compaction_id,
+                    )
+                return to_schema(cancelled)
 
     async def source(
         self,

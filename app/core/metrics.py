@@ -8,7 +8,9 @@ resources (its database pool, the job queue) are read at scrape time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -77,19 +79,53 @@ PRUNED_TOKENS = Counter(
 )
 
 
+_pending: ContextVar[list[Callable[[], None]] | None] = ContextVar("observations", default=None)
+
+
+@contextmanager
+def after_commit() -> Iterator[list[Callable[[], None]]]:
+    """What the block observes (counts, and log lines about what its transaction did)
+    is reported when the block completes, not before: a transaction that rolls back
+    reports nothing. Yields the pending list (clear it to drop what an attempt that
+    wrote nothing observed)."""
+    pending: list[Callable[[], None]] = []
+    token = _pending.set(pending)
+    try:
+        yield pending
+    finally:
+        _pending.reset(token)
+    for report in pending:
+        report()
+
+
+def observe(report: Callable[[], None]) -> None:
+    """Report now, or when the enclosing :func:`after_commit` block completes."""
+    pending = _pending.get()
+    if pending is None:
+        report()
+    else:
+        pending.append(report)
+
+
 def job(status: str, reason: str) -> None:
-    COMPACTION_JOBS.labels(status, reason).inc()
+    observe(lambda: COMPACTION_JOBS.labels(status, reason).inc())
 
 
 def committed(reason: str, summarizer: str, seconds: float, before: int, after: int) -> None:
-    COMPACTION_JOBS.labels("succeeded", reason).inc()
-    COMPACTION_SECONDS.labels(reason, summarizer).observe(seconds)
-    COMPACTION_TOKENS_SAVED.labels(reason).inc(max(0, before - after))
+    def report() -> None:
+        COMPACTION_JOBS.labels("succeeded", reason).inc()
+        COMPACTION_SECONDS.labels(reason, summarizer).observe(seconds)
+        COMPACTION_TOKENS_SAVED.labels(reason).inc(max(0, before - after))
+
+    observe(report)
 
 
 def pruned(trigger: str, tokens: int) -> None:
-    PRUNE_RUNS.labels(trigger).inc()
-    PRUNED_TOKENS.labels(trigger).inc(tokens)
+    def report() -> None:
+        PRUNE_RUNS.labels(trigger).inc()
+        PRUNED_TOKENS.labels(trigger).inc(tokens)
+
+    observe(report)
 
 
 class PoolCollector(Collector):

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.budget.schemas import CompactionStarted, PruneResult, Verdict
 from app.budget.service import auto_prune, wants_auto_prune
 from app.compactions import pivot
+from app.core import metrics
 from app.core.database import driver_connection
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
@@ -273,12 +274,16 @@ class AppendService:
             _turns.turn((self.tenant_id, session_id)),
             driver_connection(self.engine) as driver,
         ):
-            outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
-            if outcome is None:
-                # Another append came first, or this one must prune: take the
-                # session's row lock, so the append (and its prune) cannot lose.
-                async with driver.transaction():
-                    outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
+            with metrics.after_commit() as observed:
+                outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
+                if outcome is None:
+                    # Another append came first, or this one must prune: take the
+                    # session's row lock, so the append (and its prune) cannot lose.
+                    observed.clear()  # that attempt wrote nothing
+                    async with driver.transaction():
+                        outcome = await self._attempt(
+                            driver, session_id, batch, if_match, lock=True
+                        )
             if outcome is None:  # pragma: no cover - the row lock rules this out
                 raise RuntimeError("a locked append lost its race")
             return outcome

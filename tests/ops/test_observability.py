@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.core import metrics
 from app.core.migrations import head_revision
 from app.core.observability import JsonFormatter
 from app.upstream import UpstreamConfig, UpstreamError, complete
@@ -231,3 +232,42 @@ async def test_odd_methods_are_counted_as_other(client: httpx.AsyncClient) -> No
         == 1
     )
     assert not any(dict(key[1]).get("method") == "PROPFIND" for key in after)
+
+
+def test_observations_wait_for_the_transaction_and_vanish_with_it() -> None:
+    seen: list[int] = []
+    with metrics.after_commit():
+        metrics.observe(lambda: seen.append(1))
+        assert seen == []  # not while the transaction may still roll back
+    assert seen == [1]
+
+    def rolled_back() -> None:
+        with metrics.after_commit():
+            metrics.observe(lambda: seen.append(2))
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        rolled_back()
+    assert seen == [1]
+    with metrics.after_commit() as pending:
+        metrics.observe(lambda: seen.append(3))
+        pending.clear()  # an attempt that wrote nothing
+        metrics.observe(lambda: seen.append(4))
+    metrics.observe(lambda: seen.append(5))  # outside any transaction: at once
+    assert seen == [1, 4, 5]
+
+
+async def test_cancelling_a_queued_job_is_a_transition(client: httpx.AsyncClient) -> None:
+    config = {"compaction": {"auto": False, "keep_recent_tokens": 200}}
+    sid = (await make_session(client, config=config))["id"]
+    long = [{"role": "user", "content": f"part {i}: " + "words " * 200} for i in range(6)]
+    await append_ok(client, sid, long)
+    before = await _metrics(client)
+    job = (await client.post(f"/v1/sessions/{sid}/compactions", json={})).json()
+    r = await client.post(f"/v1/sessions/{sid}/compactions/{job['id']}/cancel")
+    assert r.json()["status"] == "cancelled"
+    after = await _metrics(client)
+    for status in ("queued", "cancelled"):
+        labels = {"status": status, "reason": "manual"}
+        name = "compactd_compaction_jobs_total"
+        assert _value(after, name, **labels) - _value(before, name, **labels) == 1
