@@ -6,7 +6,6 @@ import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 from fastapi import Depends, FastAPI, Request
@@ -70,19 +69,6 @@ async def reject_unstorable_text(request: Request) -> None:
         raise invalid(*found)
 
 
-def _document_auth(app: FastAPI) -> None:
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        fresh = app.openapi_schema is None
-        spec = generate()
-        if fresh:
-            document_bearer_auth(spec)
-        return spec
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
 def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
     """The app; ``database_url`` (asyncpg) wins over settings, for tests."""
     settings = settings or get_settings()
@@ -138,8 +124,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     )
     app.state.settings = settings
     install_error_handlers(app)
-    install_problem_openapi(app)
-    _document_auth(app)
+    install_problem_openapi(app, document_bearer_auth)
     # Outermost last: request id and log -> limits and deadline -> API key -> body size.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware)

@@ -128,24 +128,35 @@ async def enqueue_locked(
     )
     state.active_compaction_id = job.id
     if created:
-        metrics.job("queued", reason)
-        log_after_commit(
-            "compaction queued",
-            {
-                "compaction_id": str(job.id),
-                "session_id": session_id,
-                "tenant": tenant_id,
-                "status": "queued",
-                "reason": reason,
-                "auto": auto,
-            },
-        )
+        transition("queued", reason, job.id, session_id, tenant_id, auto=auto)
     return started(job, created)
 
 
-def log_after_commit(message: str, fields: dict[str, Any]) -> None:
-    """A job transition made inside the caller's transaction is logged once it commits."""
-    metrics.observe(lambda: log.info(message, extra=fields))
+def transition(
+    status: str,
+    reason: str,
+    compaction_id: uuid.UUID,
+    session_id: str,
+    tenant_id: str,
+    *,
+    level: int = logging.INFO,
+    count: bool = True,
+    **fields: Any,
+) -> None:
+    """One log line, and one count in ``compactd_compaction_jobs``, per job transition
+    (a success is counted by ``metrics.committed``, hence ``count``). Made inside a
+    transaction (``metrics.after_commit``), both wait for it to commit."""
+    if count:
+        metrics.job(status, reason)
+    extra = {
+        "compaction_id": str(compaction_id),
+        "session_id": session_id,
+        "tenant": tenant_id,
+        "status": status,
+        "reason": reason,
+        **{k: v for k, v in fields.items() if v is not None},
+    }
+    metrics.observe(lambda: log.log(level, f"compaction {status}", extra=extra))
 
 
 def _instructions(configured: str | None, asked: str | None) -> str | None:
@@ -437,18 +448,16 @@ async def compact_now(
     metrics.committed(
         "emergency", "extractive", seconds, committed.tokens_before, committed.tokens_after
     )
-    log_after_commit(
-        "compaction succeeded",
-        {
-            "compaction_id": str(job_id),
-            "session_id": session_id,
-            "tenant": tenant_id,
-            "status": "succeeded",
-            "reason": "emergency",
-            "summarizer": "extractive",
-            "tokens_before": committed.tokens_before,
-            "tokens_after": committed.tokens_after,
-            "duration_ms": round(seconds * 1000, 2),
-        },
+    transition(
+        "succeeded",
+        "emergency",
+        job_id,
+        session_id,
+        tenant_id,
+        count=False,
+        summarizer="extractive",
+        tokens_before=committed.tokens_before,
+        tokens_after=committed.tokens_after,
+        duration_ms=round(seconds * 1000, 2),
     )
     return CompactionStarted(id=job_id, status="succeeded", reason="emergency", created=True)

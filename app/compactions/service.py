@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from app.compactions.pivot import enqueue_locked, log_after_commit, prepare
+from app.compactions.pivot import enqueue_locked, prepare, transition
 from app.compactions.repository import CompactionRepository, JobRow
 from app.compactions.schemas import (
     CompactionOut,
@@ -178,17 +178,13 @@ class CompactionService:
                 if cancelled is None:  # pragma: no cover - the session lock orders finishing
                     raise Conflict(f"compaction {compaction_id} already finished")
                 if cancelled.status == "cancelled":  # it was queued: no worker will say so
-                    metrics.job("cancelled", cancelled.reason)
-                    log_after_commit(
-                        "compaction cancelled",
-                        {
-                            "compaction_id": str(cancelled.id),
-                            "session_id": session_id,
-                            "tenant": self.tenant_id,
-                            "status": "cancelled",
-                            "reason": cancelled.reason,
-                            "detail": "cancelled while queued",
-                        },
+                    transition(
+                        "cancelled",
+                        cancelled.reason,
+                        cancelled.id,
+                        session_id,
+                        self.tenant_id,
+                        detail="cancelled while queued",
                     )
                 if cancelled.status == "cancelled" and state.active_compaction_id == compaction_id:
                     await self.repo.set_guards(

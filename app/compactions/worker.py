@@ -39,6 +39,7 @@ from app.compactions.pivot import (
     outcome,
     pivot_unchanged,
     prepare,
+    transition,
 )
 from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
 from app.compactions.summarizer import Backoff, Llm, RetryLater, Summarized, summarize
@@ -412,24 +413,9 @@ class Worker:
             self.wake.set()
 
 
-def _transition(
-    job: JobRow, status: str, *, level: int = logging.INFO, count: bool = True, **fields: Any
-) -> None:
-    """One log line (and one count in ``compactd_compaction_jobs``) per job transition."""
-    if count:
-        metrics.job(status, job.reason)
-    log.log(
-        level,
-        f"compaction {status}",
-        extra={
-            "compaction_id": str(job.id),
-            "session_id": job.session_id,
-            "tenant": job.tenant_id,
-            "status": status,
-            "reason": job.reason,
-            "attempt": job.attempts,
-            **{k: v for k, v in fields.items() if v is not None},
-        },
+def _transition(job: JobRow, status: str, **fields: Any) -> None:
+    transition(
+        status, job.reason, job.id, job.session_id, job.tenant_id, attempt=job.attempts, **fields
     )
 
 

@@ -118,18 +118,6 @@ UNAVAILABLE = (
 )
 
 
-# By class, for callers that catch with ``except``: a superset of UNAVAILABLE
-# (any InterfaceError, any operator intervention); ``unavailable_cause`` is exact.
-DISCONNECTS = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.TooManyConnectionsError,
-    PoolTimeout,
-)
-
-
 def unavailable_cause(exc: BaseException) -> BaseException | None:
     """The error that says the database cannot be reached, if ``exc`` is or
     wraps one; None for anything else (a bug, bad SQL, a constraint)."""

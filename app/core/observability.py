@@ -139,7 +139,8 @@ class RequestLogMiddleware:
             method = scope["method"] if scope["method"] in _METHODS else "other"
             metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
             metrics.HTTP_LATENCY.labels(method, route).observe(elapsed)
-            if scope["path"] not in OPS_PATHS or status >= 400:
+            # The line's fields are only built when the line is written.
+            if log.isEnabledFor(logging.INFO) and (scope["path"] not in OPS_PATHS or status >= 400):
                 log.info(
                     "request",
                     extra={

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -71,8 +72,9 @@ def _add_app_wide_responses(method: str, operation: dict[str, Any]) -> None:
     operation["responses"] = dict(sorted(responses.items()))
 
 
-def install_problem_openapi(app: FastAPI) -> None:
-    """Document every 4xx/5xx as ``application/problem+json`` with the Problem schema.
+def install_problem_openapi(app: FastAPI, *also: Callable[[dict[str, Any]], None]) -> None:
+    """Document every 4xx/5xx as ``application/problem+json`` with the Problem schema,
+    then apply ``also`` (further edits of the generated spec, e.g. the auth scheme).
 
     FastAPI files a ``responses=`` model under ``application/json`` and adds its own
     422 (``HTTPValidationError``) to routes with parameters; this service sends
@@ -97,6 +99,8 @@ def install_problem_openapi(app: FastAPI) -> None:
             schemas = spec.get("components", {}).get("schemas", {})
             for unused in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(unused, None)
+            for edit in also:
+                edit(spec)
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]

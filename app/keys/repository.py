@@ -22,6 +22,10 @@ class KeyRow:
 _COLUMNS = "id, tenant_id, name, secret_sha256, created_at, revoked_at"
 
 
+def _key(row: Any) -> KeyRow:
+    return KeyRow(**dict(row))
+
+
 async def create(driver: Any, tenant_id: str, name: str | None) -> tuple[KeyRow, str]:
     """A new key for the tenant: its row, and the whole key (shown once, never stored)."""
     new = tokens.generate()
@@ -33,12 +37,12 @@ async def create(driver: Any, tenant_id: str, name: str | None) -> tuple[KeyRow,
         name,
         new.secret_sha256,
     )
-    return KeyRow(**dict(row)), new.token
+    return _key(row), new.token
 
 
 async def get(driver: Any, key_id: str) -> KeyRow | None:
     row = await driver.fetchrow(f"SELECT {_COLUMNS} FROM api_key WHERE id = $1", key_id)
-    return KeyRow(**dict(row)) if row else None
+    return _key(row) if row else None
 
 
 async def revoke(driver: Any, key_id: str) -> KeyRow | None:
@@ -48,7 +52,7 @@ async def revoke(driver: Any, key_id: str) -> KeyRow | None:
         f"RETURNING {_COLUMNS}",
         key_id,
     )
-    return KeyRow(**dict(row)) if row else None
+    return _key(row) if row else None
 
 
 async def list_keys(driver: Any, tenant_id: str | None = None) -> list[KeyRow]:
@@ -57,7 +61,7 @@ async def list_keys(driver: Any, tenant_id: str | None = None) -> list[KeyRow]:
         "ORDER BY tenant_id, created_at, id",
         tenant_id,
     )
-    return [KeyRow(**dict(r)) for r in rows]
+    return [_key(r) for r in rows]
 
 
 async def any_exist(driver: Any) -> bool:
