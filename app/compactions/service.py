@@ -8,7 +8,7 @@ import asyncio
 import base64
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -73,8 +73,13 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, job_id = raw.split("|")
-        return datetime.fromisoformat(created), uuid.UUID(job_id)
-    except (ValueError, UnicodeDecodeError):
+        after = datetime.fromisoformat(created)
+        if after.tzinfo is None:
+            raise ValueError("not an issued cursor")
+        # In UTC here, where an instant outside years 1-9999 (year 1 at +14:00)
+        # is an OverflowError, not in the driver, where it was a 500.
+        return after.astimezone(UTC), uuid.UUID(job_id)
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise invalid("cursor", "is not a cursor this API returned") from None
 
 

@@ -191,8 +191,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         # naive time would otherwise reach Postgres and fail there).
         if after.tzinfo is None or not re.fullmatch(SESSION_ID_PATTERN, sid):
             raise ValueError("not an issued cursor")
-        return after, sid
-    except (ValueError, TypeError, orjson.JSONDecodeError):
+        # In UTC here, where an instant outside years 1-9999 (year 1 at +14:00)
+        # is an OverflowError, not in the driver, where it was a 500.
+        return after.astimezone(UTC), sid
+    except (ValueError, TypeError, OverflowError, orjson.JSONDecodeError):
         raise invalid("cursor", "is not a cursor this service issued") from None
 
 
