@@ -19,15 +19,21 @@ How it decides
    TPM, ``rate_limit_exceeded``...), is never an overflow: OpenAI's "Request too large
    for gpt-4o ... on tokens per min (TPM)" and Groq's 413 twin read like overflows,
    but shrinking the history is the wrong cure for a rate limit.
-3. Provider rules are tried in order and the first that matches wins. They are
-   specific wordings, so an output cap ("max_tokens is too large: 5000. This model
-   supports at most 4096 completion tokens", Anthropic's "maximum allowed number of
-   output tokens") matches none of them: lowering ``max_tokens`` fixes those, not
-   compaction. An error that counts the reserved output against the window ("you
-   requested 9000 tokens (8000 in the messages, 1000 in the completion)") is an
-   overflow: the provider reports it as one.
-4. Generic rules ("context length exceeded", "exceeds the context window", HTTP 413
-   with a too-large body) come last and are skipped when the text names an output cap.
+3. Provider rules are tried in order and the first that answers wins: a match, or
+   a definite refusal (:data:`NOT_OVERFLOW`). They are specific wordings, so an output
+   cap ("max_tokens is too large: 5000. This model supports at most 4096 completion
+   tokens", Anthropic's "maximum allowed number of output tokens", TGI's
+   "`max_new_tokens` must be <= N") matches none of them: lowering ``max_tokens`` fixes
+   those, not compaction. An error that counts the reserved output against the window
+   ("you requested 9000 tokens (8000 in the messages, 1000 in the completion)", TGI's
+   "`inputs` tokens + `max_new_tokens` must be <= N") is an overflow: a smaller input
+   fits. Unless the reserved output alone fills the window: then no compaction can
+   help, and the rule refuses it.
+4. Generic rules ("context length exceeded", "exceeds the context window", any HTTP
+   413) come last and are skipped when the text names an output cap. A 413 is the
+   request refused for its size whatever its body says (empty, an HTML page, "Payload
+   Too Large"): shrinking the history is the cure. Groq's rate-limit 413 was vetoed in
+   step 2.
 
 Token counts
 ------------
@@ -48,8 +54,18 @@ markers; ``deepseek`` when it names DeepSeek or carries DeepSeek's ``"code":
 request has N input tokens"; ``openai`` for OpenAI's ``context_length_exceeded`` code
 (an Azure body identical to OpenAI's lands here); ``openai_compatible`` otherwise.
 Anthropic's wording relayed by Bedrock (``ValidationException``, "The model returned
-the following errors", or Bedrock named) is ``bedrock``. Ollama's "input length exceeds
-maximum context length" is also sent by other servers (Kimi) and is still ``ollama``.
+the following errors", or Bedrock named) is ``bedrock``, as is Bedrock Mantle's "prompt
+tokens (N) exceed model maximum (M)". Ollama's "input length exceeds maximum context
+length" is also sent by other servers (Kimi) and is still ``ollama``. "Please reduce the
+length of the messages or completion" alone is ``groq``; with "Current length is N
+while limit is M" it is ``cerebras``. "The input (N tokens) is longer than the model's
+context length (M tokens)" and "Requested token count exceeds the model's maximum
+context length of M tokens" are SGLang's sentences (Together AI and LiteLLM relay them):
+``sglang``. "Input length N exceeds the maximum allowed input length of M tokens" is
+``openrouter`` when OpenRouter's "Provider returned error" wraps it. MiniMax's "context
+window exceeds limit (2013)" carries its error code in the parentheses, never a token
+count. "Prompt has N tokens, but the configured context size is M tokens" is antirez's
+DS4 server (``ds4``), a llama.cpp-style server.
 """
 
 from __future__ import annotations
@@ -80,6 +96,15 @@ OLLAMA: Final = "ollama"
 LLAMA_CPP: Final = "llama_cpp"
 VLLM: Final = "vllm"
 XAI: Final = "xai"
+GROQ: Final = "groq"
+CEREBRAS: Final = "cerebras"
+SGLANG: Final = "sglang"
+MINIMAX: Final = "minimax"
+MOONSHOT: Final = "moonshot"
+GITHUB_COPILOT: Final = "github_copilot"
+LM_STUDIO: Final = "lm_studio"
+HUGGINGFACE_TGI: Final = "huggingface_tgi"
+DS4: Final = "ds4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +233,21 @@ def _found(
     return OverflowMatch(True, provider, pattern, requested, limit)
 
 
+def _with_reserved_output(
+    provider: str | None,
+    pattern: str,
+    input_tokens: int | None,
+    output: int | None,
+    limit: int | None,
+) -> OverflowMatch:
+    """An input that overflows only with the output it reserves. A smaller input fits,
+    unless the reserved output alone fills the window: that is an output cap (lower
+    ``max_tokens``), and no compaction can help."""
+    if output is not None and limit is not None and output >= limit:
+        return NOT_OVERFLOW
+    return _found(provider, pattern, _add(input_tokens, output), limit)
+
+
 _RATE_LIMIT: Final = re.compile(
     r"tokens per min|requests per min|\btpm\b|\brpm\b|rate[ _-]?limit"
     r"|exceeded your current quota|too many requests|resource_exhausted",
@@ -277,6 +317,47 @@ _OLLAMA_INPUT: Final = re.compile(
 _INPUT_LENGTH_MAXIMUM: Final = re.compile(
     rf"input length {_NUM} exceeds the maximum length {_NUM}", _FLAGS
 )
+_ALLOWED_INPUT_LENGTH: Final = re.compile(
+    rf"input length {_NUM} exceeds (?:the )?maximum allowed input length of {_NUM} tokens?", _FLAGS
+)
+_INPUT_LENGTH_PARENTHESISED: Final = re.compile(
+    rf"input length \({_NUM}\) exceeds (?:the )?model'?s maximum context length \({_NUM}\)", _FLAGS
+)
+_MANTLE: Final = re.compile(
+    rf"prompt tokens \({_NUM}\) exceed (?:customer )?model maximum \({_NUM}\)", _FLAGS
+)
+_CURRENT_LENGTH: Final = re.compile(rf"current length is {_NUM} while limit is {_NUM}", _FLAGS)
+_SGLANG_INPUT: Final = re.compile(
+    rf"input \({_NUM} tokens?\) is longer than the model'?s context length \({_NUM}(?: tokens?)?\)",
+    _FLAGS,
+)
+_SGLANG_TOTAL: Final = re.compile(
+    rf"requested token count exceeds the model'?s maximum context length of {_NUM} tokens"
+    rf"(?:\. you requested a total of {_NUM} tokens: {_NUM} tokens from the input messages"
+    rf" and {_NUM} tokens for the completion)?",
+    _FLAGS,
+)
+_MOONSHOT: Final = re.compile(
+    rf"exceeded model token limit:?\s*{_NUM}(?:\s*\(requested:?\s*{_NUM}\))?", _FLAGS
+)
+_COPILOT: Final = re.compile(rf"prompt token count of {_NUM} exceeds the limit of {_NUM}", _FLAGS)
+_N_KEEP: Final = re.compile(rf"n_keep\W{{0,4}}{_NUM}\)?\s*>=\s*n_ctx\W{{0,4}}{_NUM}", _FLAGS)
+_KEEP_FIRST: Final = re.compile(
+    rf"keep the first {_NUM} tokens when context the overflows\.[^0-9]{{0,80}}?"
+    rf"context length of only {_NUM} tokens",
+    _FLAGS,
+)
+_TGI_TOTAL: Final = re.compile(
+    rf"`?inputs`? tokens \+ `?max_new_tokens`? must be <= {_NUM}"
+    rf"(?:\. given: {_NUM} `?inputs`? tokens and {_NUM} `?max_new_tokens`?)?",
+    _FLAGS,
+)
+_TGI_INPUT: Final = re.compile(
+    rf"`?inputs`? must have less than {_NUM} tokens\. given: {_NUM}", _FLAGS
+)
+_DS4: Final = re.compile(
+    rf"prompt has {_NUM} tokens?, but the configured context size is {_NUM} tokens?", _FLAGS
+)
 _MAX_CONTEXT: Final = re.compile(rf"maximum context length is {_NUM} tokens", _FLAGS)
 _REQUESTED: Final = re.compile(
     rf"(?:requested (?:about )?|resulted in |request has |request contains |input has )"
@@ -289,8 +370,13 @@ _GENERIC: Final = re.compile(
     r"|exceed(?:s|ed)? (?:the |its |your )?(?:model'?s? )?(?:maximum |max )?"
     r"context (?:length|window|limit|size)"
     r"|context (?:length|window) (?:limit )?(?:has been |was |is )?exceeded"
-    r"|too long for (?:the )?(?:model'?s? )?(?:available )?context",
+    r"|too long for (?:the )?(?:model'?s? )?(?:available )?context"
+    r"|longer than the model'?s context length",
     _FLAGS,
+)
+# The reason phrases of HTTP 413, and the OpenAI SDK's text for a 413 with no body.
+_HTTP_413_TEXT: Final = re.compile(
+    r"request entity too large|payload too large|\b413 (?:status code )?\(no body\)", _FLAGS
 )
 
 
@@ -322,12 +408,97 @@ def _vllm(body: _Body) -> OverflowMatch | None:
     if "is too large:" in text and "your request has" in text:
         found = _VLLM_MAX_TOKENS.search(text)
         if found is not None:
-            requested = _add(_int(found[1]), _int(found[3]))
-            return _found(VLLM, "vllm_max_tokens_exceed_context", requested, _int(found[2]))
+            return _with_reserved_output(
+                VLLM,
+                "vllm_max_tokens_exceed_context",
+                _int(found[3]),
+                _int(found[1]),
+                _int(found[2]),
+            )
     if "too long to fit into the model" in text:
         found = _VLLM_TOO_LONG_TO_FIT.search(text)
         if found is not None:
             return _found(VLLM, "vllm_prompt_too_long_to_fit", _int(found[1]), _int(found[2]))
+    return None
+
+
+def _lm_studio(body: _Body) -> OverflowMatch | None:
+    """LM Studio (llama.cpp underneath) cannot keep the prompt's protected prefix in
+    the loaded context: "(n_keep: 10247 >= n_ctx: 4096)"."""
+    text = body.text
+    if (
+        "tokens to keep from the initial prompt is greater than the context length" in text
+        or "cannot truncate prompt with n_keep" in text
+    ):
+        found = _N_KEEP.search(text)
+        if found is None:
+            return _found(LM_STUDIO, "tokens_to_keep_exceed_context_length")
+        return _found(
+            LM_STUDIO, "tokens_to_keep_exceed_context_length", _int(found[1]), _int(found[2])
+        )
+    if "when context the overflows" in text:
+        found = _KEEP_FIRST.search(text)
+        if found is not None:
+            return _found(
+                LM_STUDIO, "keep_first_tokens_exceed_context_length", _int(found[1]), _int(found[2])
+            )
+    return None
+
+
+def _ds4(body: _Body) -> OverflowMatch | None:
+    if "the configured context size is" not in body.text:
+        return None
+    found = _DS4.search(body.text)
+    if found is None:
+        return None
+    return _found(DS4, "prompt_exceeds_configured_context_size", _int(found[1]), _int(found[2]))
+
+
+def _huggingface_tgi(body: _Body) -> OverflowMatch | None:
+    text = body.text
+    if "inputs" not in text or "must" not in text:
+        return None
+    found = _TGI_TOTAL.search(text)
+    if found is not None:
+        limit = _int(found[1])
+        if found[2] is None:
+            return _found(HUGGINGFACE_TGI, "inputs_and_max_new_tokens_exceed_total", None, limit)
+        return _with_reserved_output(
+            HUGGINGFACE_TGI,
+            "inputs_and_max_new_tokens_exceed_total",
+            _int(found[2]),
+            _int(found[3]),
+            limit,
+        )
+    found = _TGI_INPUT.search(text)
+    if found is not None:
+        return _found(
+            HUGGINGFACE_TGI, "inputs_exceed_max_input_length", _int(found[2]), _int(found[1])
+        )
+    return None
+
+
+def _sglang(body: _Body) -> OverflowMatch | None:
+    text = body.text
+    if "is longer than the model" in text:
+        found = _SGLANG_INPUT.search(text)
+        if found is not None:
+            return _found(
+                SGLANG, "input_longer_than_context_length", _int(found[1]), _int(found[2])
+            )
+    if "requested token count exceeds the model" in text:
+        found = _SGLANG_TOTAL.search(text)
+        if found is not None:
+            limit = _int(found[1])
+            if found[3] is None:
+                return _found(SGLANG, "requested_token_count_exceeds_context_length", None, limit)
+            return _with_reserved_output(
+                SGLANG,
+                "requested_token_count_exceeds_context_length",
+                _int(found[3]),
+                _int(found[4]),
+                limit,
+            )
     return None
 
 
@@ -347,9 +518,12 @@ def _anthropic(body: _Body) -> OverflowMatch | None:
         provider = BEDROCK if relayed else ANTHROPIC
         if found is None:
             return _found(provider, "input_and_max_tokens_exceed_context_limit")
-        requested = _add(_int(found[1]), _int(found[2]))
-        return _found(
-            provider, "input_and_max_tokens_exceed_context_limit", requested, _int(found[3])
+        return _with_reserved_output(
+            provider,
+            "input_and_max_tokens_exceed_context_limit",
+            _int(found[1]),
+            _int(found[2]),
+            _int(found[3]),
         )
     if "request size exceeds model context window" in text:
         return _found(ANTHROPIC, "request_size_exceeds_context_window")
@@ -405,6 +579,15 @@ def _xai(body: _Body) -> OverflowMatch | None:
 
 def _bedrock(body: _Body) -> OverflowMatch | None:
     text = body.text
+    if "model maximum" in text:
+        # Bedrock Mantle (its OpenAI-compatible endpoint). Without both counts (Codex
+        # keeps "prompt tokens (many) exceed ..." an ordinary invalid request) it is
+        # left to the other rules.
+        found = _MANTLE.search(text)
+        if found is not None:
+            return _found(
+                BEDROCK, "prompt_tokens_exceed_model_maximum", _int(found[1]), _int(found[2])
+            )
     if "input is too long for requested model" in text:
         return _found(BEDROCK, "input_is_too_long_for_requested_model")
     if "too many input tokens" in text:
@@ -426,13 +609,60 @@ def _ollama(body: _Body) -> OverflowMatch | None:
     return None
 
 
-def _input_length_maximum(body: _Body) -> OverflowMatch | None:
-    if "exceeds the maximum length" not in body.text:
+def _minimax(body: _Body) -> OverflowMatch | None:
+    # "(2013)" after it is MiniMax's error code, not a token count: no sizes are read.
+    if "context window exceeds limit" in body.text:
+        return _found(MINIMAX, "context_window_exceeds_limit")
+    return None
+
+
+def _moonshot(body: _Body) -> OverflowMatch | None:
+    if "exceeded model token limit" not in body.text:
         return None
-    found = _INPUT_LENGTH_MAXIMUM.search(body.text)
+    found = _MOONSHOT.search(body.text)
     if found is None:
-        return None
-    return _found(None, "input_length_exceeds_maximum_length", _int(found[1]), _int(found[2]))
+        return _found(MOONSHOT, "exceeded_model_token_limit")
+    return _found(MOONSHOT, "exceeded_model_token_limit", _int(found[2]), _int(found[1]))
+
+
+def _github_copilot(body: _Body) -> OverflowMatch | None:
+    text = body.text
+    if "exceeds the limit of" in text:
+        found = _COPILOT.search(text)
+        if found is not None:
+            return _found(
+                GITHUB_COPILOT, "prompt_token_count_exceeds_limit", _int(found[1]), _int(found[2])
+            )
+    if "model_max_prompt_tokens_exceeded" in text:
+        return _found(GITHUB_COPILOT, "model_max_prompt_tokens_exceeded")
+    return None
+
+
+def _input_length_maximum(body: _Body) -> OverflowMatch | None:
+    text = body.text
+    if "maximum allowed input length" in text:
+        found = _ALLOWED_INPUT_LENGTH.search(text)
+        if found is not None:
+            relayed = OPENROUTER if "provider returned error" in text else None
+            return _found(
+                relayed,
+                "input_length_exceeds_maximum_allowed_input_length",
+                _int(found[1]),
+                _int(found[2]),
+            )
+    if "exceeds the maximum length" in text:
+        found = _INPUT_LENGTH_MAXIMUM.search(text)
+        if found is not None:
+            return _found(
+                None, "input_length_exceeds_maximum_length", _int(found[1]), _int(found[2])
+            )
+    if "maximum context length (" in text:
+        found = _INPUT_LENGTH_PARENTHESISED.search(text)
+        if found is not None:
+            return _found(
+                None, "input_length_exceeds_maximum_context_length", _int(found[1]), _int(found[2])
+            )
+    return None
 
 
 def _maximum_context_length(body: _Body) -> OverflowMatch | None:
@@ -464,6 +694,19 @@ def _openai_family(text: str) -> str:
     return OPENAI_COMPATIBLE
 
 
+def _groq_cerebras(body: _Body) -> OverflowMatch | None:
+    """Groq's and Cerebras's "Please reduce the length of the messages or completion".
+    Tried after OpenAI's wording, which ends with the same sentence."""
+    text = body.text
+    if "current length is" in text:
+        found = _CURRENT_LENGTH.search(text)
+        if found is not None:
+            return _found(CEREBRAS, "current_length_exceeds_limit", _int(found[1]), _int(found[2]))
+    if "reduce the length of the messages or completion" in text:
+        return _found(GROQ, "reduce_length_of_messages_or_completion")
+    return None
+
+
 def _context_length_exceeded_code(body: _Body) -> OverflowMatch | None:
     if "context_length_exceeded" not in body.text:
         return None
@@ -481,7 +724,7 @@ def _generic(body: _Body) -> OverflowMatch | None:
 
 
 def _http_413(body: _Body) -> OverflowMatch | None:
-    if body.status == 413 and ("too large" in body.text or "too long" in body.text):
+    if body.status == 413 or _HTTP_413_TEXT.search(body.text):
         return _found(None, "http_413_too_large")
     return None
 
@@ -490,7 +733,11 @@ _Rule = Callable[[_Body], OverflowMatch | None]
 
 _PROVIDER_RULES: Final[tuple[_Rule, ...]] = (
     _llama_cpp,
+    _lm_studio,
+    _ds4,
+    _huggingface_tgi,
     _vllm,
+    _sglang,
     _anthropic,
     _openai,
     _gemini,
@@ -498,8 +745,12 @@ _PROVIDER_RULES: Final[tuple[_Rule, ...]] = (
     _xai,
     _bedrock,
     _ollama,
+    _minimax,
+    _moonshot,
+    _github_copilot,
     _input_length_maximum,
     _maximum_context_length,
+    _groq_cerebras,
     _context_length_exceeded_code,
 )
 _GENERIC_RULES: Final[tuple[_Rule, ...]] = (_generic, _http_413)

@@ -622,6 +622,329 @@ OVERFLOWS = [
         131072,
         id="xai-maximum-prompt-length",
     ),
+    # ---- Groq ----
+    pytest.param(
+        400,
+        # https://github.com/OpenHands/OpenHands/issues/1902 (Groq through LiteLLM)
+        "GroqException - Error code: 400 - {'error': {'message': 'Please reduce the length of "
+        "the messages or completion.', 'type': 'invalid_request_error', 'param': 'messages', "
+        "'code': 'context_length_exceeded'}}",
+        "groq",
+        None,
+        None,
+        id="groq-reduce-length",
+    ),
+    pytest.param(
+        400,
+        # earendil-works/pi packages/ai/src/utils/overflow.ts (Groq: the message alone)
+        "Please reduce the length of the messages or completion",
+        "groq",
+        None,
+        None,
+        id="groq-message-only",
+    ),
+    # ---- Cerebras ----
+    pytest.param(
+        400,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        "CerebrasException - Please reduce the length of the messages or completion. Current "
+        "length is 50000 while limit is 40000",
+        "cerebras",
+        50000,
+        40000,
+        id="cerebras-current-length",
+    ),
+    pytest.param(
+        400,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        "Current length is 132784 while limit is 131000",
+        "cerebras",
+        132784,
+        131000,
+        id="cerebras-current-length-only",
+    ),
+    # ---- SGLang (Together AI relays the same sentence) ----
+    pytest.param(
+        400,
+        # earendil-works/pi packages/ai/test/overflow.test.ts ("Together AI"); the sentence
+        # is raised by sgl-project/sglang python/sglang/srt/managers/tokenizer_manager.py
+        "400 The input (516368 tokens) is longer than the model's context length (262144 tokens).",
+        "sglang",
+        516368,
+        262144,
+        id="together-input-longer-than-context",
+    ),
+    pytest.param(
+        400,
+        # synthetic figures in the wording of sgl-project/sglang
+        # python/sglang/srt/managers/tokenizer_manager.py (_validate_one_request), inside
+        # its OpenAI-style error object
+        '{"object":"error","message":"The input (43028 tokens) is longer than the model\'s '
+        'context length (40960 tokens).","type":"BadRequestError","param":null,"code":400}',
+        "sglang",
+        43028,
+        40960,
+        id="sglang-input-longer-than-context-json",
+    ),
+    pytest.param(
+        503,
+        # earendil-works/pi packages/ai/test/overflow.test.ts (relayed by LiteLLM as a 503)
+        "Error: 503 litellm.ServiceUnavailableError: litellm.MidStreamFallbackError: "
+        "litellm.APIConnectionError: APIConnectionError: OpenAIException - Requested token "
+        "count exceeds the model's maximum context length of 131072 tokens.",
+        "sglang",
+        None,
+        131072,
+        id="sglang-requested-token-count-via-litellm",
+    ),
+    pytest.param(
+        400,
+        # synthetic figures in the wording of sgl-project/sglang
+        # python/sglang/srt/managers/tokenizer_manager.py (input + max_new_tokens)
+        "Requested token count exceeds the model's maximum context length of 32768 tokens. "
+        "You requested a total of 40000 tokens: 36000 tokens from the input messages and 4000 "
+        "tokens for the completion. Please reduce the number of tokens in the input messages "
+        "or the completion to fit within the limit.",
+        "sglang",
+        40000,
+        32768,
+        id="sglang-requested-total",
+    ),
+    # ---- OpenRouter relaying a provider ----
+    pytest.param(
+        400,
+        # earendil-works/pi packages/ai/test/overflow.test.ts (OpenRouter / Poolside)
+        "Provider returned error: Input length 131393 exceeds the maximum allowed input length "
+        "of 131040 tokens.",
+        "openrouter",
+        131393,
+        131040,
+        id="openrouter-maximum-allowed-input-length",
+    ),
+    pytest.param(
+        400,
+        # earendil-works/pi packages/ai/test/overflow.test.ts (OpenAI-compatible servers)
+        "Error: 400 Input length (265330) exceeds model's maximum context length (262144).",
+        None,
+        265330,
+        262144,
+        id="openai-compatible-input-length-parenthesised",
+    ),
+    # ---- Amazon Bedrock Mantle ----
+    pytest.param(
+        400,
+        # earendil-works/pi packages/ai/test/overflow.test.ts
+        "Amazon Bedrock Mantle OpenAI Responses API error (400): invalid_prompt: prompt tokens "
+        "(330095) exceed model maximum (278528) for base model abc",
+        "bedrock",
+        330095,
+        278528,
+        id="bedrock-mantle-prompt-tokens",
+    ),
+    pytest.param(
+        400,
+        # openai/codex codex-rs test prompt_token_limit_errors_are_context_window_errors
+        # (found by code search; its file path was not resolved)
+        "prompt tokens (483166) exceed customer model maximum (278528) for "
+        "7903dfda-4910-4bc7-86ca-ea247ecf6bd2",
+        "bedrock",
+        483166,
+        278528,
+        id="bedrock-mantle-customer-model",
+    ),
+    # ---- MiniMax ----
+    pytest.param(
+        400,
+        # https://github.com/MiniMax-AI/MiniMax-M2/issues/119; "(2013)" is MiniMax's error
+        # code, so no sizes are read
+        "invalid params, context window exceeds limit (2013)",
+        "minimax",
+        None,
+        None,
+        id="minimax-context-window-exceeds-limit",
+    ),
+    pytest.param(
+        400,
+        # https://github.com/NousResearch/hermes-agent/pull/14743 (the Anthropic-compatible
+        # endpoint); the error object as captured in public code (code search)
+        json.dumps(
+            {
+                "type": "error",
+                "error": {
+                    "type": "bad_request_error",
+                    "message": "invalid params, context window exceeds limit (2013)",
+                    "http_code": "400",
+                },
+            }
+        ),
+        "minimax",
+        None,
+        None,
+        id="minimax-wrapped-with-error-code",
+    ),
+    # ---- Kimi / Moonshot ----
+    pytest.param(
+        400,
+        # https://github.com/MoonshotAI/kimi-cli/issues/2011 (the terminal's line break in
+        # "requested" removed)
+        "Error code: 400 - {'error': {'message': 'Invalid request: Your request exceeded model "
+        "token limit: 262144 (requested: 269030)', 'type': 'invalid_request_error'}}",
+        "moonshot",
+        269030,
+        262144,
+        id="kimi-exceeded-model-token-limit",
+    ),
+    # ---- GitHub Copilot ----
+    pytest.param(
+        400,
+        # https://github.com/microsoft/vscode/issues/289219
+        '{"error":{"message":"prompt token count of 1236658 exceeds the limit of 128000",'
+        '"code":"model_max_prompt_tokens_exceeded"}}',
+        "github_copilot",
+        1236658,
+        128000,
+        id="copilot-prompt-token-count",
+    ),
+    pytest.param(
+        400,
+        # https://github.com/microsoft/vscode-copilot-release/issues/6700 (no code)
+        '{"error":{"message":"prompt token count of 65446 exceeds the limit of 64000","param":'
+        '"","code":"","type":""}}',
+        "github_copilot",
+        65446,
+        64000,
+        id="copilot-prompt-token-count-no-code",
+    ),
+    # ---- LM Studio ----
+    pytest.param(
+        400,
+        # https://github.com/tinyhumansai/openhuman/issues/3550
+        "The number of tokens to keep from the initial prompt is greater than the context "
+        "length (n_keep: 10247 >= n_ctx: 4096). Try to load the model with a larger context "
+        "length, or provide a shorter prompt.",
+        "lm_studio",
+        10247,
+        4096,
+        id="lm-studio-tokens-to-keep",
+    ),
+    pytest.param(
+        400,
+        # earendil-works/pi packages/ai/src/utils/overflow.ts (LM Studio, the phrase alone)
+        "tokens to keep from the initial prompt is greater than the context length",
+        "lm_studio",
+        None,
+        None,
+        id="lm-studio-tokens-to-keep-phrase",
+    ),
+    pytest.param(
+        400,
+        # https://github.com/anomalyco/opencode/issues/11141
+        "Cannot truncate prompt with n_keep (15028) >= n_ctx (7424)",
+        "lm_studio",
+        15028,
+        7424,
+        id="lm-studio-cannot-truncate",
+    ),
+    pytest.param(
+        400,
+        # https://github.com/lmstudio-ai/lmstudio-bug-tracker/issues/546
+        "Trying to keep the first 111490 tokens when context the overflows. However, the model "
+        "is loaded with context length of only 32768 tokens, which is not enough. Try to load "
+        "the model with a larger context length, or provide a shorter input.",
+        "lm_studio",
+        111490,
+        32768,
+        id="lm-studio-keep-first-tokens",
+    ),
+    # ---- Hugging Face TGI ----
+    pytest.param(
+        400,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        "`inputs` tokens + `max_new_tokens` must be <= 4096",
+        "huggingface_tgi",
+        None,
+        4096,
+        id="tgi-inputs-plus-max-new-tokens",
+    ),
+    pytest.param(
+        422,
+        # synthetic figures in huggingface/text-generation-inference router/src/validation.rs
+        # (ValidationError::MaxTotalTokens)
+        "`inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and "
+        "512 `max_new_tokens`",
+        "huggingface_tgi",
+        4512,
+        4096,
+        id="tgi-inputs-plus-max-new-tokens-given",
+    ),
+    pytest.param(
+        422,
+        # synthetic figures in huggingface/text-generation-inference router/src/validation.rs
+        # (ValidationError::InputLength)
+        "`inputs` must have less than 4096 tokens. Given: 5000",
+        "huggingface_tgi",
+        5000,
+        4096,
+        id="tgi-inputs-too-long",
+    ),
+    # ---- DS4 server (llama.cpp-style) ----
+    pytest.param(
+        400,
+        # https://github.com/earendil-works/pi/issues/6262
+        "400 Prompt has 256468 tokens, but the configured context size is 256000 tokens",
+        "ds4",
+        256468,
+        256000,
+        id="ds4-configured-context-size",
+    ),
+    pytest.param(
+        400,
+        # https://github.com/earendil-works/pi/issues/6262 (thousands separators)
+        "Prompt has 5,958,968 tokens, but the configured context size is 256,000 tokens",
+        "ds4",
+        5958968,
+        256000,
+        id="ds4-configured-context-size-separators",
+    ),
+    # ---- A bare HTTP 413 ----
+    pytest.param(
+        413,
+        # anomalyco/opencode packages/opencode/src/provider/error.ts: any 413 is an overflow
+        "",
+        None,
+        None,
+        None,
+        id="http-413-empty-body",
+    ),
+    pytest.param(
+        None,
+        # earendil-works/pi packages/ai/src/utils/overflow.ts: Cerebras answers "413 status
+        # code (no body)" (the OpenAI SDK's text for a bodiless 413)
+        "413 status code (no body)",
+        None,
+        None,
+        None,
+        id="http-413-no-body-text",
+    ),
+    pytest.param(
+        None,
+        # anomalyco/opencode packages/opencode/src/provider/error.ts ("request entity too
+        # large", HTTP 413's reason phrase)
+        "Request Entity Too Large",
+        None,
+        None,
+        None,
+        id="http-413-reason-phrase",
+    ),
+    pytest.param(
+        413,
+        # synthetic: a gateway's generic body for the status
+        '{"message":"Payload Too Large"}',
+        None,
+        None,
+        None,
+        id="http-413-generic-body",
+    ),
     # ---- Generic ----
     pytest.param(
         400,
@@ -632,6 +955,15 @@ OVERFLOWS = [
         203743,
         202752,
         id="generic-input-length-maximum-length",
+    ),
+    pytest.param(
+        400,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        "Your prompt is longer than the model's context length of 2048.",
+        None,
+        None,
+        None,
+        id="generic-longer-than-context-length",
     ),
     pytest.param(
         400,
@@ -718,6 +1050,42 @@ def test_requested_exceeds_limit_whenever_both_are_stated() -> None:
             "resulted in 131,074 tokens.",
             131_074,
             128_000,
+        ),
+        ("prompt token count of 1,236,658 exceeds the limit of 128,000", 1_236_658, 128_000),
+        (
+            "Your request exceeded model token limit: 262,144 (requested: 269,030)",
+            269_030,
+            262_144,
+        ),
+        (
+            "Please reduce the length of the messages or completion. Current length is 202,427 "
+            "while limit is 131,072",
+            202_427,
+            131_072,
+        ),
+        (
+            "The input (1,048,577 tokens) is longer than the model's context length (1,048,576 "
+            "tokens).",
+            1_048_577,
+            1_048_576,
+        ),
+        ("prompt tokens (1,416,135) exceed model maximum (1,050,000) for x", 1_416_135, 1_050_000),
+        (
+            "Input length 131,393 exceeds the maximum allowed input length of 131,040 tokens.",
+            131_393,
+            131_040,
+        ),
+        (
+            "The number of tokens to keep from the initial prompt is greater than the context "
+            "length (n_keep: 10,247 >= n_ctx: 4,096).",
+            10_247,
+            4_096,
+        ),
+        (
+            "`inputs` tokens + `max_new_tokens` must be <= 4,096. Given: 4,000 `inputs` tokens "
+            "and 512 `max_new_tokens`",
+            4_512,
+            4_096,
         ),
     ],
 )
@@ -840,7 +1208,135 @@ NOT_OVERFLOWS = [
         anthropic_body("Overloaded", kind="overloaded_error"),
         id="anthropic-529",
     ),
-    pytest.param(413, "", id="413-empty-body"),
+    pytest.param(
+        400,
+        # openai/codex codex-rs test malformed_prompt_token_limit_errors_remain_invalid_requests
+        # (found by code search): the Mantle wording without a count is not read as one
+        "prompt tokens (many) exceed model maximum (278528) for openai.gpt-5.6-sol",
+        id="near-miss-mantle-without-count",
+    ),
+    pytest.param(
+        429,
+        # earendil-works/pi packages/ai/test/context-overflow.test.ts: Cerebras's token rate
+        # limit comes as "429 status code (no body)"
+        "429 status code (no body)",
+        id="cerebras-429-no-body",
+    ),
+    pytest.param(
+        400,
+        # earendil-works/pi and anomalyco/opencode count a bodiless 400 as Cerebras's or
+        # Mistral's overflow; a 400 that says nothing is any bad request, so it is not one
+        "400 status code (no body)",
+        id="400-no-body",
+    ),
+    pytest.param(
+        None,
+        # earendil-works/pi packages/ai/test/overflow.test.ts (Bedrock throttling)
+        "Throttling error: Too many tokens, please wait before trying again.",
+        id="bedrock-throttling-too-many-tokens",
+    ),
+    pytest.param(
+        None,
+        # earendil-works/pi packages/ai/test/overflow.test.ts
+        "Service unavailable: The service is temporarily unavailable.",
+        id="bedrock-service-unavailable",
+    ),
+    pytest.param(
+        None,
+        # earendil-works/pi packages/ai/test/overflow.test.ts
+        "Rate limit exceeded, please retry after 30 seconds.",
+        id="generic-rate-limit",
+    ),
+    pytest.param(
+        None,
+        # earendil-works/pi packages/ai/test/overflow.test.ts
+        "Too many requests. Please slow down.",
+        id="generic-too-many-requests",
+    ),
+    pytest.param(
+        500,
+        # earendil-works/pi packages/ai/test/overflow.test.ts (Ollama)
+        "500 `model runner crashed unexpectedly`",
+        id="ollama-runner-crashed",
+    ),
+    pytest.param(
+        400,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        # (a "length" that is not the prompt's)
+        "Invalid 'user': string too long. Expected a string with maximum length 64, but got a "
+        "string with length 123 instead.",
+        id="near-miss-user-string-too-long",
+    ),
+    pytest.param(
+        400,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        '{"error": {"message": "Invalid \'user\': string too long.", "code": '
+        '"string_above_max_length"}}',
+        id="near-miss-string-above-max-length",
+    ),
+    pytest.param(
+        None,
+        # BerriAI/litellm tests/test_litellm/litellm_core_utils/test_exception_mapping_utils.py
+        "The context is large, but acceptable.",
+        id="near-miss-context-is-large",
+    ),
+    pytest.param(
+        400,
+        # openai/codex codex-rs/core/src/api_bridge_tests.rs (a byte limit, near "exceeds the
+        # limit of")
+        "Total image data in 'input' exceeds the 536870912 byte limit.",
+        id="near-miss-image-byte-limit",
+    ),
+    pytest.param(
+        400,
+        # openai/codex codex-rs/core/src/api_bridge_tests.rs (an image count)
+        "This request contains 1501 images, which exceeds the 1500 image limit for a single "
+        "Responses API request.",
+        id="near-miss-image-count-limit",
+    ),
+    pytest.param(
+        422,
+        # synthetic figures in huggingface/text-generation-inference router/src/validation.rs
+        # (ValidationError::MaxNewTokens): an output cap
+        "Input validation error: `max_new_tokens` must be <= 4096. Given: 8192",
+        id="tgi-max-new-tokens-output-cap",
+    ),
+    pytest.param(
+        400,
+        # TGI's total-tokens error where max_new_tokens alone fills the window, as captured in
+        # public code (code search): no compaction can make it fit, so it is an output cap
+        '{"error":{"message":"Input validation error: `inputs` tokens + `max_new_tokens` must '
+        'be <= 32769. Given: 30 `inputs` tokens and 999999999 `max_new_tokens`","type":'
+        '"invalid_request_error"}}',
+        id="tgi-total-with-output-over-the-window",
+    ),
+    pytest.param(
+        400,
+        # synthetic figures in the wording of sgl-project/sglang
+        # python/sglang/srt/managers/tokenizer_manager.py: the completion alone is over
+        "Requested token count exceeds the model's maximum context length of 32768 tokens. "
+        "You requested a total of 40000 tokens: 100 tokens from the input messages and 39900 "
+        "tokens for the completion.",
+        id="sglang-total-with-output-over-the-window",
+    ),
+    pytest.param(
+        400,
+        # https://github.com/docker/docker-agent/issues/569's wording with synthetic figures:
+        # max_tokens alone is over the window
+        anthropic_body(
+            "input length and `max_tokens` exceed context limit: 1000 + 250000 > 200000, "
+            "decrease input length or `max_tokens` and try again"
+        ),
+        id="anthropic-max-tokens-over-the-window",
+    ),
+    pytest.param(
+        400,
+        # MiniMax's error 2013 for an oversize image, as quoted in public code (code search):
+        # near "exceeds limit (2013)", but not the context window
+        '{"error":{"message":"media exceeds size limit: max 10485760 bytes (2013)","code":'
+        '"invalid_prompt"}}',
+        id="near-miss-minimax-media-size",
+    ),
     pytest.param(400, "", id="empty"),
     pytest.param(None, "   \n\t ", id="whitespace"),
     pytest.param(400, "null", id="json-null"),
