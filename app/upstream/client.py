@@ -32,11 +32,18 @@ this module only borrows it. Each call has its own total deadline, enforced arou
 whole exchange, because httpx's timeouts are per read and a server that trickles bytes
 would never trip them. The API key never appears in an error message: it is sent only
 in a header, and any text quoted from the server is scrubbed of it.
+
+Every string taken from the upstream ends up stored (the summary, the model's name,
+the reason a job was retried), and Postgres stores neither NUL nor a lone UTF-16
+surrogate. So :class:`Completion` and :class:`UpstreamError` clean each string they
+are given (:func:`storable`): one boundary, so that no field can be missed. A reply
+that carries a lone surrogate (``\\ud800``, which orjson refuses) is still read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import time
@@ -118,6 +125,16 @@ class UpstreamConfig:
         return f"{self.base_url.rstrip('/')}/{path}"
 
 
+def storable(text: str) -> str:
+    """``text`` as Postgres can store it: NUL characters dropped and lone surrogates
+    replaced by ``?``, as the summary text always was; anything else is kept."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """The upstream's answer.
@@ -133,6 +150,15 @@ class Completion:
     model: str
     usage: dict[str, int]
     finish_reason: str | None
+
+    def __post_init__(self) -> None:
+        # Each string came from the upstream and will be stored: cleaned here, once.
+        object.__setattr__(self, "text", storable(self.text))
+        object.__setattr__(self, "model", storable(self.model))
+        if self.finish_reason is not None:
+            object.__setattr__(self, "finish_reason", storable(self.finish_reason))
+        usage = {storable(k): v for k, v in self.usage.items()}
+        object.__setattr__(self, "usage", usage)
 
     @property
     def truncated(self) -> bool:
@@ -159,6 +185,8 @@ class UpstreamError(Exception):
         retryable: bool,
         overflow: OverflowMatch | None = None,
     ) -> None:
+        # Quoted from the upstream, and recorded on the job: cleaned here, once.
+        message = storable(message)
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.message = message
@@ -282,8 +310,8 @@ def _scrub_surrogates(value: Any) -> Any:
 def _parse_success(config: UpstreamConfig, model: str, response: httpx.Response) -> Completion:
     status = response.status_code
     try:
-        data = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
+        data = _loads(response.content)
+    except ValueError:
         raise _error(
             config,
             "malformed",
@@ -474,10 +502,23 @@ def _embedded_status(data: dict[str, Any]) -> int | None:
     return None
 
 
+def _loads(raw: bytes | str) -> Any:
+    """JSON as the upstream sent it. orjson refuses a lone surrogate (``\\ud800``); the
+    standard library reads it (it is cleaned before anything is stored), so one odd
+    character does not turn a good reply into a malformed one. ValueError otherwise."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise ValueError("nested too deep") from None
+
+
 def _json_object(text: str) -> dict[str, Any] | None:
     try:
-        data = orjson.loads(text)
-    except orjson.JSONDecodeError:
+        data = _loads(text)
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 

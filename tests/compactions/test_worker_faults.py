@@ -6,6 +6,7 @@ issue 4 "Bad input and faults"). No mocks: the worker runs for real
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -652,3 +653,139 @@ async def test_three_failed_automatic_compactions_stop_them_until_a_manual_one_s
     assert session["compaction_failures"] == 0
     assert session["auto_compaction"] == "on"
     assert session["compaction_count"] == 1
+
+
+# --- what an upstream sends is cleaned before it is stored ------------------------
+#
+# Postgres stores neither NUL nor a lone surrogate. Every string the upstream sends
+# (its model, its error message, its finish reason) is cleaned at the client's
+# boundary, as the summary text is: one odd character must neither throw a good
+# summary away nor make the job's retry record unwritable.
+
+
+def _raw_openai_reply(text: str, model_json: str) -> str:
+    """An OpenAI reply as raw JSON text, so that its model can hold escapes (a lone
+    surrogate) that no JSON encoder writes."""
+    return (
+        '{"id": "chatcmpl-raw", "object": "chat.completion", "model": "' + model_json + '", '
+        '"choices": [{"index": 0, "message": {"role": "assistant", "content": '
+        + json.dumps(text)
+        + '}, "finish_reason": "stop\\u0000"}], '
+        '"usage": {"prompt_tokens": 3000, "completion_tokens": 120}}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("api", "main", "short", "model"),
+    [
+        (
+            "openai",
+            Reply(SUMMARY, model="summarizer\x00-2025", finish_reason="stop\x00"),
+            Reply(SHORT, model="summarizer\x00-2025"),
+            "summarizer-2025",
+        ),
+        (
+            "anthropic",
+            Reply(SUMMARY, model="summarizer\x00-2025", finish_reason="end_turn\x00"),
+            Reply(SHORT, model="summarizer\x00-2025"),
+            "summarizer-2025",
+        ),
+        (
+            "openai",
+            Status(200, body=_raw_openai_reply(SUMMARY, "summarizer\\ud800-2025")),
+            Status(200, body=_raw_openai_reply(SHORT, "summarizer\\ud800-2025")),
+            "summarizer?-2025",
+        ),
+    ],
+    ids=["nul-openai", "nul-anthropic", "lone-surrogate-openai"],
+)
+async def test_an_odd_character_in_the_replys_model_keeps_the_summary(
+    app: Any,
+    client: httpx.AsyncClient,
+    upstream: Upstream,
+    api: str,
+    main: Any,
+    short: Any,
+    model: str,
+) -> None:
+    sid = await seeded(client, 12)
+    upstream.script([main, short])
+    job = await request_compaction(client, sid)
+
+    assert await drain(app, worker_config(upstream, api=api)) == 1
+
+    done = await compaction(client, sid, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["summarizer_used"] == "llm", done
+    assert done["attempts"] == 1
+    assert done["error"] is None
+    assert done["summary"].startswith(SUMMARY)
+    assert done["short_summary"] == SHORT
+    assert done["upstream_model"] == model
+    assert done["upstream_usage"]["input_tokens"] > 0
+    assert done["details"]["notes"] == []
+    assert len(upstream.requests) == 2  # two paid calls, both kept
+    assert await compaction_count(client, sid) == 1
+    await assert_api_answers(client, sid)
+
+
+_NUL_500 = Status(
+    500, body={"error": {"message": "The engine\x00 is overloaded", "type": "server_error"}}
+)
+_NUL_529 = Status(
+    529,
+    body={"type": "error", "error": {"type": "overloaded_error", "message": "Over\x00loaded now"}},
+)
+_SURROGATE_500 = Status(
+    500, body='{"error": {"message": "bad gateway \\ud800 upstream", "type": "server_error"}}'
+)
+_NUL_400 = Status(
+    400,
+    body={"error": {"message": "Unknown\x00 parameter: top_k", "type": "invalid_request_error"}},
+)
+
+
+@pytest.mark.parametrize(
+    ("api", "fault", "said", "attempts"),
+    [
+        ("openai", _NUL_500, "The engine is overloaded", 3),
+        ("anthropic", _NUL_529, "Overloaded now", 3),
+        ("openai", _SURROGATE_500, "bad gateway ? upstream", 3),
+        ("openai", _NUL_400, "Unknown parameter: top_k", 1),
+    ],
+    ids=["nul-500", "nul-529-anthropic", "lone-surrogate-500", "nul-400"],
+)
+async def test_an_odd_character_in_an_upstream_error_is_recorded_as_the_upstreams_error(
+    app: Any,
+    client: httpx.AsyncClient,
+    upstream: Upstream,
+    api: str,
+    fault: Status,
+    said: str,
+    attempts: int,
+) -> None:
+    sid = await seeded(client, 12)
+    upstream.script([fault] * 3 + [Reply(SUMMARY)] * 3)
+    job = await request_compaction(client, sid)
+
+    # Each attempt is recorded at once (no lease waited out), and no more are made.
+    started = time.monotonic()
+    assert await drain(app, worker_config(upstream, api=api, max_attempts=3)) == attempts
+    print(f"\n[upstream] {attempts} attempt(s) in {time.monotonic() - started:.2f} s")
+
+    done = await compaction(client, sid, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["summarizer_used"] == "extractive", done
+    assert done["attempts"] == attempts
+    assert len(upstream.requests) == attempts
+    notes = done["details"]["notes"]
+    assert len(notes) == attempts, notes
+    for note in notes:
+        assert said in note, note
+        assert f"HTTP {fault.code}" in note, note
+    # The job's error is the upstream's, not a database error.
+    assert done["error"] == "; ".join(notes)
+    assert said in done["error"]
+    assert "\x00" not in done["error"]
+    assert await compaction_count(client, sid) == 1
+    await assert_api_answers(client, sid)

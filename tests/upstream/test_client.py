@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.engine.storable import find_unstorable
 from app.upstream import (
     Completion,
     UpstreamConfig,
@@ -26,7 +27,7 @@ from app.upstream import (
     complete,
     parse_retry_after,
 )
-from app.upstream.client import MAX_EXCERPT_CHARS, MAX_RETRY_AFTER_SECONDS
+from app.upstream.client import MAX_EXCERPT_CHARS, MAX_RETRY_AFTER_SECONDS, storable
 from tests.upstream_server import (
     Close,
     Drip,
@@ -730,6 +731,64 @@ async def test_lone_surrogates_in_the_prompt_are_sent(
 
     assert done.text
     assert upstream.requests[0].json["messages"][1]["content"] == "broken ? text"
+
+
+# What the upstream sends is cleaned before anyone can store it
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_nul_in_a_replys_fields_is_dropped(
+    http: httpx.AsyncClient, upstream: Upstream, api: Any
+) -> None:
+    upstream.script([Reply("A summary\x00 of it.", model="gpt\x00-4o", finish_reason="stop\x00")])
+    done = await call(http, config_for(upstream, api))
+
+    assert (done.text, done.model, done.finish_reason) == ("A summary of it.", "gpt-4o", "stop")
+    assert done.usage["input_tokens"] > 0
+
+
+async def test_a_reply_with_a_lone_surrogate_is_read_not_malformed(
+    http: httpx.AsyncClient, upstream: Upstream
+) -> None:
+    raw = (
+        '{"model": "gpt\\ud800-4o", "choices": [{"message": {"content": "A \\udfff summary."},'
+        ' "finish_reason": "stop"}], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}'
+    )
+    upstream.script([Status(200, body=raw)])
+    done = await call(http, config_for(upstream, "openai"))
+
+    assert (done.text, done.model) == ("A ? summary.", "gpt?-4o")
+    assert done.usage == {"input_tokens": 9, "output_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"error": {"message": "over\x00loaded", "type": "server_error"}}, "overloaded"),
+        ('{"error": {"message": "bad \\ud800 gateway"}}', "bad ? gateway"),
+        ("plain \x00text from a proxy", "plain text from a proxy"),
+    ],
+    ids=["nul-json", "lone-surrogate-json", "nul-text"],
+)
+async def test_odd_characters_in_an_error_are_cleaned(
+    http: httpx.AsyncClient, upstream: Upstream, body: Any, said: str
+) -> None:
+    upstream.script([Status(500, body=body)])
+    error = await failure(http, config_for(upstream, "openai"))
+
+    assert error.kind == "server"
+    assert said in error.message
+    assert said in str(error)
+    assert find_unstorable(error.message, "") is None
+
+
+@given(st.text())
+def test_storable_text_is_storable_and_clean_text_is_kept(text: str) -> None:
+    cleaned = storable(text)
+    assert find_unstorable(cleaned, "") is None
+    assert storable(cleaned) == cleaned
+    if find_unstorable(text, "") is None:
+        assert cleaned == text
 
 
 # Configuration
