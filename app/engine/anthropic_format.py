@@ -343,4 +343,39 @@ def render_messages(
         if for_history and entry.extra:
             msg.update(entry.extra)
         messages.append(msg)
-    return system, messages
+    if for_history:
+        return system, messages
+    return system, alternate(messages)
+
+
+# The user turn that opens a view whose first message is the assistant's (the
+# agent's own history began that way): Bedrock and other Anthropic-compatible
+# endpoints refuse an assistant first ("first message must use the user role").
+# The same minimal placeholder LiteLLM inserts; it costs about four tokens that
+# no stored entry counts, which calibration absorbs like any framing.
+OPENING_TEXT = "."
+
+
+def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's messages with roles strictly alternating, the user's first.
+
+    Consecutive messages of one role become one (a summary followed by a kept
+    user message, the user's own messages sent back to back, a system note
+    wrapped as user text): the Messages API would combine them anyway, and
+    some compatible endpoints refuse them. In a merged user message the
+    ``tool_result`` blocks come first, as the API requires. Merging only drops
+    framing, so the stored counts still cover what is sent.
+    """
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        if out and out[-1]["role"] == msg["role"]:
+            out[-1] = {"role": msg["role"], "content": [*out[-1]["content"], *msg["content"]]}
+        else:
+            out.append(msg)
+    for msg in out:
+        content = msg["content"]
+        if msg["role"] == "user" and any(b["type"] == "tool_result" for b in content[1:]):
+            msg["content"] = sorted(content, key=lambda b: b["type"] != "tool_result")
+    if out and out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": OPENING_TEXT}]})
+    return out

@@ -101,6 +101,10 @@ def check_openai_pairing(
 
     Every assistant ``tool_calls`` must be followed at once by one tool message per
     call, and every tool message must answer a call of the assistant before it.
+    That is all the alternation OpenAI asks: its chat API takes two user (or two
+    assistant) messages in a row, agents send them so, and the view keeps them
+    as sent (a summary followed by a kept user message included). Anthropic is
+    stricter, see :func:`check_anthropic_roles`.
     """
     msgs = list(messages)
     problems: list[PairingError] = []
@@ -136,16 +140,41 @@ def check_openai_pairing(
     return problems
 
 
+def check_anthropic_roles(messages: Iterable[dict[str, Any]]) -> list[PairingError]:
+    """Roles that do not alternate strictly user, assistant, user, … from a user
+    turn: the Messages API once refused both, Bedrock and other compatible
+    endpoints still do."""
+    problems: list[PairingError] = []
+    previous: Any = "assistant"  # as if before the first message, so it must be the user's
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            problems.append(PairingError(i, f"role {role!r} is neither user nor assistant"))
+        elif role == previous:
+            problems.append(
+                PairingError(
+                    i,
+                    "the first message must be the user's"
+                    if i == 0
+                    else f"two {role} messages in a row: roles must alternate",
+                )
+            )
+        previous = role
+    return problems
+
+
 def check_anthropic_pairing(
     messages: Iterable[dict[str, Any]], *, allow_pending: bool = True
 ) -> list[PairingError]:
-    """Problems the Anthropic Messages API would reject; empty when valid.
+    """Problems the Anthropic Messages API (or a compatible endpoint) would reject;
+    empty when valid.
 
-    Each ``tool_result`` must answer a ``tool_use`` of the assistant message right
+    Roles alternate, the user's first (:func:`check_anthropic_roles`). Each
+    ``tool_result`` must answer a ``tool_use`` of the assistant message right
     before it, and every ``tool_use`` must be answered in the next user message.
     """
     msgs = list(messages)
-    problems: list[PairingError] = []
+    problems = check_anthropic_roles(msgs)
     for i, m in enumerate(msgs):
         content = m["content"] if isinstance(m["content"], list) else []
         if m["role"] == "assistant":

@@ -123,12 +123,14 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
     """The Anthropic ``system`` and ``messages`` arrays as JSON, and the indices used.
 
     Mirrors :func:`~app.engine.anthropic_format.render_messages`: leading system
-    entries make the top-level system; tool results open a user message that
-    the next user entry joins.
+    entries make the top-level system; tool results open a user message; the
+    messages then alternate as :func:`~app.engine.anthropic_format.alternate`
+    makes them (one message per run of a role, tool results first in it, the
+    user's turn first).
     """
     system: list[str] = []
-    messages: list[tuple[str, list[str]]] = []  # role, block fragments
-    open_results: list[str] | None = None
+    # role, then the block fragments with whether each is a tool result
+    messages: list[tuple[str, list[tuple[str, bool]]]] = []
     used: list[int] = []
     for step in plan_pairing(items):
         item = items[step.at]
@@ -154,24 +156,26 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
                 continue  # as pair_tool_calls: no words and no calls left
             blocks = orjson.dumps(kept).decode()
         used.append(step.at)
-        if role == "tool":
-            if open_results is None:
-                open_results = []
-                messages.append(("user", open_results))
-            open_results.append(_inner(blocks))
+        result = role == "tool"
+        if result:
+            role = "user"
+        elif blocks == "[]":
             continue
-        if role == "user" and open_results is not None:
-            if blocks != "[]":
-                open_results.append(_inner(blocks))
-            open_results = None
-            continue
-        open_results = None
-        if blocks == "[]":
-            continue
-        messages.append((role, [_inner(blocks)]))
+        if messages and messages[-1][0] == role:
+            messages[-1][1].append((_inner(blocks), result))
+        else:
+            messages.append((role, [(_inner(blocks), result)]))
+    if messages and messages[0][0] != "user":
+        opening = orjson.dumps({"type": "text", "text": anthropic_format.OPENING_TEXT}).decode()
+        messages.insert(0, ("user", [(opening, False)]))
     system_json = "[" + ",".join(system) + "]"
     messages_json = ",".join(
-        '{"role":' + orjson.dumps(role).decode() + ',"content":[' + ",".join(parts) + "]}"
+        '{"role":'
+        + orjson.dumps(role).decode()
+        + ',"content":['
+        # tool results first (a stable partition), as the API requires
+        + ",".join([f for f, r in parts if r] + [f for f, r in parts if not r])
+        + "]}"
         for role, parts in messages
     )
     return system_json.encode(), ("[" + messages_json + "]").encode(), used

@@ -150,31 +150,57 @@ def _msgs(*pairs: tuple[str, Any]) -> list[dict[str, Any]]:
     return [{"role": r, "content": c} for r, c in pairs]
 
 
+def _after_ask(*pairs: tuple[str, Any]) -> list[dict[str, Any]]:
+    """Messages after the user's opening turn (the first message must be the user's)."""
+    return _msgs(("user", "do it"), *pairs)
+
+
 def test_anthropic_check_finds_real_problems() -> None:
     use = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
     result = {"type": "tool_result", "tool_use_id": "t", "content": "ok"}
     text = {"type": "text", "text": "hi"}
-    assert check_anthropic_pairing(_msgs(("assistant", [use]), ("user", [result]))) == []
-    assert check_anthropic_pairing(_msgs(("assistant", [use]), ("user", [text]))) != []
+    assert check_anthropic_pairing(_after_ask(("assistant", [use]), ("user", [result]))) == []
+    assert check_anthropic_pairing(_after_ask(("assistant", [use]), ("user", [text]))) != []
     assert check_anthropic_pairing(_msgs(("user", [result]))) != []
-    assert check_anthropic_pairing(_msgs(("assistant", [use]), ("user", [text, result]))) != []
-    assert check_anthropic_pairing(_msgs(("assistant", [use])), allow_pending=False) != []
-    assert check_anthropic_pairing(_msgs(("assistant", [use])), allow_pending=True) == []
+    assert check_anthropic_pairing(_after_ask(("assistant", [use]), ("user", [text, result]))) != []
+    assert check_anthropic_pairing(_after_ask(("assistant", [use])), allow_pending=False) != []
+    assert check_anthropic_pairing(_after_ask(("assistant", [use])), allow_pending=True) == []
     two = [use, {**use, "id": "u"}]
     # A partial answer is pending only while it is the last message.
     assert (
-        check_anthropic_pairing(_msgs(("assistant", two), ("user", [result])), allow_pending=True)
+        check_anthropic_pairing(
+            _after_ask(("assistant", two), ("user", [result])), allow_pending=True
+        )
         == []
     )
     assert (
-        check_anthropic_pairing(_msgs(("assistant", two), ("user", [result])), allow_pending=False)
+        check_anthropic_pairing(
+            _after_ask(("assistant", two), ("user", [result])), allow_pending=False
+        )
         != []
     )
-    assert check_anthropic_pairing(_msgs(("assistant", two), ("user", [result, text]))) != []
+    assert check_anthropic_pairing(_after_ask(("assistant", two), ("user", [result, text]))) != []
     assert (
-        check_anthropic_pairing(_msgs(("assistant", two), ("user", [result]), ("assistant", "x")))
+        check_anthropic_pairing(
+            _after_ask(("assistant", two), ("user", [result]), ("assistant", "x"))
+        )
         != []
     )
+
+
+def test_anthropic_check_wants_roles_to_alternate_from_the_user() -> None:
+    ask, answer = ("user", "do it"), ("assistant", "done")
+    assert check_anthropic_pairing(_msgs(ask, answer, ask)) == []
+    problems = check_anthropic_pairing(_msgs(ask, ask, answer))
+    assert [(p.index, p.problem) for p in problems] == [
+        (1, "two user messages in a row: roles must alternate")
+    ]
+    assert [p.index for p in check_anthropic_pairing(_msgs(ask, answer, answer))] == [2]
+    assert [p.problem for p in check_anthropic_pairing(_msgs(answer, ask))] == [
+        "the first message must be the user's"
+    ]
+    assert [p.index for p in check_anthropic_pairing(_msgs(ask, ("system", "x")))] == [1]
+    assert check_anthropic_pairing([]) == []
 
 
 def test_openai_check_finds_real_problems() -> None:

@@ -201,8 +201,16 @@ def test_anthropic_leading_system_becomes_top_level_and_later_system_is_wrapped(
     ]
     system, messages = anthropic_format.render_messages(entries)
     assert system == [{"type": "text", "text": "rules"}]
-    assert messages[0] == {"role": "user", "content": [{"type": "text", "text": "hi"}]}
-    assert messages[1]["content"] == [{"type": "text", "text": "<system>\nlate\n</system>"}]
+    # The late system note is user text, in the user's turn (roles alternate).
+    assert messages == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "text", "text": "<system>\nlate\n</system>"},
+            ],
+        }
+    ]
 
 
 def test_anthropic_model_render_drops_unsigned_thinking_and_empty_text() -> None:
@@ -218,7 +226,11 @@ def test_anthropic_model_render_drops_unsigned_thinking_and_empty_text() -> None
         "m",
     )
     _, messages = anthropic_format.render_messages(entries)
-    assert messages == [{"role": "assistant", "content": [{"type": "text", "text": "answer"}]}]
+    assert messages == [
+        # A view cannot open with the assistant: a minimal user turn goes first.
+        {"role": "user", "content": [{"type": "text", "text": anthropic_format.OPENING_TEXT}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "answer"}]},
+    ]
 
 
 # --- across formats -----------------------------------------------------------------------

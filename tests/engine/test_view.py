@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine import anthropic_format, openai_format
-from app.engine.context import pair_tool_calls
+from app.engine.context import check_anthropic_pairing, pair_tool_calls
 from app.engine.model import Entry
 from app.engine.view import assemble_anthropic, assemble_openai, render_view
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
@@ -92,3 +92,50 @@ def test_placeholder_template_renders_as_the_engine_does(
 
     expected = render_view(placeholder_entry(call_id, "bash", is_error, text))
     assert PlaceholderViews(text).render(call_id, is_error) == expected
+
+
+def test_anthropic_turns_of_one_role_become_one_message() -> None:
+    """A summary then a kept user message, results then two user messages, two
+    assistant replies: one message per run of a role, tool results first."""
+    summary = Entry(role="user", parts=[text_part("<summary>so far</summary>")])
+    entries = [
+        summary,
+        Entry(role="user", parts=[text_part("and now this")], content_form="string"),
+        Entry(role="assistant", parts=[text_part("on it"), call_part("a")]),
+        tool_entry("a"),
+        Entry(role="user", parts=[text_part("also")]),
+        Entry(role="developer", parts=[text_part("be quick")]),
+        Entry(role="assistant", parts=[text_part("first")]),
+        Entry(role="assistant", parts=[text_part("second")]),
+    ]
+    _, messages_json, used = assemble_anthropic(stored(entries))
+    messages = orjson.loads(messages_json)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert [b.get("text") for b in messages[0]["content"]] == [
+        "<summary>so far</summary>",
+        "and now this",
+    ]
+    assert [b["type"] for b in messages[2]["content"]] == ["tool_result", "text", "text"]
+    assert messages[2]["content"][2]["text"] == "<system>\nbe quick\n</system>"
+    assert [b["text"] for b in messages[3]["content"]] == ["first", "second"]
+    assert used == list(range(len(entries)))  # every entry counted, none twice
+    _, rendered = anthropic_format.render_messages(pair_tool_calls(entries))
+    assert rendered == messages
+    assert check_anthropic_pairing(messages, allow_pending=False) == []
+
+
+def test_an_anthropic_view_opens_with_the_user() -> None:
+    entries = [
+        Entry(role="system", parts=[text_part("rules")]),
+        Entry(role="assistant", parts=[text_part("hello, how can I help?")]),
+        Entry(role="user", parts=[text_part("fix it")]),
+    ]
+    system_json, messages_json, used = assemble_anthropic(stored(entries))
+    messages = orjson.loads(messages_json)
+    assert orjson.loads(system_json) == [{"type": "text", "text": "rules"}]
+    assert messages[0] == {
+        "role": "user",
+        "content": [{"type": "text", "text": anthropic_format.OPENING_TEXT}],
+    }
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert used == [0, 1, 2]
