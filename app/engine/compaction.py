@@ -20,6 +20,8 @@ from app.engine.model import Entry
 from app.engine.summary import merge_split_turn, with_file_tags
 
 PINNED_ROLES = frozenset({"system", "developer"})
+# Entries the service wrote as user prompts of its own, never the agent's words.
+SYNTHETIC_KINDS = frozenset({"continue"})
 
 # Never keep more than this share of the compaction threshold verbatim: a
 # compaction that keeps most of the window would be followed by another at once.
@@ -101,7 +103,9 @@ def plan(
         )
         for s in messages
     ]
-    cut = cuts.find_cut(items, keep)
+    # The "continue" prompts earlier automatic compactions added (see cut.py).
+    synthetic = [k for k, s in enumerate(messages) if s.kind in SYNTHETIC_KINDS]
+    cut = cuts.find_cut(items, keep, synthetic=synthetic)
     if cut.first_kept == 0:
         return None
     first_kept_seq = messages[cut.first_kept].seq if cut.first_kept < len(messages) else end_seq

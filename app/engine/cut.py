@@ -35,6 +35,16 @@ there is none at all, or the whole history holds fewer than
 ``keep_recent_tokens``, nothing is summarized. With ``keep_recent_tokens == 0``
 everything is summarized if the end is a valid cut.
 
+Stale prompts. The caller may name synthetic prompts the service itself added
+(the "continue" that follows an automatic compaction). Once something follows
+one, it is stale: it asked for work that has since been done, and it belongs to
+what came before it. It never heads the kept part: a candidate that falls on it
+moves right behind it (the prompt is summarized, a few tokens fewer are kept),
+and a cut never falls right before it. Otherwise the summary would be followed
+by an old "continue" (and by the new one at the end), and the Anthropic view
+would open with two user turns. The prompt that is the latest entry is not
+stale. Nor does a synthetic prompt start a turn.
+
 Split turns. A turn starts at a user message. When the kept part does not start
 with one, the cut splits a turn: the entries from the user message that started
 it up to the cut are the turn prefix, summarized apart so the kept tail still
@@ -48,7 +58,7 @@ Everything runs in a few linear passes with no allocation beyond a few lists of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,8 +101,13 @@ class Cut:
         return self.turn_start is not None
 
 
-def find_cut(items: Sequence[Cuttable], keep_recent_tokens: int) -> Cut:
-    """Where to cut ``items`` so at least ``keep_recent_tokens`` are kept, if possible."""
+def find_cut(
+    items: Sequence[Cuttable], keep_recent_tokens: int, *, synthetic: Collection[int] = ()
+) -> Cut:
+    """Where to cut ``items`` so at least ``keep_recent_tokens`` are kept, if possible.
+
+    ``synthetic``: indices of prompts the service added (see "Stale prompts").
+    """
     if keep_recent_tokens < 0:
         raise ValueError("keep_recent_tokens must not be negative")
     n = len(items)
@@ -103,17 +118,22 @@ def find_cut(items: Sequence[Cuttable], keep_recent_tokens: int) -> Cut:
     if n == 0 or total < keep_recent_tokens:
         return Cut(0, None, total, 0)
 
+    stale = {i for i in synthetic if 0 <= i < n - 1}
     valid = _valid_cuts(items)
+    for i in stale:
+        valid[i] = False
     # The candidate: the largest i with tokens(items[i:]) >= keep_recent_tokens.
     candidate = n
     while total - prefix[candidate] < keep_recent_tokens:
         candidate -= 1
+    if candidate in stale:
+        candidate += 1  # the stale prompt goes with what it followed
     first_kept = next((i for i in range(candidate, 0, -1) if valid[i]), 0)
     if first_kept == 0:
         first_kept = next((i for i in range(candidate + 1, n + 1) if valid[i]), 0)
     return Cut(
         first_kept,
-        _turn_start(items, first_kept),
+        _turn_start(items, first_kept, frozenset(synthetic)),
         kept_tokens=total - prefix[first_kept],
         summarized_tokens=prefix[first_kept],
     )
@@ -150,7 +170,16 @@ def _valid_cuts(items: Sequence[Cuttable]) -> list[bool]:
     return valid
 
 
-def _turn_start(items: Sequence[Cuttable], first_kept: int) -> int | None:
+def _turn_start(
+    items: Sequence[Cuttable], first_kept: int, synthetic: frozenset[int]
+) -> int | None:
     if first_kept == 0 or first_kept == len(items) or items[first_kept].role == "user":
         return None
-    return next((i for i in range(first_kept - 1, -1, -1) if items[i].role == "user"), 0)
+    return next(
+        (
+            i
+            for i in range(first_kept - 1, -1, -1)
+            if items[i].role == "user" and i not in synthetic
+        ),
+        0,
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
+from app.compactions.pivot import CONTINUE_TEXT
 from app.core.settings import Settings
 from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.summary import summary_from_context_message
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.main import create_app
 from tests import traces
@@ -43,9 +46,26 @@ CONFIG = {
 }
 
 
+def _texts(message: dict[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    return [b["text"] for b in content or [] if b.get("type") == "text"]
+
+
 def check(ctx: dict[str, Any], fmt: str, pending: bool, where: str) -> None:
+    # Pairing, and for Anthropic roles alternating from the user's turn.
     pairing = check_openai_pairing if fmt == "openai" else check_anthropic_pairing
     assert pairing(ctx["messages"], allow_pending=pending) == [], where
+    # A "continue" left by an earlier compaction never heads the kept part, right
+    # after the summary. (When nothing was kept, the prompt of this compaction
+    # itself comes next, rightly.)
+    pivot = ctx["compaction"]
+    if pivot is not None and pivot["first_kept_seq"] < pivot["entry_seq"]:
+        pieces = [t for m in ctx["messages"] for t in _texts(m)]
+        for text, after in itertools.pairwise(pieces):
+            if summary_from_context_message(text) is not None:
+                assert after != CONTINUE_TEXT, f"{where}: a stale continue follows the summary"
     tokens = ctx["tokens"]
     assert tokens["estimated"] <= tokens["budget"], f"{where}: over budget {tokens}"
 

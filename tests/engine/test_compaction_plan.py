@@ -135,3 +135,61 @@ def test_the_split_turn_parts_are_the_summarized_entries(
     assert plan.summarized_tokens + plan.kept_tokens == sum(
         s.entry.tokens for s in srcs if s.entry.role != "system"
     )
+
+
+CONTINUE = "Continue if you have next steps."
+
+
+@PROPERTY
+@given(
+    history=messy_histories(),
+    tokens=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+    keep=st.integers(0, 1500),
+    at=st.lists(st.integers(0, 100), min_size=1, max_size=3),
+)
+def test_a_stale_continue_never_follows_the_summary(
+    history: list[Entry], tokens: list[int], keep: int, at: list[int]
+) -> None:
+    """Earlier automatic compactions left a compaction entry and its "continue"
+    prompt in the window; a later cut never makes a stale one the first kept
+    message, so the summary is never followed by an old "continue" (OpenAI) or
+    by a second user turn made of one (Anthropic)."""
+    assume(storable(history))
+    srcs = sources(history, tokens)
+    for k in sorted(at, reverse=True):
+        pos = k % (len(srcs) + 1)
+        prompt = Entry(role="user", parts=[text_part(CONTINUE)], content_form="string")
+        prompt.tokens = 12
+        earlier = Entry(role="user", parts=[text_part("an earlier summary")], tokens=50)
+        srcs[pos:pos] = [
+            engine.Source(seq=0, kind="compaction", entry=earlier),
+            engine.Source(seq=0, kind="continue", entry=prompt),
+        ]
+    srcs = [engine.Source(i + 1, s.kind, s.entry) for i, s in enumerate(srcs)]
+    plan = plan_of(srcs, keep)
+    if plan is None:
+        return
+    kept = [s for s in srcs if s.seq >= plan.first_kept_seq and s.kind != "compaction"]
+    messages = [s for s in kept if s.entry.role not in ("system", "developer")]
+    if messages and messages[0].kind == "continue":
+        assert messages[0] is messages[-1]  # only the latest prompt, nothing after it
+    # The split turn never starts at a synthetic prompt.
+    if plan.turn_prefix and plan.history:
+        assert plan.turn_prefix[0].role == "user"
+        assert plan.turn_prefix[0].text() != CONTINUE
+    summary = Entry(
+        role="user",
+        parts=[text_part(render_context_message("what happened"))],
+        content_form="string",
+    )
+    pinned = [s.entry for s in srcs if s.seq in set(plan.pinned)]
+    paired = pair_tool_calls([*pinned, summary, *(s.entry for s in kept)])
+    last = next((s.entry for s in reversed(srcs) if s.entry.role != "tool"), None)
+    pending = last is not None and last.role == "assistant" and bool(last.call_ids)
+    rendered = [openai_format.render_message(e) for e in paired]
+    assert check_openai_pairing(rendered, allow_pending=pending) == []
+    after = rendered.index(openai_format.render_message(summary)) + 1
+    if after < len(rendered) - 1:
+        assert rendered[after].get("content") != CONTINUE
+    _, blocks = anthropic_format.render_messages(paired)
+    assert check_anthropic_pairing(blocks, allow_pending=pending) == []

@@ -76,11 +76,16 @@ def candidate_of(items: Sequence[Cuttable], keep: int) -> int:
     return max(i for i in range(len(items) + 1) if sum(x.tokens for x in items[i:]) >= keep)
 
 
-def expected_first_kept(items: Sequence[Cuttable], keep: int) -> int:
+def expected_first_kept(
+    items: Sequence[Cuttable], keep: int, synthetic: frozenset[int] = frozenset()
+) -> int:
     if sum(x.tokens for x in items) < keep:
         return 0
+    stale = {i for i in synthetic if i < len(items) - 1}
     candidate = candidate_of(items, keep)
-    valid = [i for i in range(1, len(items) + 1) if is_valid(items, i)]
+    if candidate in stale:
+        candidate += 1
+    valid = [i for i in range(1, len(items) + 1) if is_valid(items, i) and i not in stale]
     before = [i for i in valid if i <= candidate]
     after = [i for i in valid if i > candidate]
     return max(before) if before else min(after, default=0)
@@ -199,6 +204,39 @@ def test_an_orphan_result_ties_nothing_but_cannot_start_the_kept_part() -> None:
 def test_a_stray_system_entry_is_a_valid_cut_but_starts_no_turn() -> None:
     items = [usr(), ass(), sys(), ass()]
     assert find_cut(items, 200) == Cut(2, turn_start=0, kept_tokens=200, summarized_tokens=200)
+
+
+def cont(tokens: int = 10) -> CutItem:
+    """The "continue" prompt an automatic compaction added (a user entry)."""
+    return CutItem("user", tokens)
+
+
+def test_a_stale_continue_goes_with_the_summarized_part() -> None:
+    items = [usr(), ass("a"), tool("a"), cont(100), ass("b"), tool("b"), ass()]
+    # Without knowing it is synthetic, the cut falls right at it: it would head the kept part.
+    assert find_cut(items, 400) == Cut(3, turn_start=None, kept_tokens=400, summarized_tokens=300)
+    # It is stale (work followed it): it is summarized, and it starts no turn, so
+    # the split turn is the one the user's own message started.
+    assert find_cut(items, 400, synthetic=[3]) == Cut(
+        4, turn_start=0, kept_tokens=300, summarized_tokens=400
+    )
+    assert find_cut(items, 300, synthetic=[3]) == Cut(
+        4, turn_start=0, kept_tokens=300, summarized_tokens=400
+    )
+    assert find_cut(items, 300).turn_start == 3
+
+
+def test_a_stale_continue_before_something_that_cannot_head_stays_inside_the_kept_part() -> None:
+    items = [usr(), ass("a"), tool("a"), cont(100), tool("ghost"), ass()]
+    cut = find_cut(items, 300, synthetic=[3])
+    assert cut == Cut(1, turn_start=0, kept_tokens=500, summarized_tokens=100)
+
+
+def test_the_latest_continue_is_not_stale() -> None:
+    items = [usr(), ass("a"), tool("a"), cont(100)]
+    assert find_cut(items, 100, synthetic=[3]) == Cut(
+        3, turn_start=None, kept_tokens=100, summarized_tokens=300
+    )
 
 
 def test_empty_and_zero_token_histories() -> None:
@@ -346,3 +384,45 @@ def test_the_split_turn_is_described_exactly(case: tuple[Sequence[Cuttable], int
     if items[start].role != "user":
         assert start == 0
         assert all(x.role != "user" for x in items[:i])
+
+
+@st.composite
+def with_continues(draw: st.DrawFn) -> tuple[Sequence[Cuttable], int, frozenset[int]]:
+    """Cases with "continue" prompts of earlier compactions anywhere, often the last entry."""
+    items, keep = draw(cases())
+    marked = [(item, False) for item in items]
+    for _ in range(draw(st.integers(1, 3))):
+        marked.insert(draw(st.integers(0, len(marked))), (cont(draw(TOKENS)), True))
+    if draw(st.booleans()):
+        marked.append((cont(draw(TOKENS)), True))
+    synthetic = frozenset(i for i, (_, is_continue) in enumerate(marked) if is_continue)
+    return [item for item, _ in marked], keep, synthetic
+
+
+@PROPERTY
+@given(with_continues())
+def test_a_stale_continue_never_heads_the_kept_part(
+    case: tuple[Sequence[Cuttable], int, frozenset[int]],
+) -> None:
+    items, keep, synthetic = case
+    cut = find_cut(items, keep, synthetic=synthetic)
+    i = cut.first_kept
+    assert i == expected_first_kept(items, keep, synthetic)
+    if i and i in synthetic:
+        assert i == len(items) - 1  # only the latest prompt may head what is kept
+    # Still never between a call and its results, nor before a running call.
+    for call, result in answers(items):
+        assert (call < i) == (result < i), (call, result, i)
+    pending = running(items)
+    if pending is not None and i:
+        assert i <= pending
+    assert cut.summarized_tokens == sum(x.tokens for x in items[:i])
+    # A synthetic prompt starts no turn: the split turn starts at the user's own message.
+    if cut.turn_start is not None:
+        start = cut.turn_start
+        assert start not in synthetic or start == 0
+        assert items[start].role == "user" or start == 0
+        assert all(
+            x.role != "user" or k in synthetic
+            for k, x in enumerate(items[start + 1 : i], start + 1)
+        )
