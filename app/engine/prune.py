@@ -9,9 +9,12 @@ pivot on) back from the newest entry:
 - the newest ``protect_tokens`` of tool output are kept, counted newest first
   over every tool output walked, those in the protected turns included; the
   output that crosses the threshold is kept whole (we never split an entry);
-- older tool outputs are candidates, except outputs of a protected tool (by
-  name, case-insensitive; they act as instructions and do not count toward the
-  budget either) and outputs no bigger than the placeholder (nothing to gain);
+- older tool outputs are candidates, except outputs of a protected tool (they
+  act as instructions and do not count toward the budget either) and outputs
+  no bigger than the placeholder (nothing to gain). ``protected_tools`` holds
+  names and fnmatch-style patterns, all case-insensitive: seed 000 protects
+  ``skill`` by name and every tool whose type starts with ``tool-`` by prefix,
+  which is ``["skill", "tool-*"]``;
 - the walk stops at a summary pivot and at the first entry already pruned: all
   that is older was settled by an earlier prune, which makes planning again
   after applying a plan a no-op.
@@ -23,7 +26,9 @@ The walk is one plain loop, O(n), with no allocation per entry but the output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fnmatch
+import re
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -64,7 +69,7 @@ class PruneSettings:
     protect_tokens: int = 40_000  # newest tool-output tokens kept
     minimum_tokens: int = 20_000  # prune only if at least this many tokens are saved
     protect_turns: int = 2  # the last N user turns are never touched
-    protected_tools: frozenset[str] = frozenset({"skill"})
+    protected_tools: frozenset[str] = frozenset({"skill"})  # names and fnmatch patterns
     placeholder_tokens: int = 10  # what a pruned output still costs in the view
 
     def __post_init__(self) -> None:
@@ -83,13 +88,32 @@ class PrunePlan:
     scanned: int  # entries examined, the one that stopped the walk included
 
 
+_WILDCARDS = frozenset("*?[")
+
+
+def is_pattern(name: str) -> bool:
+    """Whether a ``protected_tools`` entry is a pattern (``*``, ``?`` or ``[``) rather than a name."""
+    return not _WILDCARDS.isdisjoint(name)
+
+
+def protection(protected_tools: Collection[str]) -> Callable[[str], bool]:
+    """Whether a tool name is protected: equal to a name, or matching a pattern
+    (fnmatch's ``*``, ``?`` and ``[...]``), case-insensitive either way."""
+    names = frozenset(p.casefold() for p in protected_tools if not is_pattern(p))
+    patterns = [fnmatch.translate(p.casefold()) for p in protected_tools if is_pattern(p)]
+    if not patterns:
+        return lambda name: name.casefold() in names
+    matcher = re.compile("|".join(f"(?:{p})" for p in patterns), re.DOTALL)
+    return lambda name: (folded := name.casefold()) in names or matcher.match(folded) is not None
+
+
 def plan_prune(items: Sequence[PruneItem], settings: PruneSettings) -> PrunePlan:
     """The tool results to prune in ``items`` (the view, oldest first)."""
     protect_tokens = settings.protect_tokens
     protect_turns = settings.protect_turns
     placeholder = settings.placeholder_tokens
-    lowered = frozenset(name.casefold() for name in settings.protected_tools)
-    # One casefold per distinct tool name, not per entry.
+    protects = protection(settings.protected_tools)
+    # One match per distinct tool name, not per entry.
     is_protected: dict[str, bool] = {}
 
     turns = 0  # user messages walked so far
@@ -111,7 +135,7 @@ def plan_prune(items: Sequence[PruneItem], settings: PruneSettings) -> PrunePlan
         if name is not None:
             protected = is_protected.get(name)
             if protected is None:
-                protected = is_protected[name] = name.casefold() in lowered
+                protected = is_protected[name] = protects(name)
             if protected:
                 continue
         tokens = item.tokens

@@ -44,7 +44,12 @@ class PruneConfig(Strict):
     protect_tokens: int = Field(40_000, ge=0, le=10_000_000)
     minimum_tokens: int = Field(20_000, ge=0, le=10_000_000)
     protect_turns: int = Field(2, ge=0, le=1000)
-    protected_tools: list[str] = Field(default_factory=lambda: ["skill"], max_length=200)
+    protected_tools: list[str] = Field(
+        default_factory=lambda: ["skill"],
+        max_length=200,
+        description="Tools whose outputs are never pruned: names, or fnmatch-style patterns "
+        '(`*`, `?`, `[...]`), case-insensitive. Seed 000\'s set is `["skill", "tool-*"]`.',
+    )
     placeholder: str = Field(
         "[Old tool result content cleared]",
         min_length=1,

@@ -162,6 +162,28 @@ async def test_protected_tools_and_text_are_never_pruned(client: httpx.AsyncClie
     assert any(e["tool_name"] == "skill" for e in stored.values())
 
 
+async def test_protected_tools_take_patterns(client: httpx.AsyncClient) -> None:
+    """Seed 000's set, a name and a prefix: ``["skill", "tool-*"]``."""
+    config = {**MANUAL, "prune": {**MANUAL["prune"], "protected_tools": ["skill", "tool-*"]}}
+    await make_session(client, id="p", config=config)
+    batches = work(30, skill_every=5)
+    for batch in batches:  # every third bash call is a "Tool-Search" one
+        for m in batch:
+            for call in m.get("tool_calls", []):
+                k = int(call["id"][1:])
+                if call["function"]["name"] == "bash" and k % 3 == 0:
+                    call["function"]["name"] = "Tool-Search"
+    await fill(client, "p", batches)
+    r = await client.get("/v1/sessions/p")
+    assert r.json()["config"]["prune"]["protected_tools"] == ["skill", "tool-*"]
+    stored = {e["seq"]: e for e in await history(client, "p")}
+    result = await prune(client, "p", minimum_tokens=0, protect_tokens=0, protect_turns=0)
+    pruned = {stored[p["seq"]]["tool_name"] for p in result["pruned"]}
+    assert pruned == {"bash"}
+    names = {e["tool_name"] for e in stored.values()}
+    assert {"skill", "Tool-Search", "bash"} <= names
+
+
 async def test_erase_clears_the_stored_output_and_says_how_much(
     client: httpx.AsyncClient,
 ) -> None:

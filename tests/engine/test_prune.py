@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import itertools
 
 import pytest
@@ -13,7 +14,9 @@ from app.engine.prune import Item, PrunePlan, PruneSettings, apply, plan_prune
 
 # --- Generated sessions ------------------------------------------------------------------
 
-TOOL_NAMES = st.sampled_from(["read", "bash", "grep", "edit", "skill", "Skill", "SKILL", None])
+TOOL_NAMES = st.sampled_from(
+    ["read", "bash", "grep", "edit", "skill", "Skill", "SKILL", "tool-search", "Tool-X", None]
+)
 TOOL_TOKENS = st.one_of(
     st.integers(0, 30),  # around the placeholder
     st.integers(0, 3_000),
@@ -65,7 +68,10 @@ def prune_settings(draw: st.DrawFn) -> PruneSettings:
         minimum_tokens=draw(st.sampled_from([0, 20_000]) | st.integers(0, 60_000)),
         protect_turns=draw(st.integers(0, 4)),
         protected_tools=draw(
-            st.frozensets(st.sampled_from(["skill", "Skill", "BASH", "todo"]), max_size=2)
+            st.frozensets(
+                st.sampled_from(["skill", "Skill", "BASH", "todo", "tool-*", "[bg]rep", "re?d"]),
+                max_size=3,
+            )
         ),
         placeholder_tokens=draw(st.sampled_from([0, 10]) | st.integers(0, 40)),
     )
@@ -88,10 +94,19 @@ def turn_start(items: list[Item], turns: int) -> int:
     return users[-turns] if len(users) >= turns else start
 
 
+def shielded(tool_name: str | None, settings: PruneSettings) -> bool:
+    """The tool is named in ``protected_tools`` or matches one of its patterns."""
+    if tool_name is None:
+        return False
+    return any(
+        fnmatch.fnmatchcase(tool_name.casefold(), entry.casefold())
+        for entry in settings.protected_tools
+    )
+
+
 def counted(item: Item, settings: PruneSettings) -> bool:
     """A tool output that counts toward the protection budget (and may be pruned)."""
-    protected = {name.casefold() for name in settings.protected_tools}
-    return item.role == "tool" and (item.tool_name or "").casefold() not in protected
+    return item.role == "tool" and not shielded(item.tool_name, settings)
 
 
 def newer_tool_tokens(items: list[Item], i: int, settings: PruneSettings) -> int:
@@ -136,7 +151,6 @@ def test_planning_again_after_apply_prunes_nothing(
 def test_never_prunes_what_is_protected(items: list[Item], settings: PruneSettings) -> None:
     plan = plan_prune(items, settings)
     at = {it.seq: i for i, it in enumerate(items)}
-    protected = {name.casefold() for name in settings.protected_tools}
     cut = turn_start(items, settings.protect_turns)
     for seq in plan.seqs:
         i = at[seq]
@@ -144,7 +158,7 @@ def test_never_prunes_what_is_protected(items: list[Item], settings: PruneSettin
         assert item.role == "tool"
         assert item.kind == "message"
         assert not item.pruned
-        assert item.tool_name is None or item.tool_name.casefold() not in protected
+        assert not shielded(item.tool_name, settings)
         assert item.tokens > settings.placeholder_tokens
         assert i < cut, "inside the last protect_turns user turns"
         assert newer_tool_tokens(items, i, settings) >= settings.protect_tokens
@@ -393,6 +407,32 @@ def test_protected_tools_are_kept_and_do_not_spend_the_budget() -> None:
     s.tool(30_000, "read")
     settings = PruneSettings(protect_tokens=0, protect_turns=0, protected_tools=frozenset({"BASH"}))
     assert plan_prune(s.items, settings).seqs == (5,)
+
+
+def test_protected_tools_by_pattern_as_seed_000_does() -> None:
+    """Seed 000 protects ``skill`` by name and every ``tool-`` tool by prefix."""
+    s = Session()
+    s.add("user")
+    names = ["bash", "tool-search", "TOOL-Fetch", "skill", "tools-list", "mytool-x"]
+    seq = {name: s.tool(30_000, name) for name in names}
+    settings = PruneSettings(
+        protect_tokens=0, protect_turns=0, protected_tools=frozenset({"skill", "tool-*"})
+    )
+    # Kept: "tool-search" (by prefix), "TOOL-Fetch" (case-insensitive, like names),
+    # "skill" (by name); "tools-list" and "mytool-x" do not start with "tool-".
+    assert plan_prune(s.items, settings).seqs == (
+        seq["bash"],
+        seq["tools-list"],
+        seq["mytool-x"],
+    )
+    # A name is a name: "tool" protects a tool called "tool", not "tool-search".
+    exact = dataclasses.replace(settings, protected_tools=frozenset({"tool"}))
+    assert plan_prune(s.items, exact).seqs == tuple(seq.values())
+    # ? and [...] are patterns too.
+    classes = dataclasses.replace(settings, protected_tools=frozenset({"[bs]ash", "skil?"}))
+    assert plan_prune(s.items, classes).seqs == tuple(
+        seq[n] for n in names if n not in ("bash", "skill")
+    )
 
 
 def test_walk_stops_at_a_summary_pivot() -> None:
