@@ -37,6 +37,13 @@ REPLY_PRIMING_TOKENS = 3
 IMAGE_LOW_DETAIL_TOKENS = 85
 IMAGE_TILE_TOKENS = 170
 IMAGE_DEFAULT_TOKENS = 765  # a 1024x1024 image at high detail: 4 tiles + base
+# Seed 000's MAX_TOKENS_PER_PART: the most a part whose cost is estimated rather
+# than counted (an image, an opaque reasoning blob) may weigh, so that one odd
+# part cannot make the verdict jump. Text counted with tiktoken is exact and is
+# never capped.
+MAX_TOKENS_PER_PART = 50_000
+# Opaque text is counted in slices of this many characters, stopping at the cap.
+_OPAQUE_SLICE_CHARS = 65_536
 
 _install_lock = threading.Lock()
 
@@ -104,8 +111,32 @@ def _image_size(part: Part) -> tuple[int, int] | None:
     return None
 
 
+def capped_estimate(tokens: int) -> int:
+    """A per-part estimate within :data:`MAX_TOKENS_PER_PART`."""
+    return min(tokens, MAX_TOKENS_PER_PART)
+
+
+def count_opaque(text: str, encoding: EncodingName = "o200k_base") -> int:
+    """An estimate for text the model never reads as written (an encrypted
+    reasoning blob: the provider bills the reasoning it stands for, which nobody
+    here can see): its tiktoken length, capped at :data:`MAX_TOKENS_PER_PART`.
+    Counted slice by slice, so a blob of megabytes stops at the cap instead of
+    being tokenized whole (a token split at a slice's edge counts twice)."""
+    total = 0
+    for start in range(0, len(text), _OPAQUE_SLICE_CHARS):
+        total += count_text(text[start : start + _OPAQUE_SLICE_CHARS], encoding)
+        if total >= MAX_TOKENS_PER_PART:
+            break
+    return capped_estimate(total)
+
+
 def count_image(part: Part) -> int:
-    """OpenAI's tile formula: fit in 2048x2048, shortest side 768, 170 per 512px tile + 85."""
+    """OpenAI's tile formula: fit in 2048x2048, shortest side 768, 170 per 512px tile + 85
+    (an estimate: within :data:`MAX_TOKENS_PER_PART`)."""
+    return capped_estimate(_image_tokens(part))
+
+
+def _image_tokens(part: Part) -> int:
     if part.get("detail") == "low":
         return IMAGE_LOW_DETAIL_TOKENS
     size = _image_size(part)
@@ -123,11 +154,13 @@ def count_image(part: Part) -> int:
 def count_part(part: Part, encoding: EncodingName) -> int:
     kind = part["type"]
     if kind == "text":
-        return count_text(part["text"], encoding)
+        return count_text(part.get("text", ""), encoding)
     if kind == "image":
         return count_image(part)
     if kind == "reasoning":
-        return count_text(part.get("text") or part.get("redacted", ""), encoding)
+        if "redacted" in part:
+            return count_opaque(part["redacted"], encoding)
+        return count_text(part.get("text", ""), encoding)
     if kind == "tool_call":
         return (
             TOOL_CALL_OVERHEAD_TOKENS

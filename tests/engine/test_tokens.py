@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import random
 import struct
 import zlib
 from pathlib import Path
@@ -152,6 +153,47 @@ def test_count_entry_counts_tool_result_id_and_reasoning() -> None:
     assert count_entry(thinking) == 3 + 2
     redacted = Entry(role="assistant", parts=[{"type": "reasoning", "redacted": "hello world"}])
     assert count_entry(redacted) == 3 + 2
+
+
+def opaque_blob(chars: int) -> str:
+    """Base64 of random bytes, like an encrypted reasoning block."""
+    return base64.b64encode(random.Random(chars).randbytes(chars * 3 // 4)).decode()[:chars]
+
+
+def test_an_opaque_part_is_an_estimate_capped_per_part() -> None:
+    """Seed 000's MAX_TOKENS_PER_PART: one odd part cannot make the verdict jump."""
+    blob = opaque_blob(2_000_000)  # ~1.5 MB of encrypted reasoning: far over 50k tokens
+    assert count_text(blob) > tokens.MAX_TOKENS_PER_PART
+    redacted = Entry(role="assistant", parts=[{"type": "reasoning", "redacted": blob}])
+    assert count_entry(redacted) == 3 + tokens.MAX_TOKENS_PER_PART
+    # Below the cap it is the plain count, as before.
+    small = opaque_blob(4_000)
+    assert tokens.count_opaque(small) == count_text(small)
+    # Two such parts are capped each, not together.
+    two = Entry(
+        role="assistant",
+        parts=[{"type": "reasoning", "redacted": blob}, {"type": "reasoning", "redacted": blob}],
+    )
+    assert count_entry(two) == 3 + 2 * tokens.MAX_TOKENS_PER_PART
+
+
+def test_counted_text_is_exact_and_never_capped() -> None:
+    """A text counted with tiktoken is exact: no cap, however long (reasoning,
+    message text and tool arguments alike)."""
+    text = opaque_blob(400_000)
+    exact = count_text(text)
+    assert exact > tokens.MAX_TOKENS_PER_PART
+    assert count_entry(Entry(role="user", parts=[{"type": "text", "text": text}])) == 3 + exact
+    thinking = Entry(role="assistant", parts=[{"type": "reasoning", "text": text}])
+    assert count_entry(thinking) == 3 + exact
+    call = {"type": "tool_call", "id": "c", "name": "f", "arguments": f'{{"a": "{text}"}}'}
+    assert count_entry(Entry(role="assistant", parts=[call])) > 3 + exact
+
+
+def test_an_estimate_is_capped_and_a_small_one_kept() -> None:
+    assert tokens.capped_estimate(10**9) == tokens.MAX_TOKENS_PER_PART
+    assert tokens.capped_estimate(tokens.MAX_TOKENS_PER_PART + 1) == tokens.MAX_TOKENS_PER_PART
+    assert tokens.capped_estimate(765) == 765
 
 
 @pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import random
 from typing import Any
 
 import httpx
 
+from app.engine.tokens import MAX_TOKENS_PER_PART, count_text
 from tests.conftest import make_session
 from tests.helpers import append, append_ok, assert_problem, get_session, history, tool_call
 
@@ -162,6 +165,33 @@ async def test_append_anthropic_and_read_back(client: httpx.AsyncClient) -> None
     assert calls[0]["function"]["name"] == "bash"
     assert as_openai[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "a.py\n"}
     assert as_openai[3]["tool_call_id"] == "toolu_2"
+
+
+async def test_an_opaque_reasoning_block_costs_at_most_the_per_part_cap(
+    client: httpx.AsyncClient,
+) -> None:
+    """Seed 000's MAX_TOKENS_PER_PART: a 1 MB encrypted reasoning block is an
+    estimate, capped at 50,000 tokens, and is stored whole."""
+    await make_session(client, id="r", model="claude-sonnet-4", context_window=200_000)
+    blob = base64.b64encode(random.Random(7).randbytes(750_000)).decode()
+    assert count_text(blob) > MAX_TOKENS_PER_PART
+    turn: list[dict[str, Any]] = [
+        {"role": "user", "content": "think hard"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "redacted_thinking", "data": blob},
+                {"type": "text", "text": "ok"},
+            ],
+        },
+    ]
+    body = await append_ok(client, "r", turn, fmt="anthropic")
+    reply = body["entries"][1]
+    assert reply["tokens"] == 3 + MAX_TOKENS_PER_PART + count_text("ok")
+    session = await get_session(client, "r")
+    assert session["stored_tokens"] == sum(e["tokens"] for e in body["entries"])
+    stored = await history(client, "r", fmt="anthropic")
+    assert stored[1]["message"] == turn[1]
 
 
 async def test_openai_messages_read_back_in_anthropic_format(client: httpx.AsyncClient) -> None:
