@@ -20,8 +20,8 @@ import httpx
 
 from app.engine import catalog, tokens
 from app.engine.compaction import Plan, final_summary
+from app.engine.extractive import FOCUS_LABEL, extractive_summary, focus_terms
 from app.engine.extractive import NOTE as EXTRACTIVE_NOTE
-from app.engine.extractive import extractive_summary
 from app.engine.model import Entry
 from app.engine.summary import (
     build_prompt,
@@ -78,7 +78,11 @@ class RetryLater(Exception):
         self.reason = reason
 
 
-def extractive(plan: Plan, previous_summary: str | None) -> Summarized:
+def extractive(
+    plan: Plan, previous_summary: str | None, instructions: str | None = None
+) -> Summarized:
+    """The summary without a model; ``instructions`` are its focus (see
+    :mod:`app.engine.extractive`), and the job's notes say what became of them."""
     entries = [*plan.history, *plan.turn_prefix]
     body = extractive_summary(
         entries,
@@ -86,12 +90,33 @@ def extractive(plan: Plan, previous_summary: str | None) -> Summarized:
         read_files=plan.file_ops.read,
         modified_files=plan.file_ops.modified,
         max_chars=plan.summary_chars,
+        instructions=instructions,
     )
+    notes = [_focus_note(instructions, body)] if instructions and instructions.strip() else []
     return Summarized(
         summary=final_summary(body, None, plan.file_ops, plan.summary_chars),
         short_summary=_short_from(body),
         used="extractive",
+        notes=notes,
     )
+
+
+def _focus_note(instructions: str, body: str) -> str:
+    """What the extractive summary made of the instructions, for the job's record."""
+    terms = focus_terms(instructions)
+    if not terms:
+        return "extractive summary: the instructions name nothing to look for; quoted as its focus"
+    # The summary without the line that quotes the instructions back.
+    echo = f"- {FOCUS_LABEL.lower()}"
+    rest = "\n".join(line for line in body.lower().splitlines() if not line.startswith(echo))
+    found = [t for t in terms if t in rest]
+    missing = [t for t in terms if t not in rest]
+    note = "extractive summary: instructions used as its focus"
+    if found:
+        note += f"; kept what names {', '.join(found)}"
+    if missing:
+        note += f"; not in the summarized history: {', '.join(missing)}"
+    return note
 
 
 def _short_from(summary: str) -> str | None:
@@ -259,7 +284,7 @@ async def summarize(
     failed in a retryable way and attempts remain; otherwise falls back to the
     extractive summarizer, and says why in ``notes``."""
     if llm is None:
-        return extractive(plan, previous_summary)
+        return extractive(plan, previous_summary, instructions)
     call = _Call(llm)
     budget = input_budget(llm.model, llm.config.max_output_tokens)
     try:
@@ -287,7 +312,7 @@ async def summarize(
                 rand=backoff.rand,
             )
             raise RetryLater(delay, f"upstream {exc.kind}: {exc}") from exc
-        fallback = extractive(plan, previous_summary)
+        fallback = extractive(plan, previous_summary, instructions)
         fallback.notes.append(f"upstream {exc.kind} (attempt {attempt}): {exc}; used extractive")
         fallback.upstream_model = call.model
         fallback.usage = call.usage

@@ -17,7 +17,15 @@ the same shape whichever way its history was compacted.
 - **Critical Context**: the agent's findings and the latest tool output.
 - **Lookup Hints**: exact strings worth searching the archived history for.
 
-Lists are newest first. Given the previous summary, the new one carries it
+Given ``instructions`` (the user's extra focus, ``/compact <instructions>``),
+the summary follows them as far as a summary without a model can: their
+distinctive terms (words that are not common English, and every quoted or
+backticked span) are looked for in the whole history, however old, and the
+lines that hold them open Critical Context, after the instructions themselves
+("Focus asked for: …"); in every list, the items that name a term come first,
+so they are the last to go when the summary is cut to size.
+
+Lists are newest first (focus items ahead). Given the previous summary, the new one carries it
 forward: its sections are parsed (those written here exactly, a model's
 structured summary as well as can be done, a prose summary as its goal) and
 merged, the original goal kept and the lists deduplicated and capped, so a
@@ -30,6 +38,7 @@ list stops at its cap, so a 200k-token history takes milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +76,14 @@ OUTPUT_TAIL_CHARS = 300
 MIN_ITEM_CHARS = 40
 ERROR_SCAN_CHARS = 16_000  # how much of a failed output's end is searched for errors
 PARSED_ITEM_CHARS = 600  # items read back from a summary; ours are all shorter
+
+# The instructions' focus: how many terms, excerpts, and how wide an excerpt.
+FOCUS_LABEL = "Focus asked for:"
+FOCUS_TERMS = 12
+FOCUS_ITEMS = 6
+FOCUS_LINES_PER_TERM = 4
+FOCUS_WINDOW = 160  # characters either side of a term in a long line
+FOCUS_SHARE = 0.10  # of max_chars, on top of Critical Context's own share
 
 # How many items each list keeps, at most.
 CAPS = {
@@ -126,6 +143,9 @@ class SummaryFacts:
     next: list[str] = field(default_factory=list)
     critical: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
+    # The instructions and what the history says of their terms: the head of
+    # Critical Context (a previous summary's are read back as critical items).
+    focus: list[str] = field(default_factory=list)
 
     def items(self, key: str) -> list[str]:
         """The list of section ``key`` (one of the keys of :data:`HEADINGS` but goal)."""
@@ -405,6 +425,14 @@ def _file_key(item: str) -> str:
     return m[1] if m else _key(item)
 
 
+def _done_line(h: _History, call: _Call) -> str:
+    line = _call_line(call, COMMAND_CHARS)
+    result = h.result_of.get(call.part["id"])
+    if result is not None and _failed(result, result.text()):
+        line += FAILED_MARK
+    return line
+
+
 def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[str]) -> SummaryFacts:
     facts = SummaryFacts()
     if h.user:
@@ -419,11 +447,7 @@ def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[st
 
     done: list[str] = []
     for call in reversed(h.calls):
-        line = _call_line(call, COMMAND_CHARS)
-        result = h.result_of.get(call.part["id"])
-        if result is not None and _failed(result, result.text()):
-            line += FAILED_MARK
-        done.append(line)
+        done.append(_done_line(h, call))
         if len(done) >= CAPS["done"] * 2:  # room for duplicates
             break
     facts.done = _dedupe(done, CAPS["done"], _done_key)
@@ -490,6 +514,148 @@ def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[st
         hints += (_code(m[1].strip()) for m in _BACKTICKED.finditer(text) if _findable(m[1]))
     facts.hints = _dedupe(hints, CAPS["hints"])
     return facts
+
+
+# --- The instructions' focus ---------------------------------------------------------
+
+# Words an instruction is made of rather than what it is about.
+_COMMON_WORDS = """
+    a about above after again all also always am an and any anything are as at be because
+    been before being below between both but by can cannot could detail details did didn do
+    does doesn doing don done during each else especially even every everything few focus
+    for from further get got had has have having he her here hers him his how however i if
+    important in include including info information into is isn it its itself just keep
+    kept know let like make many me mention mentions might more most much must my need
+    needs no nor not note notes now of off on once one only or other our out over own
+    particular particularly please point points preserve rather really remember retain said
+    same say see she should shouldn so some something such summarise summarize summary sure
+    than that the their them then there these they thing things this those through to too
+    track under until up upon us very want was wasn way we were what when where whether
+    which while who whom why will with won work would wouldn yes yet you your yours
+"""
+_COMMON = frozenset(_COMMON_WORDS.split())
+_SPAN = re.compile(r"`([^`\n]{2,80})`|\"([^\"\n]{3,80})\"|\u201c([^\u201d\n]{3,80})\u201d")
+_WORD = re.compile(r"\w[\w./:-]*\w|\w")
+
+
+def focus_terms(instructions: str | None) -> list[str]:
+    """The distinctive terms of ``instructions``, lowercase, most specific first:
+    every backticked or double-quoted span, then the words of three characters
+    or more that are not common English, longest first; at most
+    :data:`FOCUS_TERMS`."""
+    if not instructions:
+        return []
+    spans = [next(g for g in m.groups() if g).strip().lower() for m in _SPAN.finditer(instructions)]
+    words = [
+        w
+        for w in (m[0].lower() for m in _WORD.finditer(instructions))
+        if len(w) >= 3 and w not in _COMMON and not w.isdigit()
+    ]
+    ordered = [t for t in spans if t] + sorted(dict.fromkeys(words), key=len, reverse=True)
+    return list(dict.fromkeys(ordered))[:FOCUS_TERMS]
+
+
+@dataclass(frozen=True, slots=True)
+class _Focus:
+    instructions: str
+    terms: tuple[str, ...]
+    pattern: re.Pattern[str] | None
+
+    @classmethod
+    def of(cls, instructions: str) -> _Focus:
+        terms = tuple(focus_terms(instructions))
+        pattern = re.compile("|".join(map(re.escape, terms)), re.I) if terms else None
+        return cls(instructions, terms, pattern)
+
+    def names(self, item: str) -> bool:
+        return self.pattern is not None and self.pattern.search(item) is not None
+
+
+def _texts_newest_first(entries: Sequence[Entry], h: _History) -> Iterator[tuple[str, str]]:
+    """(where it comes from, text) of every entry, newest first; a compaction
+    summary message is left out (the previous summary is carried forward as such)."""
+    for entry in reversed(entries):
+        if entry.role == "tool":
+            origin = h.call_of.get(entry.tool_call_id or "")
+            label = f"output of {_call_line(origin, 60)}" if origin is not None else "tool output"
+            yield label, entry.text()
+        elif entry.role == "assistant":
+            for part in reversed(entry.tool_calls()):
+                yield "call", _call_line(_Call(part, _command(part)), COMMAND_CHARS)
+            yield "assistant", entry.text()
+        elif entry.role == "user":
+            text = entry.text()
+            if summary_from_context_message(text) is None:
+                yield "user", text
+
+
+def _excerpt(text: str, start: int, end: int) -> str:
+    """The line around ``text[start:end]``, clipped to :data:`FOCUS_WINDOW` either side."""
+    lo = text.rfind("\n", 0, start) + 1
+    hi = text.find("\n", end)
+    hi = len(text) if hi < 0 else hi
+    left, right = max(lo, start - FOCUS_WINDOW), min(hi, end + FOCUS_WINDOW)
+    line = text[left:right]
+    return ("…" if left > lo else "") + line + ("…" if right < hi else "")
+
+
+def _focus_items(entries: Sequence[Entry], h: _History, focus: _Focus) -> list[str]:
+    """The lines of the history that name the focus terms, the most specific first.
+
+    Every text is looked through (a substring test per term, newest first), so a
+    term said once, long ago, is found. A line's weight is the sum, over the
+    terms it names, of one over the number of texts naming that term: a rare
+    term outweighs a common one. Ties go to the newer line.
+    """
+    if not focus.terms:
+        return []
+    seen_in = dict.fromkeys(focus.terms, 0)
+    found: list[tuple[int, str]] = []  # (recency, item)
+    wanted = dict.fromkeys(focus.terms, FOCUS_LINES_PER_TERM)
+    singles = {t: re.compile(re.escape(t), re.I) for t in focus.terms}
+    for recency, (label, text) in enumerate(_texts_newest_first(entries, h)):
+        if not text:
+            continue
+        lowered = text.lower()
+        for term in focus.terms:
+            if term not in lowered:
+                continue
+            seen_in[term] += 1
+            if wanted[term] <= 0:
+                continue
+            m = singles[term].search(text)
+            if m is None:  # lowercasing moved it: a rare Unicode case
+                continue
+            wanted[term] -= 1
+            excerpt = _one_line(_excerpt(text, m.start(), m.end()), SENTENCE_CHARS)
+            found.append((recency, excerpt if label == "call" else f"{label}: {excerpt}"))
+
+    def weight(item: str) -> float:
+        lowered = item.lower()
+        return sum(1 / seen_in[t] for t in focus.terms if seen_in[t] and t in lowered)
+
+    ranked = sorted(found, key=lambda f: (-weight(f[1]), f[0]))
+    return _dedupe((item for _, item in ranked), FOCUS_ITEMS)
+
+
+def _apply_focus(
+    facts: SummaryFacts, entries: Sequence[Entry], h: _History, instructions: str
+) -> None:
+    """Put the instructions' focus into ``facts``: their excerpts at the head of
+    Critical Context, and in every list the items that name a term first."""
+    focus = _Focus.of(instructions)
+    if focus.pattern is not None:
+        # The commands that name a term, however old (the list holds the newest only).
+        named = (c for c in reversed(h.calls) if focus.names(_call_line(c, COMMAND_CHARS)))
+        older = [_done_line(h, c) for c in itertools.islice(named, CAPS["done"])]
+        facts.done = _dedupe([*older, *facts.done], CAPS["done"], _done_key)
+    for key in LISTS:
+        items = facts.items(key)
+        items[:] = [i for i in items if focus.names(i)] + [i for i in items if not focus.names(i)]
+    facts.focus = [
+        f"{FOCUS_LABEL} {_one_line(instructions, STATE_CHARS)}",
+        *_focus_items(entries, h, focus),
+    ]
 
 
 # --- Reading a previous summary ------------------------------------------------------
@@ -628,11 +794,15 @@ def _merge(new: SummaryFacts, old: SummaryFacts) -> SummaryFacts:
         later = [*new.latest, *old.latest]
     original = _key(merged.original or "")
     merged.latest = _dedupe((t for t in later if _key(t) != original), CAPS["latest"])
+    merged.focus = new.focus
+    focused = {_key(i) for i in new.focus}
     for key in LISTS:
         if key in ("in_progress", "next"):
             items = new.items(key) or old.items(key)
         else:
             items = new.items(key) + old.items(key)
+        if key == "critical":  # a previous summary's focus, asked again
+            items = [i for i in items if _key(i) not in focused]
         dedupe_key = {"done": _done_key, "blocked": _blocked_key, "files": _file_key}.get(key, _key)
         merged.items(key).extend(_dedupe(items, CAPS[key], dedupe_key))
     return merged
@@ -654,6 +824,8 @@ def _render_goal(facts: SummaryFacts) -> str:
 
 def _render_list(facts: SummaryFacts, key: str) -> str:
     items = facts.items(key)
+    if key == "critical":
+        items = facts.focus + items
     body = "\n".join(f"- {i}" for i in items) if items else NONE_RECORDED
     return f"{HEADINGS[key]}\n{body}"
 
@@ -674,7 +846,12 @@ def _trim(facts: SummaryFacts, key: str) -> bool:
             facts.original = None if too_short else shorter
             return True
         return False
-    items = facts.items(key)
+    # The focus goes last: it is what the user asked this summary to keep.
+    lists = [facts.items(key), facts.focus] if key == "critical" else [facts.items(key)]
+    return any(_trim_list(items) for items in lists)
+
+
+def _trim_list(items: list[str]) -> bool:
     if len(items) > 1:
         items.pop()
         return True
@@ -691,10 +868,13 @@ def _render(facts: SummaryFacts, max_chars: int) -> str:
     keys = list(HEADINGS)
     sizes = {k: len(_render_section(facts, k)) for k in keys}
     separators = 2 * len(keys)  # a blank line after the note and between sections
+    shares = dict(SHARES)
+    if facts.focus:
+        shares["critical"] += FOCUS_SHARE
     stuck: set[str] = set()
     while len(NOTE) + separators + sum(sizes.values()) > max_chars and len(stuck) < len(keys):
         key = max(
-            (k for k in keys if k not in stuck), key=lambda k: sizes[k] - SHARES[k] * max_chars
+            (k for k in keys if k not in stuck), key=lambda k: sizes[k] - shares[k] * max_chars
         )
         before = sizes[key]
         if _trim(facts, key):
@@ -712,6 +892,7 @@ def extractive_summary(
     read_files: Sequence[str] = (),
     modified_files: Sequence[str] = (),
     max_chars: int = DEFAULT_MAX_CHARS,
+    instructions: str | None = None,
 ) -> str:
     """A structured summary of ``entries`` without a model, at most ``max_chars`` long.
 
@@ -719,11 +900,14 @@ def extractive_summary(
     carried forward; when it is None and the entries open with a compaction
     summary message (:func:`app.engine.summary.render_context_message`), that
     one is. ``read_files`` and ``modified_files`` are the cumulative file lists.
+    ``instructions`` are the focus asked for (see the module's docstring).
     The result has no file tags; add them with
     :func:`app.engine.summary.with_file_tags` like any other summary.
     """
     history = _read(entries)
     facts = _extract(history, read_files, modified_files)
+    if instructions is not None and instructions.strip():
+        _apply_focus(facts, entries, history, instructions.strip())
     previous = previous_summary if previous_summary is not None else history.context_summary
     if previous is not None and previous.strip():
         facts = _merge(facts, parse_summary(previous))

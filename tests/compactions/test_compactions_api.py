@@ -128,6 +128,30 @@ async def test_manual_compaction_moves_the_pivot_and_keeps_everything_stored(
     assert [e["message"] for e in replaced] == [e["message"] for e in expected]
 
 
+async def test_the_extractive_summary_follows_the_instructions(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    """A term the instructions name, said once in an old tool output that the
+    summary would otherwise drop, is kept; the job's notes say so."""
+    for sid in ("plain", "focused"):
+        await make_session(client, id=sid, config=MANUAL)
+        batches = conversation(20)
+        batches[2][1]["content"] += "\nnote: WIDGET_SEED=4711 comes from the fixture"
+        await fill(client, sid, batches)
+    plain = await request(client, "plain")
+    focused = await request(client, "focused", instructions="What do we know of widget_seed?")
+    assert await drain(app) == 2
+    plain = await compaction(client, "plain", plain["id"])
+    focused = await compaction(client, "focused", focused["id"])
+    assert plain["status"] == focused["status"] == "succeeded"
+    assert focused["summarizer_used"] == "extractive"
+    assert "WIDGET_SEED" not in plain["summary"]
+    assert "Focus asked for: What do we know of widget_seed?" in focused["summary"]
+    assert "WIDGET_SEED=4711 comes from the fixture" in focused["summary"]
+    assert any("kept what names widget_seed" in n for n in focused["details"]["notes"])
+    assert not any("focus" in n for n in plain["details"]["notes"])
+
+
 async def test_a_second_compaction_updates_the_first(app: Any, client: httpx.AsyncClient) -> None:
     await make_session(client, id="t", config=MANUAL)
     await fill(client, "t", conversation(20))

@@ -16,6 +16,7 @@ from app.engine.extractive import (
     NONE_RECORDED,
     SummaryFacts,
     extractive_summary,
+    focus_terms,
     parse_summary,
 )
 from app.engine.model import Entry
@@ -460,3 +461,80 @@ def test_real_trace_compacted_in_five_steps_keeps_the_first_request(path: Path) 
     last_call = next(e for e in reversed(entries) if e.tool_calls()).tool_calls()[-1]
     command = json.loads(last_call["arguments"])["command"].strip().splitlines()[0]
     assert section(summary, "### Done").startswith(f"- `{command[:60]}")
+
+
+# --- Instructions: the focus ----------------------------------------------------------
+
+
+def long_session(secret_at: int, steps: int = 60) -> list[Entry]:
+    """Many tool steps; one early output alone says ``QUUX_LIMIT=17``."""
+    entries: list[Entry] = [user("Tidy up the build scripts.")]
+    for k in range(steps):
+        output = f"<returncode>0</returncode>\nbuilt target {k}\n" + "ok\n" * 20
+        if k == secret_at:
+            output += "note: QUUX_LIMIT=17 is read from ~/.config/build.ini\n"
+        entries += [assistant(f"Step {k}.", (f"c{k}", f"make target{k}")), result(f"c{k}", output)]
+    return entries
+
+
+def test_a_term_named_in_the_instructions_survives_from_an_otherwise_dropped_part() -> None:
+    entries = long_session(secret_at=3)
+    plain = extractive_summary(entries, max_chars=4_000)
+    assert "QUUX_LIMIT" not in plain  # an old, successful output: nothing keeps it
+    focused = extractive_summary(
+        entries, max_chars=4_000, instructions="Keep what we learned about quux_limit."
+    )
+    assert len(focused) <= 4_000
+    critical = section(focused, "## Critical Context")
+    lines = critical.splitlines()
+    # The instructions are quoted back as the focus, then the line that names the term.
+    assert lines[0] == "- Focus asked for: Keep what we learned about quux_limit."
+    assert "QUUX_LIMIT=17 is read from ~/.config/build.ini" in lines[1]
+    assert lines[1].startswith("- output of `make target3`: ")
+    assert tuple(headings(focused)) == HEADINGS  # the same layout as ever
+
+
+def test_focus_terms_leave_out_common_words_and_keep_quoted_spans() -> None:
+    assert focus_terms('Please focus on the `retry_after` handling and the "rate limit" bug')[
+        :2
+    ] == ["retry_after", "rate limit"]
+    assert "handling" in focus_terms("focus on the handling")
+    assert focus_terms("keep it short and please be sure") == ["short"]
+    assert focus_terms("") == focus_terms(None) == []
+    assert focus_terms("Don't lose the API keys") == ["lose", "keys", "api"]
+
+
+def test_the_focus_prefers_rare_terms_and_survives_a_small_summary() -> None:
+    entries = long_session(secret_at=5)
+    # "target" is everywhere; "quux_limit" once: its line comes first.
+    focused = extractive_summary(
+        entries, max_chars=2_500, instructions="target builds and QUUX_LIMIT"
+    )
+    assert len(focused) <= 2_500
+    critical = section(focused, "## Critical Context").splitlines()
+    assert critical[0].startswith("- Focus asked for:")
+    assert "QUUX_LIMIT=17" in critical[1]
+
+
+def test_items_that_name_a_term_come_first_in_each_list() -> None:
+    entries = long_session(secret_at=-1)
+    focused = extractive_summary(entries, instructions="what happened to target7?")
+    done = section(focused, "## Progress\n\n### Done").splitlines()
+    assert done[0] == "- `make target7`"
+
+
+def test_instructions_carry_into_the_next_summary_once() -> None:
+    first = extractive_summary(long_session(secret_at=2), instructions="QUUX_LIMIT")
+    again = extractive_summary(
+        [user("more"), assistant("done")], previous_summary=first, instructions="QUUX_LIMIT"
+    )
+    assert again.count("Focus asked for: QUUX_LIMIT") == 1
+    assert "QUUX_LIMIT=17" in again  # carried forward from the previous summary
+    later = extractive_summary([user("more"), assistant("done")], previous_summary=first)
+    assert "QUUX_LIMIT=17" in later
+
+
+def test_no_instructions_no_focus() -> None:
+    summary = extractive_summary(SESSION)
+    assert "Focus asked for" not in summary
+    assert summary == extractive_summary(SESSION, instructions="   ")
