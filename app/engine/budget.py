@@ -105,21 +105,47 @@ def verdict(acc: Accounting, window: Window, thresholds: Thresholds) -> Verdict:
 CALIBRATION_ALPHA = 0.2
 CALIBRATION_MIN = 0.5
 CALIBRATION_MAX = 3.0
+# A report calibrates only when it can be compared with the counted context:
+# at least this many counted tokens (below it, an unstored system prompt or the
+# per-message framing is a large share of the prompt, and the ratio says more
+# about that than about the tokenizer)...
+CALIBRATION_MIN_COUNTED = 1_000
+# ...and a ratio of reported to counted a tokenizer can explain. Tokenizers
+# differ by tens of percent; a prompt four times the context (or a quarter of
+# it) holds something else: a system prompt or tool schemas the session does
+# not hold, or another context than the one counted.
+CALIBRATION_PLAUSIBLE_MIN = 0.25
+CALIBRATION_PLAUSIBLE_MAX = 4.0
+
+
+def comparable(actual_tokens: int, counted_tokens: int) -> bool:
+    """Whether a report of ``actual_tokens`` can calibrate against ``counted_tokens``."""
+    if actual_tokens <= 0 or counted_tokens < CALIBRATION_MIN_COUNTED:
+        return False
+    ratio = actual_tokens / counted_tokens
+    return CALIBRATION_PLAUSIBLE_MIN <= ratio <= CALIBRATION_PLAUSIBLE_MAX
+
+
+def _clamped(value: float) -> float:
+    return min(CALIBRATION_MAX, max(CALIBRATION_MIN, value))
 
 
 def calibrate(factor: float, actual_tokens: int, counted_tokens: int) -> float:
     """The calibration factor after a usage report (seed 002, layer 1).
 
-    An exponential moving average (alpha 0.2) of actual/counted, clamped to
+    An exponential moving average (alpha 0.2) of actual/counted, within
     [0.5, 3.0]: slow enough to ride out one odd turn, and bounded so an unusual
-    payload cannot run the estimate away. A report with nothing to compare
-    (either side zero) leaves the factor as it is.
+    payload cannot run the estimate away. The ratio is clamped before it is
+    averaged, so one report moves the factor by at most alpha of the way to the
+    bound, never onto it. A report that cannot be compared (see
+    :func:`comparable`) leaves the factor as it is; its prompt size still
+    serves as the estimate's exact base.
     """
-    if actual_tokens <= 0 or counted_tokens <= 0:
+    if not comparable(actual_tokens, counted_tokens):
         return factor
-    ratio = actual_tokens / counted_tokens
-    updated = (1 - CALIBRATION_ALPHA) * factor + CALIBRATION_ALPHA * ratio
-    return round(min(CALIBRATION_MAX, max(CALIBRATION_MIN, updated)), 6)
+    target = _clamped(actual_tokens / counted_tokens)
+    updated = factor + CALIBRATION_ALPHA * (target - factor)
+    return round(_clamped(updated), 6)
 
 
 def urgent(action: Action) -> bool:

@@ -8,7 +8,12 @@ from typing import Any
 import httpx
 import pytest
 
-from app.engine.budget import CALIBRATION_MAX, CALIBRATION_MIN
+from app.engine.budget import (
+    CALIBRATION_ALPHA,
+    CALIBRATION_MAX,
+    CALIBRATION_MIN,
+    CALIBRATION_MIN_COUNTED,
+)
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session
@@ -22,7 +27,9 @@ async def usage(client: httpx.AsyncClient, session_id: str, **body: Any) -> dict
 
 
 def turn(k: int) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Step {k}: " + "explain the failing test output. " * 20}]
+    """A user turn of about 1,200 tokens: on its own enough to calibrate against
+    (CALIBRATION_MIN_COUNTED)."""
+    return [{"role": "user", "content": f"Step {k}: " + "explain the failing test output. " * 200}]
 
 
 async def test_usage_calibrates_and_sets_the_exact_base(client: httpx.AsyncClient) -> None:
@@ -110,11 +117,44 @@ async def test_calibration_converges_to_a_tokenizer_that_counts_more(
 
 async def test_calibration_is_clamped(client: httpx.AsyncClient) -> None:
     await make_session(client, id="clamp")
-    await append_ok(client, "clamp", turn(1))
-    high = [await usage(client, "clamp", input_tokens=10_000_000) for _ in range(30)]
-    assert max(b["calibration_factor"] for b in high) == CALIBRATION_MAX
-    low = [await usage(client, "clamp", input_tokens=1) for _ in range(60)]
-    assert min(b["calibration_factor"] for b in low) == CALIBRATION_MIN
+    appended = await append_ok(client, "clamp", turn(1))
+    counted = appended["context_tokens"] + REPLY_PRIMING_TOKENS
+    # A provider counting 3.9x (plausible, beyond the bound): the factor climbs to
+    # the bound and stops there; then 0.26x takes it down to the other bound.
+    high = [await usage(client, "clamp", input_tokens=round(3.9 * counted)) for _ in range(60)]
+    assert all(b["calibration_factor"] <= CALIBRATION_MAX for b in high)
+    assert high[-1]["calibration_factor"] == pytest.approx(CALIBRATION_MAX, abs=1e-4)
+    low = [await usage(client, "clamp", input_tokens=round(0.26 * counted)) for _ in range(60)]
+    assert all(b["calibration_factor"] >= CALIBRATION_MIN for b in low)
+    assert low[-1]["calibration_factor"] == pytest.approx(CALIBRATION_MIN, abs=1e-4)
+
+
+async def test_one_odd_report_does_not_send_the_factor_to_its_clamp(
+    client: httpx.AsyncClient,
+) -> None:
+    """A large prompt against a session whose counted tokens are tiny moved the
+    factor from 1.0 straight to 3.0, tripling every estimate after it."""
+    await make_session(client, id="odd")
+    small = await append_ok(client, "odd", [{"role": "user", "content": "Hi."}])
+    assert small["context_tokens"] < CALIBRATION_MIN_COUNTED
+    body = await usage(client, "odd", input_tokens=6_000)  # an unstored system prompt, say
+    assert body["calibration_factor"] == 1.0
+    # The report is still the exact base of the estimate.
+    assert body["overflow"]["estimated_tokens"] == 6_000
+    later = await append_ok(client, "odd", turn(1))
+    assert later["overflow"]["estimated_tokens"] == 6_000 + later["entries"][0]["tokens"]
+
+    # Enough counted tokens, but a ratio no tokenizer explains (30x): not compared.
+    big = await usage(
+        client, "odd", input_tokens=30 * (later["context_tokens"] + REPLY_PRIMING_TOKENS)
+    )
+    assert big["calibration_factor"] == 1.0
+    # A plausible one moves the factor by one EMA step, not to the bound.
+    step = await usage(
+        client, "odd", input_tokens=round(3.9 * (later["context_tokens"] + REPLY_PRIMING_TOKENS))
+    )
+    assert step["calibration_factor"] == pytest.approx(1.0 + CALIBRATION_ALPHA * 2.0, abs=1e-3)
+    assert (await get_session(client, "odd"))["calibration_factor"] == step["calibration_factor"]
 
 
 @pytest.mark.parametrize(

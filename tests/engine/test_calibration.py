@@ -7,10 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.engine.budget import (
+    CALIBRATION_ALPHA,
     CALIBRATION_MAX,
     CALIBRATION_MIN,
+    CALIBRATION_MIN_COUNTED,
+    CALIBRATION_PLAUSIBLE_MAX,
+    CALIBRATION_PLAUSIBLE_MIN,
     Accounting,
     calibrate,
+    comparable,
     estimate,
     should_auto_prune,
 )
@@ -27,8 +32,55 @@ def test_nothing_to_compare_leaves_the_factor() -> None:
 
 
 def test_the_factor_is_clamped() -> None:
-    assert calibrate(1.0, 10**9, 1) == CALIBRATION_MAX  # one huge ratio is bounded too
-    assert calibrate(0.55, 1, 10**9) == CALIBRATION_MIN  # 0.44 unclamped
+    factor = 1.0
+    for _ in range(80):  # a provider counting 3.9x: the factor stops at the bound
+        factor = calibrate(factor, 39_000, 10_000)
+        assert factor <= CALIBRATION_MAX
+    assert factor == pytest.approx(CALIBRATION_MAX, abs=1e-5)
+    for _ in range(80):
+        factor = calibrate(factor, 2_600, 10_000)  # 0.26x
+        assert factor >= CALIBRATION_MIN
+    assert factor == pytest.approx(CALIBRATION_MIN, abs=1e-5)
+
+
+def test_one_odd_report_does_not_send_the_factor_to_its_clamp() -> None:
+    """The defect: a large prompt against a tiny counted context moved the factor
+    from 1.0 straight to 3.0 (and tripled every estimate after it)."""
+    assert calibrate(1.0, 10**9, 1) == 1.0  # nothing comparable: too few counted
+    assert calibrate(1.0, 5_000, 20) == 1.0
+    assert calibrate(1.0, 60_000, 2_000) == 1.0  # 30x: not a tokenizer difference
+    assert calibrate(1.0, 100, 2_000) == 1.0  # 0.05x
+    # A plausible ratio beyond the bound moves one EMA step toward the bound.
+    assert calibrate(1.0, 7_800, 2_000) == pytest.approx(1.0 + CALIBRATION_ALPHA * 2.0)
+
+
+def test_what_can_be_compared() -> None:
+    counted = CALIBRATION_MIN_COUNTED
+    assert comparable(counted, counted)
+    assert not comparable(counted - 1, counted - 1)
+    assert comparable(round(CALIBRATION_PLAUSIBLE_MAX * counted), counted)
+    assert not comparable(round(CALIBRATION_PLAUSIBLE_MAX * counted) + 1, counted)
+    assert comparable(round(CALIBRATION_PLAUSIBLE_MIN * counted), counted)
+    assert not comparable(round(CALIBRATION_PLAUSIBLE_MIN * counted) - 1, counted)
+    assert not comparable(0, counted)
+
+
+@given(
+    factor=st.floats(min_value=CALIBRATION_MIN, max_value=CALIBRATION_MAX),
+    actual=st.integers(min_value=0, max_value=10**12),
+    counted=st.integers(min_value=0, max_value=10**9),
+)
+def test_one_report_moves_the_factor_by_at_most_the_ema_step(
+    factor: float, actual: int, counted: int
+) -> None:
+    updated = calibrate(factor, actual, counted)
+    assert CALIBRATION_MIN <= updated <= CALIBRATION_MAX
+    # At most alpha of the way to the bound, whatever the report says...
+    bound = CALIBRATION_MAX if updated >= factor else CALIBRATION_MIN
+    assert abs(updated - factor) <= CALIBRATION_ALPHA * abs(bound - factor) + 1e-6
+    # ...and no move at all from a report that cannot be compared.
+    if not comparable(actual, counted):
+        assert updated == factor
 
 
 def test_a_tokenizer_counting_1_3x_is_learned_within_10_reports() -> None:
@@ -41,7 +93,7 @@ def test_a_tokenizer_counting_1_3x_is_learned_within_10_reports() -> None:
 
 
 @given(
-    ratio=st.floats(min_value=0.01, max_value=100),
+    ratio=st.floats(min_value=CALIBRATION_PLAUSIBLE_MIN, max_value=CALIBRATION_PLAUSIBLE_MAX),
     start=st.floats(min_value=CALIBRATION_MIN, max_value=CALIBRATION_MAX),
     counted=st.integers(min_value=1_000, max_value=1_000_000),
 )
