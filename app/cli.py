@@ -34,6 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.core import migrations
     from app.core.auth import open_bind_refusal
     from app.core.database import resolve_database_url
+    from app.core.server import uvicorn_options
     from app.main import create_app
 
     settings = get_settings()
@@ -54,15 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # would outlive it. Exiting through SystemExit runs atexit (which stops it).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_config=None,
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
+        app, host=host, port=port, log_level=settings.log_level, **uvicorn_options(settings)
     )
     return 0
 

@@ -19,8 +19,9 @@ from app.core import metrics
 from app.core.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
-from app.core.http import BodyLimitMiddleware, install_error_handlers
-from app.core.observability import LimitMiddleware, RequestLogMiddleware
+from app.core.http import install_error_handlers
+from app.core.limits import LimitMiddleware, Limits
+from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
 from app.engine.storable import (
@@ -125,15 +126,11 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     app.state.settings = settings
     install_error_handlers(app)
     install_problem_openapi(app, document_bearer_auth)
-    # Outermost last: request id and log -> limits and deadline -> API key -> body size.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    # Outermost last: request id and log -> API key -> limits (admission, the body and
+    # its size, a fair slot). The key is checked first: a request without one never
+    # takes a place that a tenant's request could have.
+    app.add_middleware(LimitMiddleware, limits=Limits.from_settings(settings))
     app.add_middleware(AuthMiddleware)
-    app.add_middleware(
-        LimitMiddleware,
-        max_concurrent=settings.max_concurrent_requests,
-        max_queued=settings.max_queued_requests,
-        timeout=settings.request_timeout_seconds,
-    )
     app.add_middleware(RequestLogMiddleware)
     for router in (
         health_router,

@@ -13,6 +13,7 @@ CLI, in another process) takes effect within that time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import time
@@ -64,10 +65,18 @@ class KeyStore:
     def __init__(self, engine: AsyncEngine, cache_seconds: float) -> None:
         self.engine = engine
         self.cache_seconds = cache_seconds
-        self._keys: dict[str, tuple[float, KeyRow | None]] = {}
-        # Unknown ids are looked up a few at a time: a flood of forged keys cannot
-        # take every pooled connection from the requests that carry real ones.
+        # Keys found, and ids found to be no key, apart: a flood of forged ids that
+        # fills (and so empties) the second leaves the first alone.
+        self._keys: dict[str, tuple[float, KeyRow]] = {}
+        self._unknown: dict[str, float] = {}
+        # Ids not known to be keys are looked up a few at a time: a flood of forged
+        # keys cannot take every pooled connection from the requests that carry real
+        # ones, and real keys are read again without waiting behind them.
         self._lookups = asyncio.Semaphore(_LOOKUPS)
+        # One read per id at a time, shared by the requests that need it: the key is
+        # checked before a request is admitted (see app.core.limits), so a burst of one
+        # key's requests must not turn into a burst of reads.
+        self._reads: dict[str, asyncio.Future[KeyRow | None]] = {}
         self._required = False
         self._required_checked = -float("inf")
 
@@ -84,14 +93,37 @@ class KeyStore:
     async def _row(self, key_id: str) -> KeyRow | None:
         """The key's row, or None; both answers are kept for the cache period (a key
         cannot be presented before it is created: its id is random)."""
-        cached = self._keys.get(key_id)
-        if cached and time.monotonic() - cached[0] < self.cache_seconds:
-            return cached[1]
-        async with self._lookups, driver_connection(self.engine) as driver:
+        now = time.monotonic()
+        known = self._keys.get(key_id)
+        if known and now - known[0] < self.cache_seconds:
+            return known[1]
+        if known is None and now - self._unknown.get(key_id, -float("inf")) < self.cache_seconds:
+            return None
+        read = self._reads.get(key_id)
+        if read is None:
+            read = self._reads[key_id] = asyncio.ensure_future(
+                self._read(key_id, known is not None)
+            )
+            read.add_done_callback(lambda _: self._reads.pop(key_id, None))
+        # Shielded: one request that gives up does not cancel the read for the others.
+        return await asyncio.shield(read)
+
+    async def _read(self, key_id: str, known: bool) -> KeyRow | None:
+        async with contextlib.AsyncExitStack() as stack:
+            if not known:
+                await stack.enter_async_context(self._lookups)
+            driver = await stack.enter_async_context(driver_connection(self.engine))
             row = await repository.get(driver, key_id)
-        if len(self._keys) >= _CACHE_LIMIT:
-            self._keys.clear()
-        self._keys[key_id] = (time.monotonic(), row)
+        now = time.monotonic()
+        if row is None:
+            if len(self._unknown) >= _CACHE_LIMIT:
+                self._unknown.clear()
+            self._unknown[key_id] = now
+            self._keys.pop(key_id, None)
+        else:
+            if len(self._keys) >= _CACHE_LIMIT:
+                self._keys.clear()
+            self._keys[key_id] = (now, row)
         return row
 
     async def tenant(self, authorization: str | None) -> str:
@@ -139,8 +171,10 @@ def _unauthorized(
 
 
 class AuthMiddleware:
-    """Resolves the tenant of every ``/v1`` request before its body is read, and puts
-    it in ``scope["state"]["tenant"]`` (see :mod:`app.core.tenancy`)."""
+    """Resolves the tenant of every ``/v1`` request before its body is read and before
+    it is admitted to the limits (:mod:`app.core.limits`), and puts it in
+    ``scope["state"]["tenant"]`` (see :mod:`app.core.tenancy`). A request without a
+    valid key is answered 401 here, holding no place a tenant's request could use."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -32,12 +32,17 @@ HTTP_LATENCY = Histogram(
     buckets=_LATENCY,
 )
 HTTP_IN_FLIGHT = Gauge("compactd_http_requests_in_flight", "Requests being served now.")
+HTTP_RECEIVING = Gauge(
+    "compactd_http_requests_receiving",
+    "Requests whose body is still arriving (they hold a place in the queue, not a slot).",
+)
 HTTP_WAITING = Gauge(
     "compactd_http_requests_waiting", "Requests waiting for a free slot (the bounded queue)."
 )
 HTTP_REJECTED = Counter(
     "compactd_http_requests_rejected",
-    "Requests refused before or while running: queue_full, timeout, body_timeout.",
+    "Requests refused before they ran: queue_full, tenant_queue_full, timeout (no slot in "
+    "time), body_timeout, header_timeout, header_too_large.",
     ["reason"],
 )
 AUTH_FAILURES = Counter(

@@ -1,13 +1,12 @@
-"""Request ids, one JSON log line per request, metrics, and the limits every request
-meets: a bounded number in flight, a bounded queue behind them, and a deadline.
+"""Request ids and one JSON log line per request, with its metrics. The limits every
+request meets are in :mod:`app.core.limits`.
 
-Both middlewares are plain ASGI (no ``BaseHTTPMiddleware``): they add no task and no
-copy of the body to the request path.
+The middleware is plain ASGI (no ``BaseHTTPMiddleware``): it adds no task and no copy
+of the body to the request path.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import re
@@ -20,8 +19,6 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import metrics
-from app.core.errors import ProblemError, ServiceUnavailable
-from app.core.http import problem_response
 
 log = logging.getLogger("compactd.http")
 
@@ -154,111 +151,3 @@ class RequestLogMiddleware:
                     },
                 )
             request_id_var.reset(token)
-
-
-# ---------------------------------------------------------------------- limits
-
-
-class _RequestTimeout(ProblemError):
-    status, type, title = 408, "request-timeout", "Request timeout"
-
-
-class LimitMiddleware:
-    """At most ``max_concurrent`` requests run at once; up to ``max_queued`` more wait
-    for a slot, and the rest get 503 at once. Waiting for a slot and reading the body
-    share one deadline of ``timeout`` seconds: a request still queued then gets 503,
-    a body still arriving gets 408 (a slow client holds no slot for longer).
-
-    A handler is never cancelled halfway: that would abandon a transaction mid-way
-    and could answer 503 for a write that commits. Its database work is bounded by
-    the pool's checkout timeout and Postgres's ``statement_timeout`` instead."""
-
-    def __init__(
-        self, app: ASGIApp, *, max_concurrent: int, max_queued: int, timeout: float
-    ) -> None:
-        self.app = app
-        self.max_concurrent = max_concurrent
-        self.max_queued = max_queued
-        self.timeout = timeout
-        self._slots = asyncio.Semaphore(max_concurrent)
-        self._waiting = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPS_PATHS:
-            await self.app(scope, receive, send)
-            return
-        if self._slots.locked() and self._waiting >= self.max_queued:
-            await self._refuse(
-                scope,
-                receive,
-                send,
-                "queue_full",
-                f"the server is at capacity ({self.max_concurrent} requests running, "
-                f"{self._waiting} waiting); retry shortly",
-            )
-            return
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        self._waiting += 1
-        metrics.HTTP_WAITING.inc()
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
-        except TimeoutError:
-            await self._refuse(
-                scope,
-                receive,
-                send,
-                "timeout",
-                f"no free slot within {self.timeout:g} s (the server is busy); retry shortly",
-            )
-            return
-        finally:
-            self._waiting -= 1
-            metrics.HTTP_WAITING.dec()
-
-        body_done = False
-        body_timed_out = False
-        replaced = False
-
-        async def timed_receive() -> Message:
-            nonlocal body_done, body_timed_out
-            if body_done or body_timed_out:
-                return await receive()  # after the body: a disconnect, whenever it comes
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                body_timed_out = True
-                return {"type": "http.disconnect"}
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_done = True
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal replaced
-            if not body_timed_out:
-                await send(message)
-                return
-            if not replaced:  # whatever the app made of the cut body: the real cause
-                replaced = True
-                metrics.HTTP_REJECTED.labels("body_timeout").inc()
-                log.warning("request body timed out", extra={"path": scope["path"]})
-                late = _RequestTimeout(
-                    f"the request body did not arrive within {self.timeout:g} s",
-                    headers={"Connection": "close"},
-                )
-                await problem_response(late, scope["path"])(scope, receive, send)
-
-        metrics.HTTP_IN_FLIGHT.inc()
-        try:
-            await self.app(scope, timed_receive, guarded_send)
-        finally:
-            self._slots.release()
-            metrics.HTTP_IN_FLIGHT.dec()
-
-    async def _refuse(
-        self, scope: Scope, receive: Receive, send: Send, reason: str, detail: str
-    ) -> None:
-        metrics.HTTP_REJECTED.labels(reason).inc()
-        busy = ServiceUnavailable(detail, headers={"Retry-After": "1"})
-        await problem_response(busy, scope["path"])(scope, receive, send)

@@ -57,15 +57,41 @@ class Settings(BaseSettings):
     max_queued_requests: int = Field(
         default=1024,
         ge=0,
-        description="Requests that may wait for a slot (a couple of seconds of one process's "
-        "throughput); beyond it: 503.",
+        description="Requests that may wait (for their body, then for a slot) beyond those "
+        "served: a couple of seconds of one process's throughput; beyond it: 503.",
+    )
+    max_tenant_concurrent_requests: int | None = Field(
+        default=None,
+        ge=1,
+        description="Slots one tenant may hold at once, so that another tenant always finds "
+        "one; unset: half of max_concurrent_requests (rounded up).",
+    )
+    max_tenant_queued_requests: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests one tenant may have waiting (for their body or a slot); beyond "
+        "it that tenant gets 503. Unset: half of max_queued_requests (rounded up).",
     )
     request_timeout_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="How long a request may wait for a free slot (then 503) and take to send "
-        "its body (then 408). A handler that has started is never cut; its database work is "
-        "bounded by db_pool_timeout_seconds and db_statement_timeout_seconds.",
+        description="How long a request may take to send its body (then 408) and then wait "
+        "for a free slot (then 503), from its arrival. A handler that has started is never "
+        "cut; its database work is bounded by db_pool_timeout_seconds and "
+        "db_statement_timeout_seconds.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="`serve`: a request line and headers larger than this get 431 and the "
+        "connection closes.",
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="`serve`: a request's line and headers must arrive within this time of "
+        "their first byte (or of the connection's opening), else 408 and the connection "
+        "closes.",
     )
     # Connections kept open: overflow ones are closed on return, and a new asyncpg
     # connection costs a backend fork and a fresh statement cache.

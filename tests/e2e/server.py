@@ -11,6 +11,8 @@ from typing import Any
 
 import uvicorn
 
+from app.core.server import uvicorn_options
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -21,11 +23,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running(app: Any) -> Iterator[str]:
-    """Serve ``app`` over real HTTP until the block ends; yields the base URL."""
+    """Serve ``app`` over real HTTP until the block ends; yields the base URL. The server
+    is configured as ``compactd serve`` configures it, from the app's settings."""
     port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop", http="httptools"
-    )
+    options = uvicorn_options(app.state.settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -1,5 +1,6 @@
 """Slow clients and crowds cannot exhaust the service: a bounded queue, a deadline per
-request (408 for a body still arriving, 503 for a slow answer), each a clear error."""
+request (408 for a body still arriving, 503 for a slow answer), each a clear error; and
+tenants share the slots and the queue fairly (see also tests/e2e/test_fairness.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
+from app.core.limits import FairSlots, Limits
 from app.main import create_app
 from tests import postgres
 from tests.conftest import make_session
 from tests.e2e.server import running
 from tests.helpers import assert_problem, history
-from tests.ops.conftest import settings_with
+from tests.ops.conftest import bearer, create_key, settings_with
 
 
 @contextlib.asynccontextmanager
@@ -146,3 +149,186 @@ async def test_a_statement_held_past_the_timeout_gets_503_and_stores_nothing(db_
         ok = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": USER})
         assert ok.status_code == 201, ok.text
         assert len(await history(client, sid)) == 1
+
+
+async def test_a_chunked_body_over_the_limit_is_refused_without_running_the_handler(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = (await make_session(client))["id"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: sent chunked
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(3):
+            yield b"x" * (1024 * 1024)
+        yield b'"}]}'
+
+    r = await client.post(f"/v1/sessions/{sid}/messages", content=chunks())
+    assert_problem(r, 413, "2097152-byte limit")
+    assert await history(client, sid) == []
+
+
+async def test_one_tenant_holding_its_share_of_slots_leaves_the_rest_to_others(
+    db_url: str,
+) -> None:
+    """Two slots, one each: tenant A's appends wait on a row lock inside their handler,
+    yet tenant B's requests run at once."""
+    key_a = await create_key(db_url, "tenant-a")
+    key_b = await create_key(db_url, "tenant-b")
+    async with served(db_url, max_concurrent_requests=2) as (_, client):
+        r = await client.post("/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(key_a))
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        async with session_locked(db_url, sid):
+            held = [
+                asyncio.create_task(
+                    client.post(
+                        f"/v1/sessions/{sid}/messages",
+                        json={"messages": USER},
+                        headers=bearer(key_a),
+                    )
+                )
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0.3)
+            for _ in range(3):
+                r = await client.post(
+                    "/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(key_b)
+                )
+                assert r.status_code == 201, r.text
+            assert not any(task.done() for task in held)
+        assert [(await task).status_code for task in held] == [201, 201, 201]
+
+
+async def test_a_tenant_over_its_share_of_the_queue_gets_503_and_others_do_not(
+    db_url: str,
+) -> None:
+    key_a = await create_key(db_url, "tenant-a")
+    key_b = await create_key(db_url, "tenant-b")
+    async with served(
+        db_url,
+        max_concurrent_requests=2,
+        max_queued_requests=8,
+        max_tenant_concurrent_requests=1,
+        max_tenant_queued_requests=1,
+    ) as (_, client):
+        r = await client.post("/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(key_a))
+        sid = r.json()["id"]
+        async with session_locked(db_url, sid):
+            append = {"messages": USER}
+            running_one = asyncio.create_task(
+                client.post(f"/v1/sessions/{sid}/messages", json=append, headers=bearer(key_a))
+            )
+            await asyncio.sleep(0.2)
+            queued = asyncio.create_task(client.get(f"/v1/sessions/{sid}", headers=bearer(key_a)))
+            await asyncio.sleep(0.2)
+            refused = await client.get(f"/v1/sessions/{sid}", headers=bearer(key_a))
+            assert_problem(refused, 503, "this tenant is at its share")
+            assert refused.headers["retry-after"] == "1"
+            other = await client.get("/v1/sessions", headers=bearer(key_b))
+            assert other.status_code == 200, other.text
+            assert not queued.done()
+        assert (await running_one).status_code == 201
+        assert (await queued).status_code == 200
+
+
+# ----------------------------------------------------------- the slots themselves
+
+
+def limits(**changes: Any) -> Limits:
+    base = Limits(
+        max_concurrent=2,
+        max_queued=4,
+        tenant_concurrent=2,
+        tenant_queued=4,
+        max_body_bytes=1024,
+        timeout=1.0,
+    )
+    return Limits(**{**base.__dict__, **changes})
+
+
+async def settled() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_the_tenant_shares_default_to_half_the_servers_rounded_up() -> None:
+    derived = Limits.from_settings(settings_with(max_concurrent_requests=5, max_queued_requests=1))
+    assert (derived.tenant_concurrent, derived.tenant_queued) == (3, 1)
+    explicit = Limits.from_settings(
+        settings_with(max_tenant_concurrent_requests=7, max_tenant_queued_requests=0)
+    )
+    assert (explicit.tenant_concurrent, explicit.tenant_queued) == (7, 0)
+
+
+def test_admission_is_bounded_for_the_server_and_for_each_tenant() -> None:
+    slots = FairSlots(limits(max_concurrent=2, max_queued=2, tenant_concurrent=1, tenant_queued=1))
+    assert [slots.admit("a") for _ in range(3)] == [None, None, "tenant_queue_full"]
+    assert [slots.admit("b") for _ in range(3)] == [None, None, "queue_full"]
+    assert slots.in_process() == 4
+    slots.leave("a")
+    assert slots.admit("c") is None
+    for tenant in ("a", "b", "b", "c"):
+        slots.leave(tenant)
+    assert slots.in_process() == 0
+
+
+async def test_a_freed_slot_goes_to_the_tenant_with_fewest_running() -> None:
+    slots = FairSlots(limits(max_concurrent=2, max_queued=8, tenant_queued=8))
+    order: list[str] = []
+
+    async def request(tenant: str) -> None:
+        assert slots.admit(tenant) is None
+        await slots.acquire(tenant)
+        order.append(tenant)
+
+    first = [asyncio.create_task(request("a")) for _ in range(2)]
+    await settled()
+    assert order == ["a", "a"]  # nobody else wanted them
+    waiting = []
+    for tenant in ("a", "a", "a", "b", "c"):
+        waiting.append(asyncio.create_task(request(tenant)))
+        await settled()
+    slots.release("a")  # b and c have none running, a one: b, the first of them to come
+    await settled()
+    slots.release("a")  # a and c have none running: a's request came before c's
+    await settled()
+    assert order == ["a", "a", "b", "a"]
+    slots.release("b")  # c has none running, a one
+    await settled()
+    assert order == ["a", "a", "b", "a", "c"]
+    for tenant in ("c", "a"):
+        slots.release(tenant)
+    await settled()
+    assert order == ["a", "a", "b", "a", "c", "a", "a"]
+    await asyncio.gather(*first, *waiting)
+
+
+async def test_a_tenant_at_its_share_waits_while_slots_stay_free_for_others() -> None:
+    slots = FairSlots(limits(max_concurrent=4, tenant_concurrent=1))
+    for tenant in ("a", "a", "b"):
+        assert slots.admit(tenant) is None
+    await slots.acquire("a")
+    second = asyncio.create_task(slots.acquire("a"))
+    await settled()
+    assert not second.done()
+    await asyncio.wait_for(slots.acquire("b"), timeout=1)  # a free slot, b's share
+    slots.release("a")
+    await asyncio.wait_for(second, timeout=1)
+
+
+async def test_a_waiter_that_gives_up_loses_no_slot() -> None:
+    slots = FairSlots(limits(max_concurrent=1))
+    for tenant in ("a", "a", "a"):
+        assert slots.admit(tenant) is None
+    await slots.acquire("a")
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await slots.acquire("a")
+    # One granted the slot in the very turn it is cancelled hands it on.
+    granted = asyncio.create_task(slots.acquire("a"))
+    await settled()
+    slots.release("a")
+    granted.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await granted
+    await asyncio.wait_for(slots.acquire("a"), timeout=1)

@@ -1,0 +1,336 @@
+"""The limits a request meets once its API key is checked (:mod:`app.core.auth` runs
+first, so a request without a valid key never counts here), shared fairly by tenants:
+
+1. **Admission.** At most ``max_concurrent + max_queued`` requests are in the process
+   (body arriving, waiting for a slot, or running), and at most ``tenant_concurrent +
+   tenant_queued`` of one tenant; beyond either, 503 at once.
+2. **The body** is read whole, up to ``max_body_bytes`` (else 413), *before* a slot is
+   taken: a slow upload holds its own place in the queue, never a slot.
+3. **A slot.** At most ``max_concurrent`` handlers run at once, and at most
+   ``tenant_concurrent`` of one tenant, so another tenant always finds a slot or gets the
+   next one freed. A freed slot goes to the waiting tenant with the fewest running, and
+   among those to the request that has waited longest.
+
+One deadline of ``timeout`` seconds from the request's arrival covers the body (still
+arriving then: 408, and the connection closes) and the wait for a slot (503).
+
+A handler is never cancelled halfway: that would abandon a transaction mid-way and could
+answer 503 for a write that commits. Its database work is bounded by the pool's checkout
+timeout and Postgres's ``statement_timeout`` instead.
+
+Requests outside ``/v1`` (the docs, the spec, unknown paths) need no key; they share one
+tenant of their own here. Ops probes skip the limits altogether.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core import metrics
+from app.core.errors import BadRequest, PayloadTooLarge, ProblemError, ServiceUnavailable
+from app.core.http import problem_response
+from app.core.observability import OPS_PATHS
+from app.core.settings import Settings
+
+log = logging.getLogger("compactd.http")
+
+# The tenant of requests that need no API key (outside /v1).
+NO_TENANT = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_concurrent: int
+    max_queued: int
+    tenant_concurrent: int
+    tenant_queued: int
+    max_body_bytes: int
+    timeout: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        """The tenant shares default to half of the server's, rounded up."""
+        tenant_concurrent = settings.max_tenant_concurrent_requests
+        tenant_queued = settings.max_tenant_queued_requests
+        return cls(
+            max_concurrent=settings.max_concurrent_requests,
+            max_queued=settings.max_queued_requests,
+            tenant_concurrent=(
+                tenant_concurrent
+                if tenant_concurrent is not None
+                else -(-settings.max_concurrent_requests // 2)
+            ),
+            tenant_queued=(
+                tenant_queued
+                if tenant_queued is not None
+                else -(-settings.max_queued_requests // 2)
+            ),
+            max_body_bytes=settings.max_body_bytes,
+            timeout=settings.request_timeout_seconds,
+        )
+
+
+# ------------------------------------------------------------------------ slots
+
+
+@dataclass(eq=False)
+class _Tenant:
+    name: str
+    admitted: int = 0  # in the process: body arriving, waiting for a slot, or running
+    running: int = 0
+    # Oldest first: (arrival number, the future a granted slot resolves).
+    waiters: deque[tuple[int, asyncio.Future[None]]] = field(default_factory=deque)
+
+
+class FairSlots:
+    """Admission and slots, by tenant (see the module's docstring). Not thread-safe: one
+    event loop's requests."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._free = limits.max_concurrent
+        self._admitted = 0
+        self._arrivals = 0
+        # Only tenants with a request in the process.
+        self._tenants: dict[str, _Tenant] = {}
+
+    def admit(self, tenant: str) -> str | None:
+        """Count a request in, or say why not: ``queue_full`` or ``tenant_queue_full``."""
+        limits = self.limits
+        if self._admitted >= limits.max_concurrent + limits.max_queued:
+            return "queue_full"
+        state = self._tenants.get(tenant)
+        if state is None:
+            state = self._tenants[tenant] = _Tenant(tenant)
+        elif state.admitted >= limits.tenant_concurrent + limits.tenant_queued:
+            return "tenant_queue_full"
+        state.admitted += 1
+        self._admitted += 1
+        return None
+
+    def leave(self, tenant: str) -> None:
+        """The admitted request is done (whether or not it ever held a slot)."""
+        state = self._tenants[tenant]
+        state.admitted -= 1
+        self._admitted -= 1
+        if state.admitted == 0:
+            del self._tenants[tenant]
+
+    def in_process(self, tenant: str | None = None) -> int:
+        """Requests admitted, of one tenant or of all."""
+        if tenant is None:
+            return self._admitted
+        state = self._tenants.get(tenant)
+        return state.admitted if state else 0
+
+    async def acquire(self, tenant: str) -> None:
+        """Wait for a slot (bound the wait from outside, e.g. with ``asyncio.timeout``)."""
+        state = self._tenants[tenant]
+        if self._free and not state.waiters and state.running < self.limits.tenant_concurrent:
+            self._take(state)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._arrivals += 1
+        entry = (self._arrivals, waiter)
+        state.waiters.append(entry)
+        self._dispatch()  # a slot is free and behind a waiter that gave up: take it now
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release(tenant)  # granted just as the wait was given up: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    state.waiters.remove(entry)
+            raise
+
+    def release(self, tenant: str) -> None:
+        state = self._tenants[tenant]
+        state.running -= 1
+        self._free += 1
+        self._dispatch()
+
+    def _take(self, state: _Tenant) -> None:
+        state.running += 1
+        self._free -= 1
+
+    def _dispatch(self) -> None:
+        cap = self.limits.tenant_concurrent
+        while self._free:
+            chosen: _Tenant | None = None
+            for state in self._tenants.values():
+                while state.waiters and state.waiters[0][1].done():
+                    state.waiters.popleft()  # given up; its owner is removing it too
+                if not state.waiters or state.running >= cap:
+                    continue
+                if chosen is None or (state.running, state.waiters[0][0]) < (
+                    chosen.running,
+                    chosen.waiters[0][0],
+                ):
+                    chosen = state
+            if chosen is None:
+                return
+            self._take(chosen)
+            chosen.waiters.popleft()[1].set_result(None)
+
+
+# -------------------------------------------------------------------- middleware
+
+
+class _RequestTimeout(ProblemError):
+    status, type, title = 408, "request-timeout", "Request timeout"
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class LimitMiddleware:
+    """Admission, the body, then a fair slot (see the module's docstring). Plain ASGI:
+    no task of its own, and the body is handed to the app as the one message it was
+    read into."""
+
+    def __init__(self, app: ASGIApp, *, limits: Limits) -> None:
+        self.app = app
+        self.limits = limits
+        self.slots = FairSlots(limits)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPS_PATHS:
+            await self.app(scope, receive, send)
+            return
+        tenant: str = scope.get("state", {}).get("tenant") or NO_TENANT
+        refused = self.slots.admit(tenant)
+        if refused is not None:
+            await self._refuse_admission(scope, receive, send, refused, tenant)
+            return
+        try:
+            await self._serve(scope, receive, send, tenant)
+        finally:
+            self.slots.leave(tenant)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, tenant: str) -> None:
+        limits = self.limits
+        deadline = asyncio.get_running_loop().time() + limits.timeout
+        too_large = PayloadTooLarge(
+            f"the request body is over the {limits.max_body_bytes}-byte limit"
+        )
+        if _declared_length(scope) > limits.max_body_bytes:
+            await _answer(too_large, scope, receive, send)
+            return
+
+        metrics.HTTP_RECEIVING.inc()
+        try:
+            async with asyncio.timeout_at(deadline):
+                body = await self._read_body(receive)
+        except TimeoutError:
+            metrics.HTTP_REJECTED.labels("body_timeout").inc()
+            log.warning("request body timed out", extra={"path": scope["path"]})
+            late = _RequestTimeout(
+                f"the request body did not arrive within {limits.timeout:g} s",
+                headers={"Connection": "close"},
+            )
+            await _answer(late, scope, receive, send)
+            return
+        except _BodyTooLarge:
+            await _answer(too_large, scope, receive, send)
+            return
+        finally:
+            metrics.HTTP_RECEIVING.dec()
+        if body is None:  # the client left; nobody reads this answer, the log does
+            gone = BadRequest("the connection closed before the request body arrived")
+            await _answer(gone, scope, receive, send)
+            return
+
+        metrics.HTTP_WAITING.inc()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.slots.acquire(tenant)
+        except TimeoutError:
+            await _refuse(
+                scope,
+                receive,
+                send,
+                "timeout",
+                f"no free slot within {limits.timeout:g} s (the server is busy); retry shortly",
+            )
+            return
+        finally:
+            metrics.HTTP_WAITING.dec()
+
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()  # after the body: a disconnect, whenever it comes
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        metrics.HTTP_IN_FLIGHT.inc()
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self.slots.release(tenant)
+            metrics.HTTP_IN_FLIGHT.dec()
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None when the client disconnected first."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > self.limits.max_body_bytes:
+                    raise _BodyTooLarge
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _refuse_admission(
+        self, scope: Scope, receive: Receive, send: Send, reason: str, tenant: str
+    ) -> None:
+        limits = self.limits
+        if reason == "queue_full":
+            detail = (
+                f"the server is at capacity ({limits.max_concurrent} requests running and "
+                f"{limits.max_queued} more in progress or waiting); retry shortly"
+            )
+        else:
+            detail = (
+                f"this tenant is at its share of the server's capacity "
+                f"({self.slots.in_process(tenant)} requests in progress: at most "
+                f"{limits.tenant_concurrent} running and {limits.tenant_queued} more waiting); "
+                "retry shortly"
+            )
+        await _refuse(scope, receive, send, reason, detail)
+
+
+def _declared_length(scope: Scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # uvicorn's parser refuses it before the app sees it
+    return 0
+
+
+async def _answer(error: ProblemError, scope: Scope, receive: Receive, send: Send) -> None:
+    await problem_response(error, scope["path"])(scope, receive, send)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, reason: str, detail: str) -> None:
+    metrics.HTTP_REJECTED.labels(reason).inc()
+    busy = ServiceUnavailable(detail, headers={"Retry-After": "1"})
+    await _answer(busy, scope, receive, send)

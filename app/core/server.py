@@ -1,0 +1,192 @@
+"""How ``compactd serve`` runs uvicorn: its options, and an HTTP protocol that bounds what
+a client can make the server hold before a request reaches the app.
+
+uvicorn's httptools protocol reads a request's line and headers (its *head*) with no size
+limit (httptools grows a header value as its bytes arrive, whatever its length; uvicorn's
+``h11_max_incomplete_event_size`` applies to its h11 protocol only) and no time limit (the
+keep-alive timeout runs between requests, not during one). :class:`BoundedHttpToolsProtocol`
+adds both:
+
+- a head larger than ``max_header_bytes`` gets 431 and the connection closes, once at most
+  one read (uvloop's, 256 KiB) past the limit has been parsed;
+- a head that is not complete ``header_timeout_seconds`` after its first byte (or after the
+  connection opened, for a connection's first request) gets 408 and the connection closes;
+  a connection that sends nothing at all in that time is closed without an answer.
+
+The body, once the head is in, is the app's to bound: see :mod:`app.core.limits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from app.core import metrics
+from app.core.errors import PROBLEM_JSON, ProblemError
+from app.core.settings import Settings
+
+log = logging.getLogger("compactd.http")
+
+# In flight requests get this long to finish on shutdown (SIGTERM).
+GRACEFUL_SHUTDOWN_SECONDS = 10
+
+
+class HeadersTooLarge(ProblemError):
+    status, type, title = 431, "headers-too-large", "Request header fields too large"
+
+
+class HeadersTimeout(ProblemError):
+    status, type, title = 408, "request-timeout", "Request timeout"
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a size and a time bound on each request head.
+    :func:`bounded_protocol` makes the subclass that carries the two bounds."""
+
+    max_header_bytes: ClassVar[int] = 64 * 1024
+    header_timeout: ClassVar[float] = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = False  # between a request's first byte and the end of its headers
+        self._heads = 0  # request heads begun on this connection
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    # ---------------------------------------------------------------- the protocol
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # the first request's head: counted from the connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # nothing more is parsed or buffered for this connection
+        in_head, heads = self._in_head, self._heads
+        super().data_received(data)
+        # A head still incomplete: count the reads made inside it. The read that starts
+        # a head is not counted (it may end the previous request's body), so this bound
+        # is one read loose; a head that completes is measured exactly below.
+        if self._in_head and in_head and heads == self._heads:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse(self._too_large(), "header_too_large")
+
+    # The parser's callbacks: none acts once the connection is refused (the rest of
+    # the read being parsed may hold a body or a pipelined request).
+
+    def on_message_begin(self) -> None:
+        if self._refused:
+            return
+        super().on_message_begin()
+        self._in_head = True
+        self._heads += 1
+        self._head_bytes = 0
+        if self._head_timer is None:
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        if self._refused:
+            return
+        self._in_head = False
+        self._cancel_head_timer()
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self.max_header_bytes:
+            self._refuse(self._too_large(), "header_too_large")
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    # --------------------------------------------------------------------- bounds
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head:
+            self._refuse(
+                HeadersTimeout(
+                    f"the request line and headers did not arrive within {self.header_timeout:g} s"
+                ),
+                "header_timeout",
+            )
+        elif not self.transport.is_closing():
+            self.transport.close()  # a connection that never sent a request
+
+    def _too_large(self) -> HeadersTooLarge:
+        return HeadersTooLarge(
+            f"the request line and headers are over the {self.max_header_bytes}-byte limit"
+        )
+
+    def _refuse(self, error: ProblemError, reason: str) -> None:
+        """Answer ``error`` and close; while an earlier (pipelined) request's answer is
+        still being written, close after it instead of cutting into it."""
+        self._refused = True
+        self._in_head = False
+        self._cancel_head_timer()
+        metrics.HTTP_REJECTED.labels(reason).inc()
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else None
+        log.warning("request head refused: %s", error.detail, extra={"client": client})
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+            return
+        self.transport.write(self._raw_problem(error))
+        self.transport.close()
+
+    def _raw_problem(self, error: ProblemError) -> bytes:
+        body = orjson.dumps(error.body())
+        lines = [STATUS_LINE[error.status]]
+        for name, value in self.server_state.default_headers:  # server, date
+            lines += [name, b": ", value, b"\r\n"]
+        lines += [
+            b"content-type: " + PROBLEM_JSON.encode() + b"\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+        return b"".join(lines)
+
+
+def bounded_protocol(max_header_bytes: int, header_timeout: float) -> type[HttpToolsProtocol]:
+    """The protocol class uvicorn instantiates per connection, with these bounds."""
+    return type(
+        "CompactdHttpProtocol",
+        (BoundedHttpToolsProtocol,),
+        {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout},
+    )
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """The ``uvicorn.run`` / ``uvicorn.Config`` options of ``compactd serve`` (the tests'
+    servers use them too), host, port and log level aside."""
+    return {
+        "loop": "uvloop",
+        "http": bounded_protocol(settings.max_header_bytes, settings.header_timeout_seconds),
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_SECONDS,
+    }
