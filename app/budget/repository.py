@@ -53,11 +53,22 @@ UPDATE session SET prune_checked_tool_tokens = context_tool_tokens, prune_checke
 WHERE id = $1 AND tenant_id = $2
 """
 
-_USAGE_SQL = """
+
+def _served_cleared(consumed: str) -> str:
+    """A report that measured the served context (``consumed``, a boolean
+    parameter) clears it: the next report without context_version is about the
+    next context served, or unknown."""
+    return ", ".join(
+        f"{column} = CASE WHEN {consumed} THEN NULL ELSE {column} END"
+        for column in ("served_version", "served_context_tokens", "served_compaction_id")
+    )
+
+
+_USAGE_SQL = f"""
 UPDATE session SET calibration_factor = $3, overhead_tokens = $4,
-    reported_prompt_tokens = $5, context_tokens_at_report = context_tokens,
+    reported_prompt_tokens = $5, context_tokens_at_report = $8,
     last_usage = $6::jsonb, usage_count = usage_count + 1, version = version + 1,
-    updated_at = $7
+    updated_at = $7, {_served_cleared("$9::boolean")}
 WHERE id = $1 AND tenant_id = $2
 RETURNING version
 """
@@ -65,9 +76,9 @@ RETURNING version
 
 # A report about a context the pivot has replaced: kept as the last usage, but
 # neither the calibration nor the estimate's base moves.
-_STALE_USAGE_SQL = """
+_STALE_USAGE_SQL = f"""
 UPDATE session SET overhead_tokens = $3, last_usage = $4::jsonb, usage_count = usage_count + 1,
-    version = version + 1, updated_at = $5
+    version = version + 1, updated_at = $5, {_served_cleared("$6::boolean")}
 WHERE id = $1 AND tenant_id = $2
 RETURNING version
 """
@@ -174,10 +185,17 @@ class BudgetRepository:
         await driver.execute(_CHECKED_SQL, session_id, self.tenant_id, urgent)
 
     async def record_stale_usage(
-        self, driver: Any, session_id: str, *, overhead_tokens: int, usage_json: str, now: datetime
+        self,
+        driver: Any,
+        session_id: str,
+        *,
+        overhead_tokens: int,
+        usage_json: str,
+        now: datetime,
+        consumed: bool,
     ) -> int:
         version: int = await driver.fetchval(
-            _STALE_USAGE_SQL, session_id, self.tenant_id, overhead_tokens, usage_json, now
+            _STALE_USAGE_SQL, session_id, self.tenant_id, overhead_tokens, usage_json, now, consumed
         )
         return version
 
@@ -189,9 +207,13 @@ class BudgetRepository:
         calibration_factor: float,
         overhead_tokens: int,
         reported_prompt_tokens: int,
+        context_tokens_at_report: int,
         usage_json: str,
         now: datetime,
+        consumed: bool,
     ) -> int:
+        """Record a report that measured the context of ``context_tokens_at_report``
+        counted tokens; ``consumed``: that context was the one last served."""
         version: int = await driver.fetchval(
             _USAGE_SQL,
             session_id,
@@ -201,5 +223,7 @@ class BudgetRepository:
             reported_prompt_tokens,
             usage_json,
             now,
+            context_tokens_at_report,
+            consumed,
         )
         return version

@@ -25,9 +25,11 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["budget"])
 async def report_usage(
     session_id: SessionIdPath, body: UsageReport, engine: EngineDep, tenant: TenantDep
 ) -> UsageResponse:
-    """Report the provider's usage for the last model call, right after it and
-    before appending its reply. Calibrates the estimate, gives the new verdict,
-    and prunes when the verdict asks for it (``prune.auto``)."""
+    """Report the provider's usage for the last model call, right after it,
+    before or after appending its reply: the report is about the context that
+    call sent (``context_version``, else the last one GET /context served).
+    Calibrates the estimate, gives the new verdict, and prunes when the verdict
+    asks for it (``prune.auto``)."""
     return await BudgetService(engine, tenant).usage(checked_id(session_id), body)
 
 

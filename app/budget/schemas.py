@@ -71,9 +71,12 @@ class UsageReport(Strict):
     context_version: int | None = Field(
         None,
         ge=0,
-        description="The `version` of the context this call sent (from GET /context). A "
-        "report about a context that a compaction has since replaced is recorded but "
-        "neither calibrates nor triggers anything (`stale` in the answer).",
+        description="The `version` of the context this call sent (from GET /context). "
+        "Without it, the report is about the last context GET /context served that no "
+        "report has measured yet (so it may come after the reply's append). A report "
+        "about a context that a compaction has since replaced is recorded but neither "
+        "calibrates nor triggers anything (`stale` in the answer); one about a context "
+        "whose compaction was queued since starts no other.",
     )
     finish_reason: str | None = Field(
         None,
@@ -155,8 +158,9 @@ class ProviderError(Strict):
     context_version: int | None = Field(
         None,
         ge=0,
-        description="The `version` of the context the refused call sent (from GET /context): "
-        "an error about a context a compaction has since replaced starts no recovery.",
+        description="The `version` of the context the refused call sent (from GET /context; "
+        "without it, the last context served): an error about a context a compaction has "
+        "since replaced starts no recovery.",
     )
     message: str = Field(
         max_length=1_000_000, description="The error message, or the whole error body as text."

@@ -164,24 +164,61 @@ async def prune_locked(
 
 
 # Above this ratio of reported to counted, a report that came right after a
-# compaction is taken to measure the context before it.
+# compaction is taken to measure the context before it (when which context it
+# measured is not known otherwise).
 STALE_RATIO = 1.5
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Measured:
+    """The context a usage report or a provider error is about.
+
+    ``version`` is the context's version when known: the ``context_version``
+    the agent sent, else the last context GET /context served that no report
+    has measured yet (agents report after the call they made with it, often
+    after appending its reply). ``context_tokens`` is what the session counted
+    for that context. ``served``: it is the served context (a usage report
+    consumes it). ``queued_since``: a compaction was queued after it was served
+    (by the reply's append, say), so that model call already has its compaction.
+    """
+
+    version: int | None
+    context_tokens: int
+    served: bool
+    queued_since: bool
+
+
+def measured_context(state: SessionState, context_version: int | None) -> Measured:
+    served = state.served_version is not None and context_version in (None, state.served_version)
+    if not served:
+        return Measured(context_version, state.context_tokens, False, False)
+    queued_since = (
+        state.active_compaction_id is not None
+        and state.active_compaction_id != state.served_compaction_id
+    )
+    tokens = state.served_context_tokens
+    return Measured(
+        state.served_version,
+        state.context_tokens if tokens is None else tokens,
+        True,
+        queued_since,
+    )
+
+
 def measured_before_pivot(
-    state: SessionState, context_version: int | None, prompt: int | None, counted: int
+    state: SessionState, measured: Measured, prompt: int | None, counted: int
 ) -> bool:
     """Whether a usage report or a provider error is about a context that a
     compaction has replaced since the agent read it.
 
-    With ``context_version`` (the ``version`` of the context the agent sent)
+    With the context's version (sent by the agent, or the context last served)
     this is exact. Without it: the first report after a compaction whose
     prompt is far larger than the context now counted is taken as stale.
     """
     if state.pivot_version is None:
         return False
-    if context_version is not None:
-        return context_version < state.pivot_version
+    if measured.version is not None:
+        return measured.version < state.pivot_version
     return (
         state.reported_prompt_tokens is None
         and prompt is not None
@@ -240,18 +277,21 @@ class BudgetService:
                 else:
                     overhead = state.overhead_tokens
                 prompt = report.input_tokens + report.cache_read_tokens + report.cache_write_tokens
-                # The prompt just measured is the context the session holds, plus what
-                # each request adds: compare like with like, uncalibrated.
-                counted = state.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
-                if measured_before_pivot(state, report.context_version, prompt, counted):
+                measured = measured_context(state, report.context_version)
+                # The prompt just measured is the context the call sent, plus what each
+                # request adds: compare like with like, uncalibrated.
+                counted = measured.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
+                usage_json = report.model_dump_json(exclude={"tools"})
+                if measured_before_pivot(state, measured, prompt, counted):
                     # The agent's call went out before a compaction committed: its
                     # prompt is not this context's, so it teaches nothing.
                     state.version = await self.repo.record_stale_usage(
                         driver,
                         session_id,
                         overhead_tokens=overhead,
-                        usage_json=report.model_dump_json(exclude={"tools"}),
+                        usage_json=usage_json,
                         now=now,
+                        consumed=measured.served,
                     )
                     state.overhead_tokens = overhead
                     return UsageResponse(
@@ -271,13 +311,17 @@ class BudgetService:
                     calibration_factor=factor,
                     overhead_tokens=overhead,
                     reported_prompt_tokens=prompt,
-                    usage_json=report.model_dump_json(exclude={"tools"}),
+                    context_tokens_at_report=measured.context_tokens,
+                    usage_json=usage_json,
                     now=now,
+                    consumed=measured.served,
                 )
                 state.calibration_factor = factor
                 state.overhead_tokens = overhead
                 state.reported_prompt_tokens = prompt
-                state.context_tokens_at_report = state.context_tokens
+                # What was appended (or pruned) since the context was served is
+                # the estimate's delta from this exact base.
+                state.context_tokens_at_report = measured.context_tokens
                 pruned = None
                 action = sessions.verdict_of(state, config).action
                 if wants_auto_prune(state, config, action):
@@ -286,7 +330,9 @@ class BudgetService:
                     )
                 compaction = None
                 reason = pivot.auto_reason(state, config, sessions.verdict_of(state, config).action)
-                if reason is not None:
+                if reason is not None and not measured.queued_since:
+                    # (A compaction queued since the context was served is that model
+                    # call's: one call never gets two.)
                     compaction = await pivot.start_auto(
                         driver, self.tenant_id, session_id, state, config, reason, now=now
                     )
@@ -324,9 +370,12 @@ class BudgetService:
             async with driver_connection(self.engine) as driver, driver.transaction():
                 state = await locked_state(driver, self.tenant_id, session_id)
                 recovery = None
-                counted = state.context_tokens + state.overhead_tokens + tokens.REPLY_PRIMING_TOKENS
+                measured = measured_context(state, error.context_version)
+                counted = (
+                    measured.context_tokens + state.overhead_tokens + tokens.REPLY_PRIMING_TOKENS
+                )
                 stale = match.overflow and measured_before_pivot(
-                    state, error.context_version, match.requested_tokens, counted
+                    state, measured, match.requested_tokens, counted
                 )
                 if stale:
                     # The refused prompt was the context before a compaction that has

@@ -9,6 +9,7 @@ totals and pivot are set, and the job is finished, together or not at all.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -263,6 +264,22 @@ class Committed:
     continued: bool
 
 
+@dataclass(slots=True)
+class NoGain:
+    """A summary that would not make the context smaller: not committed."""
+
+    tokens_before: int
+    tokens_after: int
+
+    @property
+    def reason(self) -> str:
+        return (
+            "not committed: with its summary the context would be "
+            f"{self.tokens_after} tokens, not fewer than the {self.tokens_before} it holds "
+            "now (the summary is longer than the history it replaces); nothing changed"
+        )
+
+
 def _new_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> NewEntry:
     entry = Entry(role="user", parts=[{"type": "text", "text": text}], content_form="string")
     tokens = count_entry(entry, encoding)
@@ -314,9 +331,13 @@ async def commit_pivot(
     job_id: uuid.UUID,
     auto: bool,
     now: datetime,
-) -> Committed:
+) -> Committed | NoGain:
     """Append the compaction entry and move the session's pivot to it, in the
-    caller's transaction with the session row locked. ``state`` is updated."""
+    caller's transaction with the session row locked. ``state`` is updated.
+
+    A summary that would leave the context no smaller, by its stored count or
+    by its estimate, is not committed (:class:`NoGain`): nothing is written.
+    """
     repo = CompactionRepository(tenant_id)
     plan = prepared.plan
     before = sessions.verdict_of(state, config).estimated_tokens
@@ -331,12 +352,25 @@ async def commit_pivot(
     ):
         new.append(_new_entry(seq + 1, "continue", CONTINUE_TEXT, encoding))
         continued = True
-    for entry in new:
-        await repo.insert_entry(driver, session_id, entry, now)
     pinned = sorted(set(state.pinned_seqs) | set(plan.pinned))
-    context, tool_context = await repo.context_totals(
+    # The kept window's totals, read before the new entries exist (they are
+    # user messages: they add to the context, never to its tool outputs).
+    kept, tool_context = await repo.context_totals(
         driver, session_id, plan.first_kept_seq, pinned, seq
     )
+    context = kept + sum(e.tokens for e in new)
+    after = budget.estimate(
+        dataclasses.replace(
+            sessions.accounting_of(state),
+            context_tokens=context,
+            reported_prompt_tokens=None,
+            context_tokens_at_report=None,
+        )
+    )
+    if context >= state.context_tokens or after >= before:
+        return NoGain(before, after)
+    for entry in new:
+        await repo.insert_entry(driver, session_id, entry, now)
     state.next_seq += len(new)
     state.entry_count += len(new)
     state.stored_tokens += sum(e.tokens for e in new)
@@ -350,7 +384,6 @@ async def commit_pivot(
     state.prune_checked_tool_tokens = None
     state.prune_checked_urgent = None
     state.compaction_count += 1
-    after = sessions.verdict_of(state, config).estimated_tokens
     # Low yield: hold automatic compaction until new history arrives.
     state.compaction_held_seq = (
         state.next_seq if before - after < LOW_YIELD_SHARE * before else None
@@ -376,7 +409,9 @@ async def commit_pivot(
             compaction_held_seq=state.compaction_held_seq,
         ),
     )
-    return Committed(seq, before, after, state.version, continued)
+    return Committed(
+        seq, before, sessions.verdict_of(state, config).estimated_tokens, state.version, continued
+    )
 
 
 def outcome(
@@ -414,7 +449,7 @@ async def compact_now(
 ) -> CompactionStarted | None:
     """The emergency path: an extractive compaction, no model call, committed in
     the caller's transaction. None (and held until new history) when nothing
-    can be summarized."""
+    can be summarized, or the summary would not make the context smaller."""
     started = time.perf_counter()
     repo = CompactionRepository(tenant_id)
     prepared = await prepare(driver, tenant_id, session_id, state, config, reason="emergency")
@@ -436,6 +471,10 @@ async def compact_now(
         auto=True,
         now=now,
     )
+    if isinstance(committed, NoGain):
+        state.compaction_held_seq = state.next_seq
+        await repo.hold(driver, session_id, state.next_seq)
+        return None
     await repo.insert_done(
         driver,
         session_id,

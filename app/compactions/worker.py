@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions.pivot import (
     FAILURE_LIMIT,
+    NoGain,
     Prepared,
     commit_pivot,
     outcome,
@@ -47,7 +48,7 @@ from app.core import metrics
 from app.core.database import driver_connection, unavailable_cause
 from app.core.settings import Settings
 from app.sessions import service as sessions
-from app.sessions.repository import lock_state, read_state
+from app.sessions.repository import SessionState, lock_state, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
 
 log = logging.getLogger("compactd.worker")
@@ -171,6 +172,19 @@ class Worker:
                     return  # the session is gone, and the job with it
                 prepared, state_model, needed = loaded
                 if prepared is None:
+                    if job.reason == "overflow":
+                        # A recovery that finds nothing to cut is not a failed
+                        # compaction: it must not stop automatic ones (three failures
+                        # do). Held until new history arrives, like a low yield.
+                        await self._finish(
+                            job,
+                            "cancelled",
+                            "nothing to compact: the history since the last compaction is "
+                            "what the recovery keeps, or has no point to cut at; not counted "
+                            "as a failed automatic compaction",
+                            hold=True,
+                        )
+                        return
                     if job.auto and not needed:
                         # Another compaction (an emergency one, say) relieved the
                         # window first: this one is not a failure, just late.
@@ -337,18 +351,26 @@ class Worker:
                 auto=job.auto,
                 now=datetime.now(UTC),
             )
-            fell_back = (
-                job.summarizer == "llm"
-                and summarized.used == "extractive"
-                and self.config.upstream is not None
-            )
-            error = "; ".join(summarized.notes) if fell_back and summarized.notes else None
-            await repo.succeed(
-                driver,
-                job.id,
-                job.session_id,
-                outcome(prepared, summarized, committed, error=error),
-            )
+            if isinstance(committed, NoGain):
+                # Nothing went wrong, there was nothing to gain: not a failure, and
+                # held until new history arrives, as after a low-yield compaction.
+                await self._end(driver, repo, state, job, "cancelled", committed.reason, hold=True)
+            else:
+                fell_back = (
+                    job.summarizer == "llm"
+                    and summarized.used == "extractive"
+                    and self.config.upstream is not None
+                )
+                error = "; ".join(summarized.notes) if fell_back and summarized.notes else None
+                await repo.succeed(
+                    driver,
+                    job.id,
+                    job.session_id,
+                    outcome(prepared, summarized, committed, error=error),
+                )
+        if isinstance(committed, NoGain):
+            _transition(job, "cancelled", detail=committed.reason)
+            return True
         seconds = time.perf_counter() - self._claimed_at.get(job.id, time.perf_counter())
         metrics.committed(
             job.reason, summarized.used, seconds, committed.tokens_before, committed.tokens_after
@@ -365,25 +387,16 @@ class Worker:
         )
         return True
 
-    async def _finish(self, job: JobRow, status: str, error: str) -> None:
+    async def _finish(self, job: JobRow, status: str, error: str, *, hold: bool = False) -> None:
         """End a job without a summary: cancelled, or failed (which counts
-        against automatic compaction when the job was automatic)."""
+        against automatic compaction when the job was automatic). ``hold``:
+        no automatic compaction until new history arrives."""
         repo = CompactionRepository(job.tenant_id)
         async with driver_connection(self.engine) as driver, driver.transaction():
             state = await lock_state(driver, job.tenant_id, job.session_id)
             if state is None or await self._owned(driver, repo, job) is None:
                 return
-            await repo.finish(driver, job, status, error)
-            failures = state.compaction_failures
-            if status == "failed" and job.auto:
-                failures += 1
-            await repo.set_guards(
-                driver,
-                job.session_id,
-                active=None if state.active_compaction_id == job.id else state.active_compaction_id,
-                failures=failures,
-                only_if_active=None,
-            )
+            failures = await self._end(driver, repo, state, job, status, error, hold=hold)
         _transition(job, status, detail=error)
         if failures >= FAILURE_LIMIT and status == "failed" and job.auto:
             log.warning(
@@ -392,6 +405,34 @@ class Worker:
                 job.session_id,
                 failures,
             )
+
+    async def _end(
+        self,
+        driver: Any,
+        repo: CompactionRepository,
+        state: SessionState,
+        job: JobRow,
+        status: str,
+        error: str,
+        *,
+        hold: bool,
+    ) -> int:
+        """Record the end on the job and the session's guards, in the caller's
+        transaction (session and job locked); the failures in a row now."""
+        await repo.finish(driver, job, status, error)
+        failures = state.compaction_failures
+        if status == "failed" and job.auto:
+            failures += 1
+        await repo.set_guards(
+            driver,
+            job.session_id,
+            active=None if state.active_compaction_id == job.id else state.active_compaction_id,
+            failures=failures,
+            only_if_active=None,
+        )
+        if hold:
+            await repo.hold(driver, job.session_id, state.next_seq)
+        return failures
 
     async def _release(self, job: JobRow) -> None:
         async with driver_connection(self.engine) as driver:

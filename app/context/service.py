@@ -11,12 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.context.schemas import ContextTokens, TokenBreakdown
 from app.core.database import driver_connection
 from app.core.errors import NotFound
-from app.engine import budget
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.messages.repository import read_state_and_marks, read_window
 from app.messages.schemas import Format
 from app.sessions import service as sessions
+from app.sessions.repository import record_served
 
 _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
     "none": "ok",
@@ -93,6 +93,7 @@ class ContextService:
                 summary_seq=session.summary_seq,
                 pinned_seqs=session.pinned_seqs,
             )
+            await record_served(driver, self.tenant_id, session_id, session)
         config = sessions.effective_config(session.config)
         items = _items(rows, marks, fmt, config.prune.placeholder)
         system_json: bytes | None = None
@@ -107,15 +108,10 @@ class ContextService:
             sum(items[i].tokens for i in used if items[i].role != "tool") - summary_tokens
         )
         overhead = REPLY_PRIMING_TOKENS + session.overhead_tokens
-        window, _ = sessions.window_of(session)
-        acc = budget.Accounting(
-            context_tokens=tool_tokens + message_tokens + summary_tokens,
-            calibration_factor=session.calibration_factor,
-            overhead_tokens=overhead,
-            reported_prompt_tokens=session.reported_prompt_tokens,
-            context_tokens_at_report=session.context_tokens_at_report,
-        )
-        verdict = budget.verdict(acc, window, sessions.thresholds_of(config))
+        # The estimate, state and fraction are the session's verdict, the very
+        # figures /overflow gives: one computation from the running totals. The
+        # breakdown says what the messages assembled here hold.
+        verdict = sessions.verdict_of(session, config)
         tokens = ContextTokens(
             estimated=verdict.estimated_tokens,
             budget=verdict.usable_tokens,

@@ -62,5 +62,11 @@ class Session(Base):
     compaction_failures: Mapped[int] = mapped_column(Integer, default=0)
     compaction_held_seq: Mapped[int | None] = mapped_column(BigInteger)
     pivot_version: Mapped[int | None] = mapped_column(BigInteger)
+    # The last context GET /context served and no usage report has measured yet:
+    # its version, its context_tokens, and the compaction active then. A report
+    # without context_version is about that context (see app.budget.service).
+    served_version: Mapped[int | None] = mapped_column(BigInteger)
+    served_context_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    served_compaction_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -45,6 +45,9 @@ class SessionState:
     compaction_held_seq: int | None
     compaction_count: int
     pivot_version: int | None
+    served_version: int | None
+    served_context_tokens: int | None
+    served_compaction_id: uuid.UUID | None
 
 
 STATE_FIELDS = tuple(f.name for f in fields(SessionState))
@@ -67,6 +70,32 @@ async def lock_state(driver: Any, tenant_id: str, session_id: str) -> SessionSta
     """The session's state, its row locked for the caller's transaction."""
     row = await driver.fetchrow(_LOCK_STATE_SQL, session_id, tenant_id)
     return None if row is None else SessionState(*row)
+
+
+# Not a change of the session (no new version): bookkeeping of what was read.
+# Only forward, so that of two reads racing the later context stays recorded.
+_SERVED_SQL = """
+UPDATE session SET served_version = $3, served_context_tokens = $4, served_compaction_id = $5
+WHERE id = $1 AND tenant_id = $2 AND (served_version IS NULL OR served_version <= $3)
+"""
+
+
+async def record_served(driver: Any, tenant_id: str, session_id: str, state: SessionState) -> None:
+    """Remember the context just served (read as ``state``): the usage report
+    of the model call made with it may come without its version."""
+    if (
+        state.served_version == state.version
+        and state.served_compaction_id == state.active_compaction_id
+    ):
+        return  # served already and not measured yet: nothing to write
+    await driver.execute(
+        _SERVED_SQL,
+        session_id,
+        tenant_id,
+        state.version,
+        state.context_tokens,
+        state.active_compaction_id,
+    )
 
 
 class SessionRepository:

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
 from app.engine import budget, catalog
+from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.sessions.models import Session
 from app.sessions.repository import SessionRepository
 from app.sessions.schemas import (
@@ -102,10 +103,15 @@ def thresholds_of(config: SessionConfig) -> budget.Thresholds:
 
 
 def accounting_of(session: Budgeted) -> budget.Accounting:
+    """The session's totals as the budget maths reads them. The one source of
+    the estimate: ``/overflow``, ``/context``, appends, usage reports and
+    compactions all go through here. Every request also carries the reply's
+    priming, which the provider counts in its prompt (and the calibration
+    compares against), so it is overhead too."""
     return budget.Accounting(
         context_tokens=session.context_tokens,
         calibration_factor=session.calibration_factor,
-        overhead_tokens=session.overhead_tokens,
+        overhead_tokens=session.overhead_tokens + REPLY_PRIMING_TOKENS,
         reported_prompt_tokens=session.reported_prompt_tokens,
         context_tokens_at_report=session.context_tokens_at_report,
     )

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.tokens import REPLY_PRIMING_TOKENS
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, tool_call
 
@@ -193,7 +194,9 @@ async def test_overflow_escalates_as_the_window_fills(client: httpx.AsyncClient)
     }
     assert v["usable_tokens"] == 1800
     assert v["threshold_tokens"] == 1500
-    assert v["estimated_tokens"] == 0
+    # Nothing stored yet: the reply's priming alone, the figure /context gives too.
+    assert v["estimated_tokens"] == REPLY_PRIMING_TOKENS
+    assert (await _context(client, "o", "openai"))["tokens"]["estimated"] == REPLY_PRIMING_TOKENS
     assert v["action"] == "none"
     assert v["overflow"] is False
     assert v["calibration_factor"] == 1.0
