@@ -73,7 +73,11 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 async def _connect(url: str) -> Any:
     import asyncpg
 
-    return await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    from app.core.database import driver_bounds_of
+
+    # Bounded as the service's connections are: a hung database fails the command.
+    bounds = driver_bounds_of(get_settings())
+    return await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1), **bounds)
 
 
 async def _keys_exist(url: str) -> bool:

@@ -45,7 +45,7 @@ from app.compactions.pivot import (
 from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
 from app.compactions.summarizer import Backoff, Llm, RetryLater, Summarized, summarize
 from app.core import metrics
-from app.core.database import driver_connection, unavailable_cause
+from app.core.database import driver_bounds, driver_connection, unavailable_cause
 from app.core.settings import Settings
 from app.sessions import service as sessions
 from app.sessions.repository import SessionState, lock_state, read_state
@@ -483,17 +483,22 @@ def _setter(event: asyncio.Event) -> Any:
 
 class Listener:
     """One connection per process that LISTENs on the jobs channel and wakes the
-    workers; reconnects on failure (the workers poll meanwhile)."""
+    workers; reconnects on failure (the workers poll meanwhile). ``bounds`` are the
+    engine's client-side timeouts (see ``driver_bounds``): a frozen server cannot
+    hold its connect or its LISTEN."""
 
-    def __init__(self, dsn: str, wake: asyncio.Event) -> None:
+    def __init__(
+        self, dsn: str, wake: asyncio.Event, bounds: dict[str, float] | None = None
+    ) -> None:
         self.dsn = dsn
         self.wake = wake
+        self.bounds = bounds or {}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             connection: Any = None
             try:
-                connection = await asyncpg.connect(self.dsn)
+                connection = await asyncpg.connect(self.dsn, **self.bounds)
                 lost = asyncio.Event()
                 connection.add_termination_listener(_setter(lost))
                 await connection.add_listener(CHANNEL, self._notified)
@@ -540,7 +545,7 @@ class WorkerPool:
         self.workers = [
             Worker(engine, config, http, name=worker_name(i), wake=self.wake) for i in range(count)
         ]
-        self.listener = Listener(listen_dsn(engine), self.wake)
+        self.listener = Listener(listen_dsn(engine), self.wake, driver_bounds(engine))
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import asyncpg
+import asyncpg.transaction
 import orjson
 from fastapi import Depends, Request
-from sqlalchemy import MetaData, event
+from sqlalchemy import Engine, MetaData, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import (
@@ -45,6 +49,20 @@ def _dumps(value: object) -> str:
 
 
 def create_engine(url: str, settings: Settings) -> AsyncEngine:
+    """The engine, its pool and every connection bounded on the client side.
+
+    Postgres's ``statement_timeout`` bounds a statement only while the server runs:
+    one that is frozen (a stalled disk or network looks the same) answers nothing.
+    So each database call is bounded here too: opening a connection
+    (``db_connect_timeout_seconds``), waiting for a pooled one
+    (``db_pool_timeout_seconds``) and each command, COMMIT included
+    (``db_command_timeout_seconds``, above the statement timeout so that Postgres
+    cancels a merely slow statement first and the connection is kept). A command past
+    its bound drops its connection (Postgres rolls the transaction back when it sees
+    that) and the request gets 503; a COMMIT past it may yet have committed, and a 503
+    never claims otherwise.
+    """
+    bounds = driver_bounds_of(settings)
     engine = create_async_engine(
         url,
         pool_size=settings.db_pool_size,
@@ -54,10 +72,84 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         json_deserializer=orjson.loads,
         # Every query is a keyed lookup; the append's write statement (CTEs over
         # unnest) cost more to plan on each call than to run. See the README.
-        connect_args={"server_settings": _server_settings(settings)},
+        connect_args={
+            "server_settings": _server_settings(settings),
+            "connection_class": BoundedConnection,
+            **bounds,
+        },
     )
     event.listen(engine.sync_engine, "checkout", _skip_closed)
+    event.listen(engine.sync_engine, "handle_error", _drop_when_unanswered)
+    _BOUNDS[engine.sync_engine] = bounds
     return engine
+
+
+_BOUNDS: weakref.WeakKeyDictionary[Engine, dict[str, float]] = weakref.WeakKeyDictionary()
+
+
+def driver_bounds_of(settings: Settings) -> dict[str, float]:
+    """asyncpg's client-side bounds: ``timeout`` (to connect) and ``command_timeout``."""
+    return {
+        "timeout": settings.db_connect_timeout_seconds,
+        "command_timeout": settings.db_command_timeout_seconds,
+    }
+
+
+def driver_bounds(engine: AsyncEngine) -> dict[str, float]:
+    """The bounds of ``engine``'s connections, for a connection opened apart from its
+    pool (the workers' LISTEN connection); none for an engine made elsewhere."""
+    return dict(_BOUNDS.get(engine.sync_engine, {}))
+
+
+def unanswered(error: BaseException | None) -> bool:
+    """Whether ``error`` is the driver giving up on a server that did not answer a
+    command, or a connection attempt, within its bound."""
+    return isinstance(error, TimeoutError) and _raised_by_the_driver(error)
+
+
+class BoundedTransaction(asyncpg.transaction.Transaction):  # type: ignore[misc]  # untyped
+    """A transaction block that gives up at once on a server that stopped answering.
+
+    After a command timed out, asyncpg asks the server to cancel it and makes the
+    ROLLBACK wait for that answer: up to another ``command_timeout`` from a frozen
+    server. The connection is dropped instead; Postgres rolls back when it sees that.
+    """
+
+    __slots__ = ()
+
+    async def __aexit__(self, extype: Any, ex: BaseException | None, tb: Any) -> None:
+        if unanswered(ex):
+            self._connection.terminate()
+            return
+        await super().__aexit__(extype, ex, tb)
+
+
+class BoundedConnection(asyncpg.Connection):  # type: ignore[misc]  # untyped
+    """The service's asyncpg connections: their transactions are bounded (above)."""
+
+    def transaction(
+        self, *, isolation: str | None = None, readonly: bool = False, deferrable: bool = False
+    ) -> BoundedTransaction:
+        # As asyncpg.Connection.transaction, with the bounded block.
+        super().transaction()  # the same checks (the connection is open)
+        return BoundedTransaction(self, isolation, readonly, deferrable)
+
+
+def _drop_when_unanswered(context: ExceptionContext) -> None:
+    """A command on an ORM path that the server did not answer in time: drop the
+    connection now (see :class:`BoundedTransaction`), so that the rollback that follows
+    is immediate and the pool never hands the connection out again; the TimeoutError
+    goes on to become a 503."""
+    if not unanswered(context.original_exception):
+        return
+    connection = context.connection
+    if connection is not None and not connection.invalidated:
+        with contextlib.suppress(Exception):
+            driver = connection.connection.driver_connection
+            if driver is not None:
+                driver.terminate()
+    context.is_disconnect = True
+    context.invalidate_pool_on_disconnect = False  # the others may be fine
 
 
 def _server_settings(settings: Settings) -> dict[str, str]:
@@ -107,7 +199,9 @@ async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
 # DBAPIError whose ``orig`` is caused by the driver's error); the raw asyncpg
 # paths below see them as they are.
 UNAVAILABLE = (
-    OSError,  # refused, no socket file, reset, timed out (TimeoutError is an OSError)
+    # Refused, no socket file, reset, and timed out: TimeoutError is an OSError, and the
+    # driver raises it when a connection or a command is not answered within its bound.
+    OSError,
     asyncpg.PostgresConnectionError,  # class 08, and "closed in the middle of operation"
     asyncpg.exceptions.AdminShutdownError,  # 57P01: a fast shutdown, pg_terminate_backend
     asyncpg.exceptions.CrashShutdownError,  # 57P02
@@ -192,6 +286,10 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
                 raise
             except Exception as exc:
                 cause = unavailable_cause(exc)
+                if unanswered(cause) and not driver.is_closed():
+                    # Not answered within command_timeout: the connection is in an
+                    # unknown state, and a graceful close would wait on it again.
+                    driver.terminate()
                 down = driver.is_closed() or cause is not None
                 # A statement_timeout leaves a healthy connection behind (the transaction
                 # rolled back); InternalClientError a broken one: never reuse that.

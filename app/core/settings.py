@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +106,32 @@ class Settings(BaseSettings):
         description="Postgres's statement_timeout for the service's connections (a lock wait "
         "included); past it the request gets 503 and its transaction rolls back. 0: none.",
     )
+    db_connect_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long opening a database connection may take (socket, TLS, "
+        "authentication); then 503.",
+    )
+    db_command_timeout_seconds: float = Field(
+        default=35.0,
+        gt=0,
+        description="How long one database command (COMMIT included) may go unanswered, "
+        "however the database hangs (frozen, a stalled disk or network: statement_timeout "
+        "cannot fire then); past it the connection is dropped and the request gets 503. "
+        "Must exceed db_statement_timeout_seconds, which cancels a slow statement first.",
+    )
+
+    @model_validator(mode="after")
+    def _command_outlasts_statement(self) -> Settings:
+        statement = self.db_statement_timeout_seconds
+        if statement and self.db_command_timeout_seconds <= statement:
+            raise ValueError(
+                f"db_command_timeout_seconds ({self.db_command_timeout_seconds:g}) must exceed "
+                f"db_statement_timeout_seconds ({statement:g}): Postgres then cancels a slow "
+                "statement itself and the connection is kept"
+            )
+        return self
+
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )

@@ -10,12 +10,14 @@ import asyncpg
 import httpx
 import pytest
 from fastapi import FastAPI
+from pydantic import ValidationError
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_dbapi
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.core.database import unavailable_cause
 from app.core.http import install_error_handlers
+from app.core.settings import Settings
 from tests.resilience.support import assert_unavailable
 
 _DBAPI: Any = AsyncAdapt_asyncpg_dbapi
@@ -167,3 +169,13 @@ async def test_a_503_with_retry_after(error: Exception) -> None:
 async def test_a_bug_stays_a_500(error: Exception) -> None:
     r = await get(app_raising(error))
     assert r.status_code == 500, r.text
+
+
+def test_the_command_bound_must_outlast_the_statement_timeout() -> None:
+    """Postgres cancels a slow statement first and keeps the connection; the client's
+    bound is for a server that cannot answer at all."""
+    with pytest.raises(ValidationError, match="must exceed db_statement_timeout_seconds"):
+        Settings(db_statement_timeout_seconds=30, db_command_timeout_seconds=30)
+    assert Settings(db_statement_timeout_seconds=0, db_command_timeout_seconds=1)
+    defaults = Settings()
+    assert defaults.db_command_timeout_seconds > defaults.db_statement_timeout_seconds
