@@ -19,16 +19,12 @@ from app.core import metrics
 from app.core.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
-from app.core.http import install_error_handlers
+from app.core.http import install_error_handlers, run_sized
 from app.core.limits import LimitMiddleware, Limits
 from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
-from app.engine.storable import (
-    MAX_JSON_DEPTH,
-    find_unstorable,
-    nests_too_deep,
-)
+from app.engine.storable import find_unstorable
 from app.engine.tokens import get_encoding, install_offline_encodings
 from app.health.router import router as health_router
 from app.messages.router import router as messages_router
@@ -37,7 +33,9 @@ from app.sessions.router import router as sessions_router
 
 async def reject_unstorable_text(request: Request) -> None:
     """NUL characters and lone surrogates are refused (422 naming the field), never stored;
-    so are integers beyond 64 bits, which the JSON encoder cannot write."""
+    so are integers beyond 64 bits and numbers that are not finite, which the JSON encoder
+    cannot write, and arrays or objects nested too deep or over ``max_json_items`` (before
+    the body's validation walks them: a million bad items once took minutes to answer)."""
     for name, value in request.query_params.multi_items():
         found = find_unstorable(value, name)
         if found:
@@ -54,8 +52,6 @@ async def reject_unstorable_text(request: Request) -> None:
             f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start : exc.start + 1]!r})",
             errors=[{"field": "body", "detail": "invalid UTF-8"}],
         ) from None
-    if nests_too_deep(body):
-        raise invalid("body", f"nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     if not body:
         return
     try:
@@ -63,9 +59,10 @@ async def reject_unstorable_text(request: Request) -> None:
         # beyond 64 bits and lone surrogates) and Starlette keeps the result: walking
         # it costs far less than scanning the raw bytes for escapes.
         parsed = await request.json()
-    except ValueError:
-        return  # not JSON: the body validation reports it
-    found = find_unstorable(parsed, "")
+    except (ValueError, RecursionError):
+        return  # not JSON (or too deep to parse): the body validation reports it
+    max_items = request.app.state.settings.max_json_items
+    found = await run_sized(len(body), find_unstorable, parsed, "", max_items)
     if found:
         raise invalid(*found)
 

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from app.core.errors import PROBLEM_JSON
+from app.core.http import MAX_REPORTED_ERRORS
 
 
 class FieldError(BaseModel):
@@ -24,7 +25,12 @@ class Problem(BaseModel):
     status: int
     detail: str
     instance: str | None = None
-    errors: list[FieldError] | None = Field(None, description="The fields that were rejected.")
+    errors: list[FieldError] | None = Field(
+        None, description=f"The fields that were rejected (the first {MAX_REPORTED_ERRORS})."
+    )
+    errors_omitted: int | None = Field(
+        None, description="How many more rejected fields there were than are listed."
+    )
     current_version: int | None = Field(None, description="On 412: the session's current version.")
 
 

@@ -135,7 +135,16 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )
-    max_batch_messages: int = Field(default=1000, description="Most messages one append may carry.")
+    max_batch_messages: int = Field(
+        default=1000, ge=1, description="Most messages one append may carry; more: 422."
+    )
+    max_json_items: int = Field(
+        default=10_000,
+        ge=1,
+        description="Most items (array elements, object keys) any one JSON array or object "
+        "of a request body may hold, a tool call's arguments included; more: 422, before "
+        "anything walks or validates them.",
+    )
     compaction_workers: int = Field(
         default=1, ge=0, le=64, description="Compaction workers inside `serve`; 0 turns them off."
     )

@@ -4,17 +4,43 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 
 from app.core.database import DbDep, EngineDep
+from app.core.errors import invalid
+from app.core.http import run_sized
 from app.core.openapi import problems
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.messages.schemas import AppendRequest, AppendResponse, Format, HistoryPage
-from app.messages.service import AppendService, MessageService
+from app.messages.service import (
+    AppendService,
+    MessageService,
+    check_batch_size,
+    oversized_arguments,
+)
 from app.sessions.router import IfMatch, SessionIdPath, checked_id
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/messages", tags=["messages"])
+
+
+async def batch_in_bounds(request: Request, settings: SettingsDep) -> None:
+    """Before the body is validated: at most ``max_batch_messages`` messages, and no
+    tool call's arguments holding an array or object over ``max_json_items`` (the
+    body's own arrays and objects are checked for every route, in app.main)."""
+    try:
+        body = await request.json()  # parsed once already, by FastAPI
+    except ValueError:
+        return  # the body validation names it
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return
+    check_batch_size(len(messages), settings.max_batch_messages)
+    if body.get("format", "openai") == "openai":
+        size = len(await request.body())
+        found = await run_sized(size, oversized_arguments, messages, settings.max_json_items)
+        if found:
+            raise invalid(*found)
 
 
 @router.post(
@@ -22,8 +48,10 @@ router = APIRouter(prefix="/v1/sessions/{session_id}/messages", tags=["messages"
     status_code=status.HTTP_201_CREATED,
     response_model=AppendResponse,
     responses=problems(404, 412, 413, 422),
+    dependencies=[Depends(batch_in_bounds)],
 )
 async def append_messages(
+    request: Request,
     session_id: SessionIdPath,
     body: AppendRequest,
     engine: EngineDep,
@@ -46,6 +74,7 @@ async def append_messages(
         idempotency_key=idempotency_key,
         if_match=if_match,
         max_messages=settings.max_batch_messages,
+        body_bytes=len(await request.body()),
     )
     # The service wrote the JSON itself (it is also the idempotency record); the
     # response model above documents it.

@@ -20,8 +20,10 @@ from app.compactions import pivot
 from app.core import metrics
 from app.core.database import driver_connection
 from app.core.errors import NotFound, UnprocessableContent, invalid
+from app.core.http import run_sized
 from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
 from app.engine.model import Entry, InvalidMessage
+from app.engine.storable import MAX_JSON_DEPTH, find_oversized
 from app.messages import models
 from app.messages.repository import (
     Answer,
@@ -90,6 +92,46 @@ def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
     except InvalidMessage as exc:
         raise invalid(exc.path, exc.detail) from None
     return entries
+
+
+def check_batch_size(count: int, max_messages: int) -> None:
+    if count > max_messages:
+        raise invalid("messages", f"holds {count:,} messages; at most {max_messages:,} per append")
+
+
+def oversized_arguments(messages: list[Any], max_items: int) -> tuple[str, str] | None:
+    """The first OpenAI tool call whose ``arguments`` JSON holds an array or object
+    of more than ``max_items`` items, or nests them more than ``MAX_JSON_DEPTH``
+    deep, and why: the same bounds as for the body's own JSON (an Anthropic
+    ``tool_use`` input is part of it), so that a tool call is refused alike in both
+    formats, and its Anthropic view (the parsed arguments) can always be written.
+    Only arguments that could break a bound are parsed: an array or object of
+    ``max_items + 1`` items has ``max_items`` commas, and nesting takes brackets."""
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not isinstance(calls, list):
+            continue
+        for j, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            arguments = fn.get("arguments") if isinstance(fn, dict) else None
+            if not isinstance(arguments, str) or (
+                arguments.count(",") < max_items
+                and arguments.count("[") + arguments.count("{") <= MAX_JSON_DEPTH
+            ):
+                continue
+            try:
+                parsed = orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                continue  # parse_batch names it
+            found = find_oversized(parsed, "", max_items)
+            if found:
+                where, reason = found
+                inside = "" if where == "body" else f" at {where}"
+                return (
+                    f"messages[{i}].tool_calls[{j}].function.arguments",
+                    f"its JSON{inside} {reason}",
+                )
+    return None
 
 
 def request_hash(body: AppendRequest) -> str:
@@ -255,18 +297,17 @@ class AppendService:
         idempotency_key: str | None,
         if_match: str | None,
         max_messages: int | None = None,
+        body_bytes: int = 0,
     ) -> tuple[bytes, int, bool]:
         """Store a batch atomically.
 
         Returns the ``AppendResponse`` document as JSON bytes, the session's
         version after it, and whether it is the replay of an earlier append.
+        ``body_bytes`` (the request's size) says whether parsing it is worth a thread.
         """
-        if max_messages is not None and len(body.messages) > max_messages:
-            raise invalid(
-                "messages",
-                f"holds {len(body.messages)} messages; at most {max_messages} per append",
-            )
-        batch = _Batch(body, idempotency_key)
+        if max_messages is not None:
+            check_batch_size(len(body.messages), max_messages)
+        batch = await run_sized(body_bytes, _Batch, body, idempotency_key)
         # Appends to one session in this process take turns here, before they
         # hold a connection: they would only lose races to each other in the
         # database. Other processes are still ordered by the version check.
@@ -320,6 +361,7 @@ class AppendService:
         first_seq = session.next_seq
         linking = link_batch(batch.entries, read.calls, first_seq)
 
+        every_shown = await batch.show_all(encoding, config.truncate, linking.view_ids)
         rows: list[EntryRow] = []
         stored: list[dict[str, Any]] = []
         added = tool_tokens = 0
@@ -327,7 +369,7 @@ class AppendService:
             seq = first_seq + offset
             entry_id = uuid.uuid4()
             view_ids = linking.view_ids[offset]
-            shown = batch.shown(offset, encoding, config.truncate, view_ids)
+            shown = every_shown[offset]
             rows.append(
                 EntryRow(
                     seq=seq,
@@ -476,7 +518,26 @@ class _Batch:
         self.digest = request_hash(body) if self.idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
+        # About the bytes there are to count (the content as JSON).
+        self.size = sum(map(len, self.parts))
         self._shown: dict[tuple[Any, ...], _Shown] = {}
+
+    async def show_all(
+        self,
+        encoding: tokens.EncodingName,
+        config: TruncateConfig,
+        view_ids: list[tuple[str, ...] | None],
+    ) -> list[_Shown]:
+        """Every entry as shown to the model. Counting a large batch takes a second
+        of CPU or more (tokenizing, truncating, rendering): it runs in a worker
+        thread, where tiktoken releases the GIL, so the event loop keeps serving."""
+
+        def show() -> list[_Shown]:
+            return [
+                self.shown(offset, encoding, config, ids) for offset, ids in enumerate(view_ids)
+            ]
+
+        return await run_sized(self.size, show)
 
     def shown(
         self,

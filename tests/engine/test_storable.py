@@ -1,4 +1,5 @@
-"""Text Postgres cannot store: NUL characters and lone surrogates."""
+"""What cannot be stored as sent: NUL characters, lone surrogates, integers beyond
+64 bits, numbers that are not finite; and arrays or objects over the item cap."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.storable import find_unstorable
+from app.engine.storable import find_oversized, find_unstorable
 
 
 def test_nul_is_found_with_its_path() -> None:
@@ -66,7 +67,11 @@ def test_valid_surrogate_pair_is_fine() -> None:
 
 STORABLE = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=20)
 JSONISH: st.SearchStrategy[Any] = st.recursive(
-    STORABLE | st.integers(-(2**63), 2**63 - 1) | st.none(),
+    STORABLE
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.booleans()
+    | st.none(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(STORABLE, inner, max_size=3),
     max_leaves=10,
 )
@@ -104,3 +109,61 @@ def test_first_bad_string_is_named(texts: list[str], data: st.DataObject, bad: s
     assert found is not None
     assert found[0] == f"messages[{i}].content"
     assert find_unstorable(json.loads(json.dumps(body)), "") == found
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        (b'{"metadata": {"x": NaN}}', "metadata.x"),
+        (b'{"a": [1, Infinity]}', "a[1]"),
+        (b'{"a": {"b": [{"c": -Infinity}]}}', "a.b[0].c"),
+        (b'{"n": 1e400}', "n"),  # beyond a double: Python parses it as inf
+        (b'{"n": -1e400}', "n"),
+        (b"[NaN]", "[0]"),
+        (b"NaN", "body"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_named(raw: bytes, path: str) -> None:
+    """Python's JSON parser takes them; the JSON encoder would write them as null."""
+    found = find_unstorable(json.loads(raw), "")
+    assert found is not None
+    assert found[0] == path
+    assert "not a finite number" in found[1]
+
+
+def test_finite_floats_pass() -> None:
+    value = json.loads(b"[1e308, -1e308, 5e-324, -0.0, 0.5, 1e-400]")
+    assert find_unstorable(value, "") is None
+
+
+def test_an_array_or_object_over_the_cap_is_named_before_its_items_are_walked() -> None:
+    # A bad value deep inside is not what is reported: the size is, and at once.
+    big = [1] * 1_000_000 + [float("nan")]
+    found = find_unstorable({"messages": [{"input": {"values": big}}]}, "", max_items=10_000)
+    assert found == (
+        "messages[0].input.values",
+        "holds 1,000,001 items; at most 10,000 in any one JSON array",
+    )
+    wide = {"metadata": {f"k{i}": i for i in range(11)}}
+    assert find_unstorable(wide, "", max_items=10) == (
+        "metadata",
+        "holds 11 keys; at most 10 in any one JSON object",
+    )
+    assert find_unstorable(wide, "", max_items=11) is None
+    assert find_unstorable(wide, "") is None  # no cap
+    assert find_unstorable([[1] * 5], "", max_items=4) == (
+        "[0]",
+        "holds 5 items; at most 4 in any one JSON array",
+    )
+
+
+def test_oversized_looks_at_sizes_only() -> None:
+    """For JSON kept as text (tool-call arguments), only the size of its arrays and
+    objects counts: the text itself is what is stored."""
+    value = {"path": "a\x00b", "rows": [[float("nan"), 2**70], [3, 4, 5]]}
+    assert find_unstorable(value, "") is not None
+    assert find_oversized(value, "args", 3) is None
+    assert find_oversized(value, "args", 2) == (
+        "args.rows[1]",
+        "holds 3 items; at most 2 in any one JSON array",
+    )

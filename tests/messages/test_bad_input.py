@@ -266,6 +266,42 @@ async def test_deeply_nested_bodies_are_refused(
     await _assert_unchanged(client, before)
 
 
+async def test_deeply_nested_tool_arguments_are_refused(client: httpx.AsyncClient) -> None:
+    """OpenAI arguments are JSON the service parses (for the Anthropic view): nested
+    past 128 levels they are refused by name, as the body's own JSON is. At 300
+    levels they were a 500: the Anthropic view could not be written."""
+    before = await _seeded(client)
+    field = "messages[0].tool_calls[0].function.arguments"
+    for depth in (129, 300):
+        arguments = '{"a": ' + "[" * depth + "]" * depth + "}"
+        r = await client.post(
+            "/v1/sessions/s/messages",
+            json={
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [tool_call("deep", "f", arguments)],
+                    }
+                ]
+            },
+        )
+        doc = assert_problem(r, 422, field, "nests")
+        assert [e["field"] for e in doc["errors"]] == [field]
+        await _assert_unchanged(client, before)
+    ok = '{"a": ' + "[" * 120 + "]" * 120 + "}"
+    await append_ok(
+        client,
+        "s",
+        [
+            {"role": "assistant", "content": None, "tool_calls": [tool_call("deep", "f", ok)]},
+            {"role": "tool", "tool_call_id": "deep", "content": "done"},
+        ],
+    )
+    r = await client.get("/v1/sessions/s/context", params={"format": "anthropic"})
+    assert r.status_code == 200, r.text
+
+
 async def test_body_that_is_not_json_is_422(client: httpx.AsyncClient) -> None:
     before = await _seeded(client)
     r = await client.post(
@@ -352,3 +388,69 @@ async def test_unstorable_idempotency_key_is_422(client: httpx.AsyncClient) -> N
     )
     assert_problem(r, 422, "Idempotency-Key")
     await _assert_unchanged(client, before)
+
+
+NOT_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"]
+
+
+@pytest.mark.parametrize("literal", NOT_FINITE)
+async def test_numbers_that_are_not_finite_are_422_naming_the_field(
+    client: httpx.AsyncClient, literal: str
+) -> None:
+    """They were once stored as null; now nothing is stored but what was sent.
+    ``@`` in each body below stands for the literal."""
+    before = await _seeded(client)
+    cases = [
+        # Anywhere in the body's own JSON: an unmodelled key, a part's extra key.
+        (
+            '{"messages": [{"role": "user", "content": "x", "meta": {"score": @}}]}',
+            "messages[0].meta.score",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": "x",'
+            ' "cache": [0, @]}]}]}',
+            "messages[0].content[0].cache[1]",
+        ),
+        (
+            '{"format": "anthropic", "messages": [{"role": "assistant", "content":'
+            ' [{"type": "tool_use", "id": "n2", "name": "f", "input": {"n": @}}]}]}',
+            "messages[0].content[0].input.n",
+        ),
+        # Inside OpenAI arguments, a JSON string the service parses: the same rule.
+        (
+            '{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "n1",'
+            ' "type": "function", "function": {"name": "f", "arguments": "{\\"n\\": @}"}}]}]}',
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+    ]
+    for template, field in cases:
+        r = await client.post(
+            "/v1/sessions/s/messages",
+            content=template.replace("@", literal),
+            headers={"content-type": "application/json"},
+        )
+        doc = assert_problem(r, 422, field)
+        assert [e["field"] for e in doc["errors"]] == [field]
+        await _assert_unchanged(client, before)
+    # And in a usage report's tool definitions.
+    r = await client.post(
+        "/v1/sessions/s/usage",
+        content='{"input_tokens": 5, "tools": [{"name": "f", "max": @}]}'.replace("@", literal),
+        headers={"content-type": "application/json"},
+    )
+    assert_problem(r, 422, "tools[0].max", "not a finite number")
+    await _assert_unchanged(client, before)
+
+
+async def test_finite_numbers_are_stored_as_sent(client: httpx.AsyncClient) -> None:
+    await _seeded(client)
+    raw = (
+        '{"messages": [{"role": "user", "content": "x",'
+        ' "meta": {"big": 1e308, "tiny": 5e-324, "neg": -0.25, "n": -9223372036854775808}}]}'
+    )
+    r = await client.post(
+        "/v1/sessions/s/messages", content=raw, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 201, r.text
+    stored = (await history(client, "s"))[-1]["message"]
+    assert stored["meta"] == {"big": 1e308, "tiny": 5e-324, "neg": -0.25, "n": -(2**63)}
