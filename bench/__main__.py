@@ -8,7 +8,9 @@ temporary folder) and measures over real HTTP:
 - context reads at 100 and 1,000 stored messages, built from the real traces;
 - the naive baseline for the same sessions: load every row, count tokens with
   tiktoken on each request, build the list (what a service without stored
-  counts does), measured in this process against the same database.
+  counts does), measured in this process against the same database;
+- what one large request costs the others: the worst ``/healthz`` and context
+  latency while a maximum-size append (or a hostile body as large) is processed.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from app.core.settings import Settings
 from app.engine import openai_format, tokens
 from app.messages.service import entry_from_row
 from app.sessions.models import DEFAULT_TENANT
-from bench import load, upstream
+from bench import bounds, load, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -461,7 +463,7 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
         await pg.close()
 
 
-SECTIONS = ("append", "context", "budget", "compaction", "load")
+SECTIONS = ("append", "context", "budget", "compaction", "bounds", "load")
 
 
 def main() -> int:
@@ -525,6 +527,8 @@ def main() -> int:
                     url.replace("postgresql+asyncpg://", "postgresql://"),
                     {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"},
                 )
+            if "bounds" in sections:
+                await bounds.bench_bounds("127.0.0.1", port)
             if "load" in sections:
                 await load.bench_load(
                     "127.0.0.1", port, server.pid, args.seconds, folder / "pgdata"

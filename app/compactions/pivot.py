@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
+import anyio.to_thread
 import orjson
 
 from app.compactions.repository import (
@@ -457,7 +458,10 @@ async def compact_now(
         state.compaction_held_seq = state.next_seq
         await repo.hold(driver, session_id, state.next_seq)
         return None
-    summarized = extractive(prepared.plan, prepared.previous_summary)
+    # A second of CPU for a large history: in a worker thread, off the event loop.
+    summarized = await anyio.to_thread.run_sync(
+        extractive, prepared.plan, prepared.previous_summary
+    )
     job_id = uuid.uuid4()
     committed = await commit_pivot(
         driver,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import anyio.to_thread
 import httpx
 
 from app.engine import catalog, tokens
@@ -284,7 +285,8 @@ async def summarize(
     failed in a retryable way and attempts remain; otherwise falls back to the
     extractive summarizer, and says why in ``notes``."""
     if llm is None:
-        return extractive(plan, previous_summary, instructions)
+        # A second of CPU for a large history: in a worker thread, off the event loop.
+        return await anyio.to_thread.run_sync(extractive, plan, previous_summary, instructions)
     call = _Call(llm)
     budget = input_budget(llm.model, llm.config.max_output_tokens)
     try:
@@ -312,7 +314,7 @@ async def summarize(
                 rand=backoff.rand,
             )
             raise RetryLater(delay, f"upstream {exc.kind}: {exc}") from exc
-        fallback = extractive(plan, previous_summary, instructions)
+        fallback = await anyio.to_thread.run_sync(extractive, plan, previous_summary, instructions)
         fallback.notes.append(f"upstream {exc.kind} (attempt {attempt}): {exc}; used extractive")
         fallback.upstream_model = call.model
         fallback.usage = call.usage
