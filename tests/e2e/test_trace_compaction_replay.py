@@ -46,11 +46,15 @@ CONFIG = {
 }
 
 
-def _texts(message: dict[str, Any]) -> list[str]:
+def _pieces(message: dict[str, Any]) -> list[str | None]:
+    """What a message says, piece by piece: its text, or None for anything else
+    (a call, a result, an image)."""
     content = message.get("content")
+    if message["role"] == "tool" or message.get("tool_calls"):
+        return [content if isinstance(content, str) and content else None, None]
     if isinstance(content, str):
         return [content]
-    return [b["text"] for b in content or [] if b.get("type") == "text"]
+    return [b["text"] if b.get("type") == "text" else None for b in content or []] or [None]
 
 
 def check(ctx: dict[str, Any], fmt: str, pending: bool, where: str) -> None:
@@ -62,9 +66,9 @@ def check(ctx: dict[str, Any], fmt: str, pending: bool, where: str) -> None:
     # itself comes next, rightly.)
     pivot = ctx["compaction"]
     if pivot is not None and pivot["first_kept_seq"] < pivot["entry_seq"]:
-        pieces = [t for m in ctx["messages"] for t in _texts(m)]
+        pieces = [t for m in ctx["messages"] for t in _pieces(m)]
         for text, after in itertools.pairwise(pieces):
-            if summary_from_context_message(text) is not None:
+            if text is not None and summary_from_context_message(text) is not None:
                 assert after != CONTINUE_TEXT, f"{where}: a stale continue follows the summary"
     tokens = ctx["tokens"]
     assert tokens["estimated"] <= tokens["budget"], f"{where}: over budget {tokens}"
