@@ -10,9 +10,9 @@ compaction the reply's append started since makes it stale, or already the
 call's), every context stays valid and under budget, and the stored history is
 what was sent. Compactions per model call are counted and printed
 (``pytest -s``). Before the fix, two runs had 44 and 53 of about 195
-compactions started by such reports (23-27%), 8 and 30 of them in the same
-model call as another compaction or the next one; after it, 9-11 of about 178,
-none next to another.
+compactions started by such reports (23-27%), 6 and 2 of them in the same model
+call as another compaction (and in the second run 28 more in the call right
+after one); after it, 9-11 of about 178, none in or right after another's call.
 """
 
 from __future__ import annotations
