@@ -51,6 +51,7 @@ class Limits:
     tenant_concurrent: int
     tenant_queued: int
     max_body_bytes: int
+    max_buffered_body_bytes: int
     timeout: float
 
     @classmethod
@@ -72,6 +73,7 @@ class Limits:
                 else -(-settings.max_queued_requests // 2)
             ),
             max_body_bytes=settings.max_body_bytes,
+            max_buffered_body_bytes=settings.max_buffered_body_bytes,
             timeout=settings.request_timeout_seconds,
         )
 
@@ -191,6 +193,10 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class _BodiesFull(Exception):
+    """The process already holds ``max_buffered_body_bytes`` of request bodies."""
+
+
 class LimitMiddleware:
     """Admission, the body, then a fair slot (see the module's docstring). Plain ASGI:
     no task of its own, and the body is handed to the app as the one message it was
@@ -200,6 +206,10 @@ class LimitMiddleware:
         self.app = app
         self.limits = limits
         self.slots = FairSlots(limits)
+        # Bytes of request bodies held in memory (arriving, waiting or being handled):
+        # bodies are read before a slot, so the queue alone would let them add up to
+        # (slots + queue) x max_body_bytes.
+        self.buffered = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPS_PATHS:
@@ -210,25 +220,33 @@ class LimitMiddleware:
         if refused is not None:
             await self._refuse_admission(scope, receive, send, refused, tenant)
             return
+        held = [0]  # bytes of this request's body counted in self.buffered
         try:
-            await self._serve(scope, receive, send, tenant)
+            await self._serve(scope, receive, send, tenant, held)
         finally:
+            self.buffered -= held[0]
             self.slots.leave(tenant)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, tenant: str) -> None:
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, tenant: str, held: list[int]
+    ) -> None:
         limits = self.limits
         deadline = asyncio.get_running_loop().time() + limits.timeout
         too_large = PayloadTooLarge(
             f"the request body is over the {limits.max_body_bytes}-byte limit"
         )
-        if _declared_length(scope) > limits.max_body_bytes:
+        declared = _declared_length(scope)
+        if declared > limits.max_body_bytes:
             await _answer(too_large, scope, receive, send)
+            return
+        if declared and self.buffered + declared > limits.max_buffered_body_bytes:
+            await self._refuse_bodies(scope, receive, send)
             return
 
         metrics.HTTP_RECEIVING.inc()
         try:
             async with asyncio.timeout_at(deadline):
-                body = await self._read_body(receive)
+                body = await self._read_body(receive, held)
         except TimeoutError:
             metrics.HTTP_REJECTED.labels("body_timeout").inc()
             log.warning("request body timed out", extra={"path": scope["path"]})
@@ -240,6 +258,9 @@ class LimitMiddleware:
             return
         except _BodyTooLarge:
             await _answer(too_large, scope, receive, send)
+            return
+        except _BodiesFull:
+            await self._refuse_bodies(scope, receive, send)
             return
         finally:
             metrics.HTTP_RECEIVING.dec()
@@ -280,8 +301,9 @@ class LimitMiddleware:
             self.slots.release(tenant)
             metrics.HTTP_IN_FLIGHT.dec()
 
-    async def _read_body(self, receive: Receive) -> bytes | None:
-        """The whole body, or None when the client disconnected first."""
+    async def _read_body(self, receive: Receive, held: list[int]) -> bytes | None:
+        """The whole body, or None when the client disconnected first. ``held`` counts
+        the bytes read into the process's buffered total (the caller gives them back)."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -293,6 +315,10 @@ class LimitMiddleware:
                 size += len(chunk)
                 if size > self.limits.max_body_bytes:
                     raise _BodyTooLarge
+                if self.buffered + len(chunk) > self.limits.max_buffered_body_bytes:
+                    raise _BodiesFull
+                self.buffered += len(chunk)
+                held[0] += len(chunk)
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -314,6 +340,16 @@ class LimitMiddleware:
                 "retry shortly"
             )
         await _refuse(scope, receive, send, reason, detail)
+
+    async def _refuse_bodies(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _refuse(
+            scope,
+            receive,
+            send,
+            "bodies_full",
+            f"the server holds {self.buffered} bytes of request bodies, near its "
+            f"{self.limits.max_buffered_body_bytes}-byte limit; retry shortly",
+        )
 
 
 def _declared_length(scope: Scope) -> int:

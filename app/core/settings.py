@@ -135,6 +135,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, description="Request bodies larger than this get 413."
     )
+    max_buffered_body_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1,
+        description="Request bodies one process holds in memory at once (arriving, waiting "
+        "for a slot or being handled); a body that would go beyond it gets 503.",
+    )
     max_batch_messages: int = Field(
         default=1000, ge=1, description="Most messages one append may carry; more: 422."
     )

@@ -231,6 +231,32 @@ async def test_a_tenant_over_its_share_of_the_queue_gets_503_and_others_do_not(
         assert (await queued).status_code == 200
 
 
+async def test_bodies_held_in_memory_are_bounded_in_all(db_url: str) -> None:
+    """Bodies are read before a slot: past max_buffered_body_bytes held at once, another
+    body gets 503 (bodies_full) instead of more memory; once they are gone, it is served."""
+    async with served(
+        db_url, max_concurrent_requests=1, max_buffered_body_bytes=6000, max_body_bytes=5000
+    ) as (_, client):
+        sid = (await make_session(client))["id"]
+        big = [{"role": "user", "content": "x" * 4000}]
+        async with session_locked(db_url, sid):
+            held = asyncio.create_task(
+                client.post(f"/v1/sessions/{sid}/messages", json={"messages": big})
+            )
+            await asyncio.sleep(0.3)
+            refused = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": big})
+            assert_problem(refused, 503, "bytes of request bodies")
+            assert refused.headers["retry-after"] == "1"
+            # A small body still fits beside the held one.
+            small = asyncio.create_task(client.get(f"/v1/sessions/{sid}"))
+            await asyncio.sleep(0.2)
+        assert (await held).status_code == 201
+        assert (await small).status_code == 200
+        again = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": big})
+        assert again.status_code == 201, again.text
+        assert len(await history(client, sid)) == 2
+
+
 # ----------------------------------------------------------- the slots themselves
 
 
@@ -241,6 +267,7 @@ def limits(**changes: Any) -> Limits:
         tenant_concurrent=2,
         tenant_queued=4,
         max_body_bytes=1024,
+        max_buffered_body_bytes=1 << 20,
         timeout=1.0,
     )
     return Limits(**{**base.__dict__, **changes})
