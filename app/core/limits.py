@@ -16,7 +16,8 @@ arriving then: 408, and the connection closes) and the wait for a slot (503).
 
 A handler is never cancelled halfway: that would abandon a transaction mid-way and could
 answer 503 for a write that commits. Its database work is bounded by the pool's checkout
-timeout and Postgres's ``statement_timeout`` instead.
+timeout, Postgres's ``statement_timeout`` and the driver's command timeout instead (see
+:mod:`app.core.database`).
 
 Requests outside ``/v1`` (the docs, the spec, unknown paths) need no key; they share one
 tenant of their own here. Ops probes skip the limits altogether.

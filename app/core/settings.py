@@ -77,8 +77,8 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a request may take to send its body (then 408) and then wait "
         "for a free slot (then 503), from its arrival. A handler that has started is never "
-        "cut; its database work is bounded by db_pool_timeout_seconds and "
-        "db_statement_timeout_seconds.",
+        "cut; its database work is bounded by db_pool_timeout_seconds, "
+        "db_statement_timeout_seconds and db_command_timeout_seconds.",
     )
     max_header_bytes: int = Field(
         default=64 * 1024,
@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="How long a request waits for a pooled connection: 503."
     )
     db_statement_timeout_seconds: float = Field(
-        default=30.0,
+        default=10.0,
         ge=0,
         description="Postgres's statement_timeout for the service's connections (a lock wait "
         "included); past it the request gets 503 and its transaction rolls back. 0: none.",
@@ -113,7 +113,7 @@ class Settings(BaseSettings):
         "authentication); then 503.",
     )
     db_command_timeout_seconds: float = Field(
-        default=35.0,
+        default=15.0,
         gt=0,
         description="How long one database command (COMMIT included) may go unanswered, "
         "however the database hangs (frozen, a stalled disk or network: statement_timeout "
