@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from app.engine.budget import (
@@ -100,10 +100,14 @@ def test_a_tokenizer_counting_1_3x_is_learned_within_10_reports() -> None:
 def test_the_factor_approaches_a_steady_ratio_without_overshooting(
     ratio: float, start: float, counted: int
 ) -> None:
+    actual = max(1, round(ratio * counted))
+    # A ratio at the edge of the plausible band may round out of it (see
+    # test_one_odd_report_does_not_send_the_factor_to_its_clamp for those).
+    assume(comparable(actual, counted))
     target = min(CALIBRATION_MAX, max(CALIBRATION_MIN, ratio))
     factor = start
     for _ in range(60):
-        updated = calibrate(factor, max(1, round(ratio * counted)), counted)
+        updated = calibrate(factor, actual, counted)
         assert CALIBRATION_MIN <= updated <= CALIBRATION_MAX
         # Never past the target, never away from it (rounding aside).
         assert abs(updated - target) <= abs(factor - target) + 1e-3
