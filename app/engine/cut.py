@@ -40,7 +40,9 @@ Stale prompts. The caller may name synthetic prompts the service itself added
 one, it is stale: it asked for work that has since been done, and it belongs to
 what came before it. It never heads the kept part: a candidate that falls on it
 moves right behind it (the prompt is summarized, a few tokens fewer are kept),
-and a cut never falls right before it. Otherwise the summary would be followed
+and a cut never falls right before it, nor before hollow entries that lead up to
+it (calls left unanswered, results of no call: the view drops them, so the prompt
+would still come first). Otherwise the summary would be followed
 by an old "continue" (and by the new one at the end), and the Anthropic view
 would open with two user turns. The prompt that is the latest entry is not
 stale. Nor does a synthetic prompt start a turn.
@@ -120,14 +122,24 @@ def find_cut(
 
     stale = {i for i in synthetic if 0 <= i < n - 1}
     valid = _valid_cuts(items)
+    # A stale prompt, and the hollow entries right before it (calls never answered,
+    # results of no call: the view drops them), never head the kept part: cutting
+    # there would still show the prompt right after the summary.
+    behind: dict[int, int] = {}  # a cut here moves right behind the stale prompt
+    hollow = _hollow(items) if stale else []
     for i in stale:
-        valid[i] = False
+        j = i
+        while True:
+            valid[j] = False
+            behind[j] = i + 1
+            if j == 0 or not hollow[j - 1]:
+                break
+            j -= 1
     # The candidate: the largest i with tokens(items[i:]) >= keep_recent_tokens.
     candidate = n
     while total - prefix[candidate] < keep_recent_tokens:
         candidate -= 1
-    if candidate in stale:
-        candidate += 1  # the stale prompt goes with what it followed
+    candidate = behind.get(candidate, candidate)  # the stale prompt goes with what it followed
     first_kept = next((i for i in range(candidate, 0, -1) if valid[i]), 0)
     if first_kept == 0:
         first_kept = next((i for i in range(candidate + 1, n + 1) if valid[i]), 0)
@@ -168,6 +180,30 @@ def _valid_cuts(items: Sequence[Cuttable]) -> list[bool]:
         reach = max(reach, closes[i - 1])
         valid[i] = reach < i and (i == n or items[i].role != "tool")
     return valid
+
+
+def _hollow(items: Sequence[Cuttable]) -> list[bool]:
+    """``hollow[i]``: the view may show nothing of ``items[i]``: an assistant turn
+    whose calls are all left unanswered, or a tool result that answers no call before
+    it. (Text is not known here: an assistant with words is taken as hollow too,
+    which only moves a cut a little later.)"""
+    hollow = [False] * len(items)
+    latest: dict[str, int] = {}  # call id -> index of the latest call with it
+    answered = [False] * len(items)
+    for i, item in enumerate(items):
+        if item.role == "tool":
+            owner = latest.get(item.tool_call_id) if item.tool_call_id is not None else None
+            if owner is None:
+                hollow[i] = True
+            else:
+                answered[owner] = True
+            continue
+        for call_id in item.call_ids:
+            latest[call_id] = i
+    for i, item in enumerate(items):
+        if item.role == "assistant" and item.call_ids and not answered[i]:
+            hollow[i] = True
+    return hollow
 
 
 def _turn_start(

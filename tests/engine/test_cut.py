@@ -76,16 +76,41 @@ def candidate_of(items: Sequence[Cuttable], keep: int) -> int:
     return max(i for i in range(len(items) + 1) if sum(x.tokens for x in items[i:]) >= keep)
 
 
+def is_hollow(items: Sequence[Cuttable], k: int) -> bool:
+    """The view shows nothing of items[k]: a result of no call made before it, or an
+    assistant none of whose calls is answered (a result answers the latest call with
+    its id)."""
+    item = items[k]
+    if item.role == "tool":
+        return not any(item.tool_call_id in x.call_ids for x in items[:k] if x.role != "tool")
+    if item.role != "assistant" or not item.call_ids:
+        return False
+    for call_id in item.call_ids:
+        for later in range(k + 1, len(items)):
+            other = items[later]
+            if other.role != "tool" and call_id in other.call_ids:
+                break  # a newer call took the id
+            if other.role == "tool" and other.tool_call_id == call_id:
+                return False
+    return True
+
+
 def expected_first_kept(
     items: Sequence[Cuttable], keep: int, synthetic: frozenset[int] = frozenset()
 ) -> int:
     if sum(x.tokens for x in items) < keep:
         return 0
     stale = {i for i in synthetic if i < len(items) - 1}
+    # A cut at j shows the stale prompt s first when everything in items[j:s] is hollow.
+    behind = {
+        j: s + 1
+        for s in stale
+        for j in range(s + 1)
+        if all(is_hollow(items, k) for k in range(j, s))
+    }
     candidate = candidate_of(items, keep)
-    if candidate in stale:
-        candidate += 1
-    valid = [i for i in range(1, len(items) + 1) if is_valid(items, i) and i not in stale]
+    candidate = behind.get(candidate, candidate)
+    valid = [i for i in range(1, len(items) + 1) if is_valid(items, i) and i not in behind]
     before = [i for i in valid if i <= candidate]
     after = [i for i in valid if i > candidate]
     return max(before) if before else min(after, default=0)
