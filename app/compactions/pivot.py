@@ -459,8 +459,9 @@ async def compact_now(
         await repo.hold(driver, session_id, state.next_seq)
         return None
     # A second of CPU for a large history: in a worker thread, off the event loop.
+    # The session's standing instructions are its focus here too (the job's notes say so).
     summarized = await anyio.to_thread.run_sync(
-        extractive, prepared.plan, prepared.previous_summary
+        extractive, prepared.plan, prepared.previous_summary, config.compaction.instructions
     )
     job_id = uuid.uuid4()
     committed = await commit_pivot(

@@ -350,16 +350,9 @@ async def test_continue_only_when_the_agent_did_not_stop(
         assert all(e["kind"] != "continue" for e in await history(client, "s"))
 
 
-async def test_emergency_compacts_in_the_append(client: httpx.AsyncClient) -> None:
-    # Outputs kept whole, so that one batch can fill the window.
-    config = {**AUTO, "truncate": {"enabled": False}}
-    await make_session(client, id="e", **SMALL, config=config)
-    batches = conversation(40, words=300)
-    _, body = await append_until(client, "e", batches, "compaction")
-    queued = body["compaction"]
-    assert queued["reason"] == "threshold"
-    # No worker runs here; one batch of outputs takes the window past 95% at once.
-    big: list[dict[str, Any]] = [
+def window_filler() -> list[dict[str, Any]]:
+    """One batch of outputs that takes a SMALL window past 95% at once."""
+    return [
         {
             "role": "assistant",
             "content": "Reading everything.",
@@ -381,7 +374,18 @@ async def test_emergency_compacts_in_the_append(client: httpx.AsyncClient) -> No
             for i in range(4)
         ],
     ]
-    body = await append_ok(client, "e", big)
+
+
+async def test_emergency_compacts_in_the_append(client: httpx.AsyncClient) -> None:
+    # Outputs kept whole, so that one batch can fill the window.
+    config = {**AUTO, "truncate": {"enabled": False}}
+    await make_session(client, id="e", **SMALL, config=config)
+    batches = conversation(40, words=300)
+    _, body = await append_until(client, "e", batches, "compaction")
+    queued = body["compaction"]
+    assert queued["reason"] == "threshold"
+    # No worker runs here; one batch of outputs takes the window past 95% at once.
+    body = await append_ok(client, "e", window_filler())
     assert body["compaction"] is not None, body["overflow"]
     assert body["compaction"]["reason"] == "emergency"
     assert body["compaction"]["status"] == "succeeded"
@@ -397,6 +401,25 @@ async def test_emergency_compacts_in_the_append(client: httpx.AsyncClient) -> No
     job = await compaction(client, "e", body["compaction"]["id"])
     assert job["summarizer_used"] == "extractive"
     assert job["tokens_after"] < job["tokens_before"]
+
+
+async def test_an_emergency_compaction_follows_the_sessions_instructions(
+    client: httpx.AsyncClient,
+) -> None:
+    """The session's standing compaction.instructions are the extractive summary's
+    focus on the emergency path too, not only in the worker."""
+    config = {
+        **AUTO,
+        "compaction": {**AUTO["compaction"], "instructions": "Keep `big.txt` in view"},
+        "truncate": {"enabled": False},
+    }
+    await make_session(client, id="e", **SMALL, config=config)
+    await append_until(client, "e", conversation(40, words=300), "compaction")
+    body = await append_ok(client, "e", window_filler())
+    assert body["compaction"]["reason"] == "emergency", body
+    job = await compaction(client, "e", body["compaction"]["id"])
+    assert "instructions used as its focus" in " ".join(job["details"]["notes"]), job["details"]
+    assert "Keep `big.txt` in view" in job["summary"]
 
 
 async def test_overflow_error_starts_a_compaction(app: Any, client: httpx.AsyncClient) -> None:
