@@ -75,11 +75,17 @@ def keep_tokens(keep_recent_tokens: int, threshold_tokens: int, *, emergency: bo
     return max(0, min(keep_recent_tokens, int(threshold_tokens * share)))
 
 
-def summary_chars(threshold_tokens: int) -> int:
+def summary_chars(threshold_tokens: int, summarized_tokens: int | None = None) -> int:
     """How long a summary made without a model may be: about 15% of the
     compaction threshold (at ~4 characters a token), within 2,000-12,000
-    characters, so that a small window is not filled by its own summary."""
-    return max(2_000, min(12_000, threshold_tokens * 6 // 10))
+    characters, so that a small window is not filled by its own summary; and
+    no more than about half of what it summarizes (2 characters a summarized
+    token), so that a summary never comes out as long as its source (such a
+    compaction would not be committed)."""
+    cap = min(12_000, threshold_tokens * 6 // 10)
+    if summarized_tokens is not None:
+        cap = min(cap, summarized_tokens * 2)
+    return max(2_000, cap)
 
 
 def plan(
@@ -125,7 +131,7 @@ def plan(
         summarized_tokens=cut.summarized_tokens,
         kept_tokens=cut.kept_tokens,
         file_ops=ops,
-        summary_chars=summary_chars(threshold_tokens),
+        summary_chars=summary_chars(threshold_tokens, cut.summarized_tokens),
         details={
             **ops.to_details(),
             "split_turn": bool(prefix),

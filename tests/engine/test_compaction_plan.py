@@ -193,3 +193,12 @@ def test_a_stale_continue_never_follows_the_summary(
         assert rendered[after].get("content") != CONTINUE
     _, blocks = anthropic_format.render_messages(paired)
     assert check_anthropic_pairing(blocks, allow_pending=pending) == []
+
+
+def test_a_summary_without_a_model_is_at_most_about_half_of_what_it_summarizes() -> None:
+    """Two characters a summarized token (about half of it), never below 2,000
+    characters, and the window's own cap still holds."""
+    assert engine.summary_chars(100_000) == 12_000
+    assert engine.summary_chars(100_000, summarized_tokens=4_400) == 8_800
+    assert engine.summary_chars(100_000, summarized_tokens=300) == 2_000
+    assert engine.summary_chars(10_000, summarized_tokens=50_000) == 6_000

@@ -28,9 +28,17 @@ MESSAGES = [
             }
         ],
     },
-    {"role": "tool", "tool_call_id": "call_1", "content": "def parse(x):\n    return x\n" * 60},
+    {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": "".join(f"def parse_{i}(x):\n    return x + {i}\n" for i in range(300)),
+    },
     {"role": "assistant", "content": "The parser returns its input unchanged. " * 30},
     {"role": "user", "content": "Go on, and keep the tests green. " * 30},
+    # A last short turn, so that the cut falls after the long output and the summary
+    # is smaller than what it replaces (else the compaction is not committed).
+    {"role": "assistant", "content": "Done: parse now handles every case."},
+    {"role": "user", "content": "Thanks."},
 ]
 
 
@@ -53,7 +61,10 @@ async def _tenant_session(app: Any, client: httpx.AsyncClient, key: str) -> tupl
     )
     assert r.status_code == 202, r.text
     assert await drain(app) == 1
-    return sid, r.json()["id"]
+    cid = r.json()["id"]
+    r = await client.get(f"/v1/sessions/{sid}/compactions/{cid}", headers=bearer(key))
+    assert r.json()["status"] == "succeeded", r.text
+    return sid, cid
 
 
 # Every route under a session, with a body it would accept: a 404 must come from the
