@@ -172,24 +172,26 @@ class Worker:
                     return  # the session is gone, and the job with it
                 prepared, state_model, needed = loaded
                 if prepared is None:
-                    if job.reason == "overflow":
-                        # A recovery that finds nothing to cut is not a failed
-                        # compaction: it must not stop automatic ones (three failures
-                        # do). Held until new history arrives, like a low yield.
-                        await self._finish(
-                            job,
-                            "cancelled",
-                            "nothing to compact: the history since the last compaction is "
-                            "what the recovery keeps, or has no point to cut at; not counted "
-                            "as a failed automatic compaction",
-                            hold=True,
-                        )
-                        return
-                    if job.auto and not needed:
+                    if job.auto and not needed and job.reason != "overflow":
                         # Another compaction (an emergency one, say) relieved the
                         # window first: this one is not a failure, just late.
                         await self._finish(
                             job, "cancelled", "no longer needed: the context fits again"
+                        )
+                        return
+                    if job.auto or job.reason == "overflow":
+                        # An automatic compaction or a recovery that finds nothing to
+                        # cut (a pinned system prompt alone past the threshold, say) is
+                        # not a failed compaction: it must not stop automatic ones
+                        # (three failures do). Held until new history arrives, like a
+                        # low yield, so it is not tried again for nothing.
+                        await self._finish(
+                            job,
+                            "cancelled",
+                            "nothing to compact: the history since the last compaction is "
+                            "what a compaction keeps, or has no point to cut at; not counted "
+                            "as a failed automatic compaction",
+                            hold=True,
                         )
                         return
                     await self._finish(

@@ -331,6 +331,37 @@ async def test_recoveries_that_find_nothing_to_compact_are_not_failures(
     assert (await compaction(client, "r", queued[0]["id"]))["status"] == "succeeded"
 
 
+async def test_automatic_compactions_that_find_nothing_to_compact_are_not_failures(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    """The same class as the recoveries above: with a pinned system prompt alone past
+    the threshold, each append queued a threshold compaction that found nothing and
+    failed, and three of them stopped automatic compaction for good."""
+    await make_session(client, id="t", **WINDOW, config=AUTO)
+    answer = await append_ok(
+        client,
+        "t",
+        [{"role": "system", "content": SYSTEM * 3}, {"role": "user", "content": "Fix the parser."}],
+    )
+    for round_ in range(1, 5):
+        queued = answer["compaction"]
+        assert queued is not None, (round_, answer)
+        assert queued["reason"] == "threshold", (round_, answer)
+        assert await drain(app) == 1
+        job = await compaction(client, "t", queued["id"])
+        assert job["status"] == "cancelled", job
+        assert "nothing to compact" in job["error"]
+        session = await get_session(client, "t")
+        assert session["compaction_failures"] == 0, round_
+        assert session["auto_compaction"] == "held", round_
+        # Held: no other compaction until new history arrives.
+        r = await client.post("/v1/sessions/t/usage", json={"input_tokens": 13_000})
+        assert r.status_code == 200, r.text
+        assert r.json()["compaction"] is None
+        answer = await append_ok(client, "t", [{"role": "user", "content": f"Still {round_}?"}])
+    assert (await get_session(client, "t"))["auto_compaction"] != "stopped"
+
+
 async def test_overflow_and_context_give_one_figure(app: Any, client: httpx.AsyncClient) -> None:
     """/overflow said 329 and /context 332 right after a compaction: the context
     added the reply's priming, the verdict did not."""
