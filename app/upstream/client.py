@@ -438,11 +438,16 @@ def _anthropic_usage(usage: object) -> dict[str, int]:
     return raw
 
 
+# Counts are stored as JSON, whose encoder writes 64-bit integers only: a larger one
+# (the standard library's fallback parser keeps any size) is not a count we can use.
+_MAX_COUNT = 2**63 - 1
+
+
 def _counts(**values: object) -> dict[str, int]:
     return {
         name: value
         for name, value in values.items()
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT
     }
 
 

@@ -14,6 +14,7 @@ from itertools import pairwise
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -759,6 +760,25 @@ async def test_a_reply_with_a_lone_surrogate_is_read_not_malformed(
 
     assert (done.text, done.model) == ("A ? summary.", "gpt?-4o")
     assert done.usage == {"input_tokens": 9, "output_tokens": 4}
+
+
+async def test_usage_counts_beyond_64_bits_are_dropped_not_stored(
+    http: httpx.AsyncClient, upstream: Upstream
+) -> None:
+    """The standard library's fallback parser keeps integers of any size; the job's
+    record is JSON that holds 64-bit ones only, so a larger count would make the
+    commit fail and throw the good summary away."""
+    raw = (
+        '{"model": "gpt\\ud800-4o", "choices": [{"message": {"content": "A summary."},'
+        ' "finish_reason": "stop"}], "usage": {"prompt_tokens": 99999999999999999999999,'
+        ' "completion_tokens": 4}}'
+    )
+    upstream.script([Status(200, body=raw)])
+    done = await call(http, config_for(upstream, "openai"))
+
+    assert done.text == "A summary."
+    assert done.usage == {"output_tokens": 4}
+    orjson.dumps(done.usage)  # storable as the job's record
 
 
 @pytest.mark.parametrize(
