@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -30,6 +32,20 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+_LONG_DIGITS = re.compile(r"\d{19}")
+_INT64 = range(-(2**63), 2**63)
+
+
+def _int64(literal: str, path: str) -> int:
+    value = int(literal)
+    if value not in _INT64:
+        raise InvalidMessage(
+            path,
+            f"holds the integer {literal[:30]}, outside the 64-bit range, which cannot be stored",
+        )
+    return value
+
+
 def parse_arguments(arguments: str, path: str) -> dict[str, Any]:
     """Tool-call arguments must be a JSON object (an empty string means no arguments)."""
     if arguments.strip() == "":
@@ -38,6 +54,11 @@ def parse_arguments(arguments: str, path: str) -> dict[str, Any]:
         parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError as exc:
         raise InvalidMessage(path, f"is not valid JSON ({exc})") from None
+    if _LONG_DIGITS.search(arguments):
+        # orjson reads an integer beyond 64 bits as a float, silently: the stored
+        # Anthropic view would then change the number. Such an integer is refused, as
+        # everywhere else in a body (look again only when a literal could be one).
+        json.loads(arguments, parse_int=lambda literal: _int64(literal, path))
     if not isinstance(parsed, dict):
         raise InvalidMessage(path, f"must encode a JSON object, got {_type_name(parsed)}")
     return parsed

@@ -237,6 +237,27 @@ def test_anthropic_tool_input_that_json_cannot_hold_is_rejected_not_crashed() ->
     assert info.value.path == "m.content[0].input"
 
 
+@pytest.mark.parametrize(
+    "literal", ["123456789012345678901234567890", "9223372036854775808", "-9223372036854775809"]
+)
+def test_openai_arguments_holding_an_integer_beyond_64_bits_are_rejected(literal: str) -> None:
+    """orjson reads such an integer as a float, so the stored Anthropic view would
+    have changed the number silently; it is refused as it is anywhere else in a body."""
+    with pytest.raises(InvalidMessage) as info:
+        openai_format.parse_arguments(f'{{"id": {literal}, "s": "x"}}', "m.arguments")
+    assert info.value.path == "m.arguments"
+    assert "64-bit" in info.value.detail
+
+
+def test_long_digit_runs_in_arguments_that_are_not_big_integers_are_kept() -> None:
+    args = '{"sha": "12345678901234567890123", "n": 9223372036854775807, "x": 1.5e300}'
+    assert openai_format.parse_arguments(args, "p") == {
+        "sha": "12345678901234567890123",
+        "n": 9223372036854775807,
+        "x": 1.5e300,
+    }
+
+
 def test_invalid_message_is_a_value_error() -> None:
     with pytest.raises(ValueError, match=r"^m\.role: "):
         openai_format.parse_message({"role": 1}, "m")
