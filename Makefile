@@ -28,6 +28,10 @@ run: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL in var/ unless DAT
 test: $(STAMP) ## Run the whole test suite against a real PostgreSQL
 	$(BIN)/pytest
 
+.PHONY: test-fast
+test-fast: $(STAMP) ## The suite without the slow tiers (trace replays, fuzzing, kills and outages), with durations
+	$(BIN)/pytest -m "not slow" --durations=15
+
 .PHONY: lint
 lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .

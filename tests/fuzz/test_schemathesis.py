@@ -46,6 +46,9 @@ from app.main import create_app
 from tests.e2e.server import running
 from tests.ops.conftest import create_key
 
+# A slow tier: `make test` and CI run it, `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 SEED = 20_240_521
 # Cases per operation (examples, positive and negative ones, seeded or not, all told);
 # the whole file runs in about a minute on two cores.

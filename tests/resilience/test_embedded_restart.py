@@ -26,6 +26,9 @@ from app.core.settings import Settings
 from tests.e2e.server import free_port
 from tests.resilience.support import ROOT
 
+# A slow tier: `make test` and CI run it, `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 
 def postgres_of(data: Path) -> list[psutil.Process]:
     """Every postgres process serving ``data``: the postmaster names it in its command

@@ -38,6 +38,9 @@ from tests.resilience.support import (
     turn,
 )
 
+# A slow tier: `make test` and CI run it, `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 BOUND_SECONDS = 2.0  # this test's connect, pool and command bounds
 FREEZE_SECONDS = 8.0
 SESSIONS = 4

@@ -24,6 +24,9 @@ from app.core.settings import Settings
 from tests.postgres import asyncpg_dsn
 from tests.resilience.support import ServeProcess, copies, turn
 
+# A slow tier: `make test` and CI run it, `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 FREE_SESSIONS = 4
 APPENDS_PER_SESSION = 10
 KILL_AFTER = 8  # acknowledged appends, before the SIGKILL

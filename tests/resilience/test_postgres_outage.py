@@ -31,6 +31,9 @@ from tests.resilience.support import (
     turn,
 )
 
+# A slow tier: `make test` and CI run it, `make test-fast` leaves it out.
+pytestmark = pytest.mark.slow
+
 CLIENTS = 6
 RECOVERY_BOUND_SECONDS = 5.0
 
