@@ -267,7 +267,8 @@ class Committed:
 
 @dataclass(slots=True)
 class NoGain:
-    """A summary that would not make the context smaller: not committed."""
+    """A summary that would not make the context smaller: not committed. The
+    figures are counted tokens (the stored counts), before and after."""
 
     tokens_before: int
     tokens_after: int
@@ -275,10 +276,25 @@ class NoGain:
     @property
     def reason(self) -> str:
         return (
-            "not committed: with its summary the context would be "
-            f"{self.tokens_after} tokens, not fewer than the {self.tokens_before} it holds "
-            "now (the summary is longer than the history it replaces); nothing changed"
+            "not committed: with its summary the context would hold "
+            f"{self.tokens_after} counted tokens, not fewer than the {self.tokens_before} it "
+            "holds now (the summary is longer than the history it replaces); nothing changed"
         )
+
+
+def _estimate_from_counts(state: SessionState, context_tokens: int) -> int:
+    """The estimate of a context of ``context_tokens`` counted tokens from the
+    counts alone (calibrated, plus overhead), without the reported base: the
+    base measured the context as it was, so before and after a compaction only
+    estimates made this way compare like with like."""
+    return budget.estimate(
+        dataclasses.replace(
+            sessions.accounting_of(state),
+            context_tokens=context_tokens,
+            reported_prompt_tokens=None,
+            context_tokens_at_report=None,
+        )
+    )
 
 
 def _new_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> NewEntry:
@@ -336,8 +352,12 @@ async def commit_pivot(
     """Append the compaction entry and move the session's pivot to it, in the
     caller's transaction with the session row locked. ``state`` is updated.
 
-    A summary that would leave the context no smaller, by its stored count or
-    by its estimate, is not committed (:class:`NoGain`): nothing is written.
+    A summary that would leave the context no smaller is not committed
+    (:class:`NoGain`): nothing is written. That is judged on counted tokens
+    before and after, never against the estimate before: its exact base is the
+    provider's last reported prompt, another tokenizer than ours, which the
+    calibration factor (one EMA step per report) may not have caught up with,
+    so a compaction that shrinks the context could look like one that grows it.
     """
     repo = CompactionRepository(tenant_id)
     plan = prepared.plan
@@ -360,16 +380,12 @@ async def commit_pivot(
         driver, session_id, plan.first_kept_seq, pinned, seq
     )
     context = kept + sum(e.tokens for e in new)
-    after = budget.estimate(
-        dataclasses.replace(
-            sessions.accounting_of(state),
-            context_tokens=context,
-            reported_prompt_tokens=None,
-            context_tokens_at_report=None,
-        )
-    )
-    if context >= state.context_tokens or after >= before:
-        return NoGain(before, after)
+    if context >= state.context_tokens:
+        return NoGain(state.context_tokens, context)
+    # The yield, like with like too: both sides estimated from counts (the
+    # overhead, which no compaction removes, in both).
+    before_from_counts = _estimate_from_counts(state, state.context_tokens)
+    after_from_counts = _estimate_from_counts(state, context)
     for entry in new:
         await repo.insert_entry(driver, session_id, entry, now)
     state.next_seq += len(new)
@@ -386,9 +402,8 @@ async def commit_pivot(
     state.prune_checked_urgent = None
     state.compaction_count += 1
     # Low yield: hold automatic compaction until new history arrives.
-    state.compaction_held_seq = (
-        state.next_seq if before - after < LOW_YIELD_SHARE * before else None
-    )
+    low_yield = before_from_counts - after_from_counts < LOW_YIELD_SHARE * before_from_counts
+    state.compaction_held_seq = state.next_seq if low_yield else None
     if not auto or state.compaction_failures < FAILURE_LIMIT:
         state.compaction_failures = 0
     if state.active_compaction_id == job_id:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from app.engine.budget import CALIBRATION_ALPHA
 from app.engine.tokens import REPLY_PRIMING_TOKENS
@@ -242,6 +243,8 @@ async def test_a_compaction_that_would_make_the_context_larger_is_not_committed(
     assert job["cancel_requested"] is False
     assert "not committed" in job["error"]
     assert "summary is longer than the history it replaces" in job["error"]
+    # The figures are the counted ones it was judged on: the context as stored now.
+    assert f"counted tokens, not fewer than the {before['context_tokens']} " in job["error"]
     assert job["summary"] is None
     assert job["entry_seq"] is None
     after = await get_session(client, "small")
@@ -393,3 +396,53 @@ async def test_overflow_and_context_give_one_figure(app: Any, client: httpx.Asyn
     await agree()
     await append_ok(client, "one", [{"role": "user", "content": "Go on."}])
     await agree()
+
+
+async def test_a_compaction_is_judged_on_counted_tokens_not_on_the_reported_base(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    """The provider counts 30% fewer tokens than the tokenizer, and one report
+    moved the factor only one EMA step (to 0.94). The estimate before the
+    compaction is the reported prompt (the exact base), the one after it the
+    counted context x 0.94: comparing the two refused a compaction that cut the
+    counted context by a quarter, "the summary is longer than the history it
+    replaces". Counted tokens before and after decide, like with like."""
+    await make_session(
+        client,
+        id="fewer",
+        context_window=200_000,
+        max_output_tokens=8_000,
+        config={"compaction": {"keep_recent_tokens": 2_500}, "prune": {"enabled": False}},
+    )
+    await append_ok(
+        client,
+        "fewer",
+        [{"role": "system", "content": SYSTEM * 4}, {"role": "user", "content": "Fix the parser."}],
+    )
+    for k in range(12):
+        await append_ok(client, "fewer", list(step(k)))
+    ctx = await context(client, "fewer")
+    counted = ctx["tokens"]["estimated"]  # no report yet: counted x 1.0 + overhead
+    body = await usage(client, "fewer", input_tokens=round(0.7 * counted))
+    assert body["calibration_factor"] == pytest.approx(
+        1.0 + CALIBRATION_ALPHA * (0.7 - 1.0), abs=1e-4
+    )
+    before = await get_session(client, "fewer")
+
+    r = await client.post("/v1/sessions/fewer/compactions", json={"summarizer": "extractive"})
+    assert r.status_code == 202, r.text
+    assert await drain(app) == 1
+    job = await compaction(client, "fewer", r.json()["id"])
+    after = await get_session(client, "fewer")
+    print(
+        f"counted {before['context_tokens']} -> {after['context_tokens']}, "
+        f"job {job['status']}: {job['tokens_before']} -> {job['tokens_after']} ({job['error']})"
+    )
+    assert job["status"] == "succeeded", job
+    assert job["error"] is None
+    assert after["context_tokens"] < 0.9 * before["context_tokens"]
+    assert after["compaction_count"] == 1
+    # Not taken for a low-yield compaction either: automatic ones go on.
+    assert after["auto_compaction"] == "on"
+    ctx = await context(client, "fewer")
+    assert ctx["compaction"]["entry_seq"] == job["entry_seq"]
