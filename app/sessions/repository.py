@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+import asyncpg
 from sqlalchemy import and_, delete, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -73,29 +75,58 @@ async def lock_state(driver: Any, tenant_id: str, session_id: str) -> SessionSta
 
 
 # Not a change of the session (no new version): bookkeeping of what was read.
-# Only forward, so that of two reads racing the later context stays recorded.
+# A context read never waits on the session row: appends, usage reports and
+# compaction commits hold its lock for the length of their transactions, and a
+# read queued behind them would stall (or fail past statement_timeout) for the
+# sake of a note. So the row is updated only if it can be locked at once (SKIP
+# LOCKED; NO KEY UPDATE, the lock an UPDATE of these columns takes, so that
+# foreign-key checks of entries being inserted do not get in the way), and
+# otherwise the read records nothing. Only forward, so that a read racing
+# others never writes back an older context than one recorded since: a newer
+# version; the same version only while the compaction it saw is still the
+# active one (queuing one does not move the version); and once a report has
+# consumed the record (NULL), only the session's current version, since an
+# older read may finish after the report that measured a newer context.
 _SERVED_SQL = """
 UPDATE session SET served_version = $3, served_context_tokens = $4, served_compaction_id = $5
-WHERE id = $1 AND tenant_id = $2 AND (served_version IS NULL OR served_version <= $3)
+WHERE id = $1 AND tenant_id = $2
+    AND id IN (
+        SELECT id FROM session WHERE id = $1 AND tenant_id = $2 FOR NO KEY UPDATE SKIP LOCKED
+    )
+    AND CASE
+        WHEN served_version IS NULL THEN version = $3
+        WHEN served_version < $3 THEN true
+        WHEN served_version = $3 THEN active_compaction_id IS NOT DISTINCT FROM $5
+        ELSE false
+    END
 """
 
 
 async def record_served(driver: Any, tenant_id: str, session_id: str, state: SessionState) -> None:
     """Remember the context just served (read as ``state``): the usage report
-    of the model call made with it may come without its version."""
+    of the model call made with it may come without its version.
+
+    Best effort, and never a wait: when the session row is locked by a write in
+    progress, or the database is read-only, nothing is recorded, and a report
+    without ``context_version`` that follows falls back to the rule for an
+    unknown context (see :func:`app.budget.service.measured_before_pivot`).
+    Reading the same context again writes nothing.
+    """
     if (
         state.served_version == state.version
         and state.served_compaction_id == state.active_compaction_id
     ):
         return  # served already and not measured yet: nothing to write
-    await driver.execute(
-        _SERVED_SQL,
-        session_id,
-        tenant_id,
-        state.version,
-        state.context_tokens,
-        state.active_compaction_id,
-    )
+    # A read-only database (a standby) still serves contexts.
+    with contextlib.suppress(asyncpg.ReadOnlySQLTransactionError):
+        await driver.execute(
+            _SERVED_SQL,
+            session_id,
+            tenant_id,
+            state.version,
+            state.context_tokens,
+            state.active_compaction_id,
+        )
 
 
 class SessionRepository:
