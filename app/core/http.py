@@ -1,4 +1,5 @@
-"""HTTP plumbing: the problem+json handlers and the request body limit."""
+"""HTTP plumbing: the problem+json handlers, and work sized off the event loop (the
+request body limit is :mod:`app.core.limits`'s)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.database import UNAVAILABLE, unavailable, unavailable_cause
-from app.core.errors import PROBLEM_JSON, PayloadTooLarge, ProblemError
+from app.core.errors import PROBLEM_JSON, ProblemError
 
 log = logging.getLogger("compactd")
 
@@ -127,54 +127,3 @@ def install_error_handlers(app: FastAPI) -> None:
     # are what the driver or the pool raise on the paths SQLAlchemy does not wrap.
     for error in (DBAPIError, *UNAVAILABLE, asyncpg.InterfaceError):
         app.add_exception_handler(error, _unavailable)
-
-
-class BodyLimitMiddleware:
-    """413 for bodies over the limit, by Content-Length or while streaming."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = PayloadTooLarge(f"the request body is over the {self.max_bytes}-byte limit")
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.max_bytes:
-                    await problem_response(too_large, scope.get("path"))(scope, receive, send)
-                    return
-        received = 0
-        exceeded = False
-
-        async def limited_receive() -> Message:
-            nonlocal received, exceeded
-            if exceeded:
-                return {"type": "http.request", "body": b"", "more_body": False}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # Stop reading; the app sees a cut body and its answer is replaced below.
-                    exceeded = True
-                    return {"type": "http.request", "body": b"", "more_body": False}
-            return message
-
-        replaced = False
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal replaced
-            if exceeded:
-                if not replaced:
-                    replaced = True
-                    await problem_response(too_large, scope.get("path"))(scope, receive, send)
-                return
-            await send(message)
-
-        await self.app(scope, limited_receive, guarded_send)

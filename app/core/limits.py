@@ -4,8 +4,11 @@ first, so a request without a valid key never counts here), shared fairly by ten
 1. **Admission.** At most ``max_concurrent + max_queued`` requests are in the process
    (body arriving, waiting for a slot, or running), and at most ``tenant_concurrent +
    tenant_queued`` of one tenant; beyond either, 503 at once.
-2. **The body** is read whole, up to ``max_body_bytes`` (else 413), *before* a slot is
-   taken: a slow upload holds its own place in the queue, never a slot.
+2. **The body** is read whole, up to ``max_body_bytes`` (else 413, and the connection
+   closes), *before* a slot is taken: a slow upload holds its own place in the queue,
+   never a slot. Bodies held in memory are bounded too, at most
+   ``max_buffered_body_bytes`` in all and ``tenant_buffered_body_bytes`` of one tenant
+   (else 503), so that one tenant's large uploads leave room for the others' requests.
 3. **A slot.** At most ``max_concurrent`` handlers run at once, and at most
    ``tenant_concurrent`` of one tenant, so another tenant always finds a slot or gets the
    next one freed. A freed slot goes to the waiting tenant with the fewest running, and
@@ -19,8 +22,11 @@ answer 503 for a write that commits. Its database work is bounded by the pool's 
 timeout, Postgres's ``statement_timeout`` and the driver's command timeout instead (see
 :mod:`app.core.database`).
 
-Requests outside ``/v1`` (the docs, the spec, unknown paths) need no key; they share one
-tenant of their own here. Ops probes skip the limits altogether.
+Requests outside ``/v1`` (the docs, the spec, unknown paths) need no key, so anyone can
+send them: they share one tenant of their own here, :data:`NO_TENANT`, with a small share
+of its own (none of their routes reads a body): a body of at most ``keyless_body_bytes``
+and at most ``keyless_places`` requests in the process. Ops probes skip the limits
+altogether.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ log = logging.getLogger("compactd.http")
 
 # The tenant of requests that need no API key (outside /v1).
 NO_TENANT = ""
+# What NO_TENANT may hold: anyone can send these requests, and none of their routes reads
+# a body, so a few small ones are plenty (the docs and the spec are GETs).
+KEYLESS_BODY_BYTES = 64 * 1024
+KEYLESS_PLACES = 16
 
 
 @dataclass(frozen=True)
@@ -53,13 +63,17 @@ class Limits:
     tenant_queued: int
     max_body_bytes: int
     max_buffered_body_bytes: int
+    tenant_buffered_body_bytes: int
     timeout: float
+    keyless_body_bytes: int = KEYLESS_BODY_BYTES
+    keyless_places: int = KEYLESS_PLACES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         """The tenant shares default to half of the server's, rounded up."""
         tenant_concurrent = settings.max_tenant_concurrent_requests
         tenant_queued = settings.max_tenant_queued_requests
+        tenant_buffered = settings.max_tenant_buffered_body_bytes
         return cls(
             max_concurrent=settings.max_concurrent_requests,
             max_queued=settings.max_queued_requests,
@@ -75,8 +89,26 @@ class Limits:
             ),
             max_body_bytes=settings.max_body_bytes,
             max_buffered_body_bytes=settings.max_buffered_body_bytes,
+            tenant_buffered_body_bytes=(
+                tenant_buffered
+                if tenant_buffered is not None
+                else -(-settings.max_buffered_body_bytes // 2)
+            ),
             timeout=settings.request_timeout_seconds,
         )
+
+    def body_limit(self, tenant: str) -> int:
+        """The largest body a request of ``tenant`` may send."""
+        if tenant == NO_TENANT:
+            return min(self.max_body_bytes, self.keyless_body_bytes)
+        return self.max_body_bytes
+
+    def places(self, tenant: str) -> int:
+        """How many requests of ``tenant`` may be in the process at once."""
+        places = self.tenant_concurrent + self.tenant_queued
+        if tenant == NO_TENANT:
+            return min(places, self.keyless_places)
+        return places
 
 
 # ------------------------------------------------------------------------ slots
@@ -87,35 +119,68 @@ class _Tenant:
     name: str
     admitted: int = 0  # in the process: body arriving, waiting for a slot, or running
     running: int = 0
+    buffered: int = 0  # bytes of its requests' bodies held in memory
     # Oldest first: (arrival number, the future a granted slot resolves).
     waiters: deque[tuple[int, asyncio.Future[None]]] = field(default_factory=deque)
 
 
 class FairSlots:
-    """Admission and slots, by tenant (see the module's docstring). Not thread-safe: one
-    event loop's requests."""
+    """Admission, body memory and slots, by tenant (see the module's docstring). Not
+    thread-safe: one event loop's requests."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._free = limits.max_concurrent
         self._admitted = 0
+        # Bytes of request bodies held in memory (arriving, waiting or being handled):
+        # bodies are read before a slot, so the queue alone would let them add up to
+        # (slots + queue) x max_body_bytes.
+        self.buffered = 0
         self._arrivals = 0
         # Only tenants with a request in the process.
         self._tenants: dict[str, _Tenant] = {}
 
     def admit(self, tenant: str) -> str | None:
-        """Count a request in, or say why not: ``queue_full`` or ``tenant_queue_full``."""
+        """Count a request in, or say why not: ``queue_full``, ``tenant_queue_full`` or
+        (for requests that need no key) ``keyless_queue_full``."""
         limits = self.limits
         if self._admitted >= limits.max_concurrent + limits.max_queued:
             return "queue_full"
         state = self._tenants.get(tenant)
         if state is None:
             state = self._tenants[tenant] = _Tenant(tenant)
-        elif state.admitted >= limits.tenant_concurrent + limits.tenant_queued:
-            return "tenant_queue_full"
+        elif state.admitted >= limits.places(tenant):
+            return "keyless_queue_full" if tenant == NO_TENANT else "tenant_queue_full"
         state.admitted += 1
         self._admitted += 1
         return None
+
+    def fits(self, tenant: str, size: int) -> str | None:
+        """Whether ``size`` more bytes of an admitted request's body may be held, or why
+        not: ``bodies_full`` (the process's total) or ``tenant_bodies_full`` (its
+        tenant's share)."""
+        if self.buffered + size > self.limits.max_buffered_body_bytes:
+            return "bodies_full"
+        if self._tenants[tenant].buffered + size > self.limits.tenant_buffered_body_bytes:
+            return "tenant_bodies_full"
+        return None
+
+    def hold(self, tenant: str, size: int) -> str | None:
+        """Count ``size`` bytes of an admitted request's body as held, or say why not
+        (see :meth:`fits`); give them back with :meth:`drop`."""
+        refused = self.fits(tenant, size)
+        if refused is None:
+            self.buffered += size
+            self._tenants[tenant].buffered += size
+        return refused
+
+    def drop(self, tenant: str, size: int) -> None:
+        self.buffered -= size
+        self._tenants[tenant].buffered -= size
+
+    def buffered_by(self, tenant: str) -> int:
+        state = self._tenants.get(tenant)
+        return state.buffered if state else 0
 
     def leave(self, tenant: str) -> None:
         """The admitted request is done (whether or not it ever held a slot)."""
@@ -195,7 +260,11 @@ class _BodyTooLarge(Exception):
 
 
 class _BodiesFull(Exception):
-    """The process already holds ``max_buffered_body_bytes`` of request bodies."""
+    """The process, or the request's tenant, already holds its limit of request bodies."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class LimitMiddleware:
@@ -207,10 +276,6 @@ class LimitMiddleware:
         self.app = app
         self.limits = limits
         self.slots = FairSlots(limits)
-        # Bytes of request bodies held in memory (arriving, waiting or being handled):
-        # bodies are read before a slot, so the queue alone would let them add up to
-        # (slots + queue) x max_body_bytes.
-        self.buffered = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPS_PATHS:
@@ -221,11 +286,11 @@ class LimitMiddleware:
         if refused is not None:
             await self._refuse_admission(scope, receive, send, refused, tenant)
             return
-        held = [0]  # bytes of this request's body counted in self.buffered
+        held = [0]  # bytes of this request's body counted as held (see FairSlots.hold)
         try:
             await self._serve(scope, receive, send, tenant, held)
         finally:
-            self.buffered -= held[0]
+            self.slots.drop(tenant, held[0])
             self.slots.leave(tenant)
 
     async def _serve(
@@ -233,21 +298,25 @@ class LimitMiddleware:
     ) -> None:
         limits = self.limits
         deadline = asyncio.get_running_loop().time() + limits.timeout
+        body_limit = limits.body_limit(tenant)
         too_large = PayloadTooLarge(
-            f"the request body is over the {limits.max_body_bytes}-byte limit"
+            f"the request body is over the {body_limit}-byte limit"
+            + (" of requests that need no API key" if tenant == NO_TENANT else ""),
+            # Else uvicorn would go on reading (and dropping) the rest of the body.
+            headers={"Connection": "close"},
         )
         declared = _declared_length(scope)
-        if declared > limits.max_body_bytes:
+        if declared > body_limit:
             await _answer(too_large, scope, receive, send)
             return
-        if declared and self.buffered + declared > limits.max_buffered_body_bytes:
-            await self._refuse_bodies(scope, receive, send)
+        if declared and (full := self.slots.fits(tenant, declared)):
+            await self._refuse_bodies(scope, receive, send, full, tenant)
             return
 
         metrics.HTTP_RECEIVING.inc()
         try:
             async with asyncio.timeout_at(deadline):
-                body = await self._read_body(receive, held)
+                body = await self._read_body(receive, tenant, body_limit, held)
         except TimeoutError:
             metrics.HTTP_REJECTED.labels("body_timeout").inc()
             log.warning("request body timed out", extra={"path": scope["path"]})
@@ -260,8 +329,8 @@ class LimitMiddleware:
         except _BodyTooLarge:
             await _answer(too_large, scope, receive, send)
             return
-        except _BodiesFull:
-            await self._refuse_bodies(scope, receive, send)
+        except _BodiesFull as full:
+            await self._refuse_bodies(scope, receive, send, full.reason, tenant)
             return
         finally:
             metrics.HTTP_RECEIVING.dec()
@@ -302,9 +371,12 @@ class LimitMiddleware:
             self.slots.release(tenant)
             metrics.HTTP_IN_FLIGHT.dec()
 
-    async def _read_body(self, receive: Receive, held: list[int]) -> bytes | None:
+    async def _read_body(
+        self, receive: Receive, tenant: str, body_limit: int, held: list[int]
+    ) -> bytes | None:
         """The whole body, or None when the client disconnected first. ``held`` counts
-        the bytes read into the process's buffered total (the caller gives them back)."""
+        the bytes held in the process's and the tenant's totals (the caller gives them
+        back)."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -314,11 +386,10 @@ class LimitMiddleware:
             chunk: bytes = message.get("body", b"")
             if chunk:
                 size += len(chunk)
-                if size > self.limits.max_body_bytes:
+                if size > body_limit:
                     raise _BodyTooLarge
-                if self.buffered + len(chunk) > self.limits.max_buffered_body_bytes:
-                    raise _BodiesFull
-                self.buffered += len(chunk)
+                if full := self.slots.hold(tenant, len(chunk)):
+                    raise _BodiesFull(full)
                 held[0] += len(chunk)
                 chunks.append(chunk)
             if not message.get("more_body", False):
@@ -333,6 +404,11 @@ class LimitMiddleware:
                 f"the server is at capacity ({limits.max_concurrent} requests running and "
                 f"{limits.max_queued} more in progress or waiting); retry shortly"
             )
+        elif reason == "keyless_queue_full":
+            detail = (
+                f"requests that need no API key (outside /v1) are at their share: at most "
+                f"{limits.places(tenant)} in progress at once; retry shortly"
+            )
         else:
             detail = (
                 f"this tenant is at its share of the server's capacity "
@@ -342,15 +418,21 @@ class LimitMiddleware:
             )
         await _refuse(scope, receive, send, reason, detail)
 
-    async def _refuse_bodies(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _refuse(
-            scope,
-            receive,
-            send,
-            "bodies_full",
-            f"the server holds {self.buffered} bytes of request bodies, near its "
-            f"{self.limits.max_buffered_body_bytes}-byte limit; retry shortly",
-        )
+    async def _refuse_bodies(
+        self, scope: Scope, receive: Receive, send: Send, reason: str, tenant: str
+    ) -> None:
+        if reason == "bodies_full":
+            detail = (
+                f"the server holds {self.slots.buffered} bytes of request bodies, near its "
+                f"{self.limits.max_buffered_body_bytes}-byte limit; retry shortly"
+            )
+        else:
+            detail = (
+                f"this tenant holds {self.slots.buffered_by(tenant)} bytes of request bodies "
+                f"in progress, near its {self.limits.tenant_buffered_body_bytes}-byte share "
+                "of the server's; retry shortly"
+            )
+        await _refuse(scope, receive, send, reason, detail)
 
 
 def _declared_length(scope: Scope) -> int:

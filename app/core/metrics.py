@@ -41,8 +41,9 @@ HTTP_WAITING = Gauge(
 )
 HTTP_REJECTED = Counter(
     "compactd_http_requests_rejected",
-    "Requests refused before they ran: queue_full, tenant_queue_full, bodies_full, timeout (no "
-    "slot in time), body_timeout, header_timeout, header_too_large.",
+    "Requests refused before they ran: queue_full, tenant_queue_full, keyless_queue_full, "
+    "bodies_full, tenant_bodies_full, timeout (no slot in time), body_timeout, header_timeout, "
+    "header_too_large.",
     ["reason"],
 )
 AUTH_FAILURES = Counter(

@@ -141,6 +141,13 @@ class Settings(BaseSettings):
         description="Request bodies one process holds in memory at once (arriving, waiting "
         "for a slot or being handled); a body that would go beyond it gets 503.",
     )
+    max_tenant_buffered_body_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Request bodies one tenant's requests may hold in memory at once, so that "
+        "another tenant's request always finds room; beyond it that tenant gets 503. Unset: "
+        "half of max_buffered_body_bytes (rounded up).",
+    )
     max_batch_messages: int = Field(
         default=1000, ge=1, description="Most messages one append may carry; more: 422."
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app.core.limits import FairSlots, Limits
+from app.core.limits import KEYLESS_BODY_BYTES, KEYLESS_PLACES, NO_TENANT, FairSlots, Limits
 from app.main import create_app
 from tests import postgres
 from tests.conftest import make_session
@@ -235,7 +236,11 @@ async def test_bodies_held_in_memory_are_bounded_in_all(db_url: str) -> None:
     """Bodies are read before a slot: past max_buffered_body_bytes held at once, another
     body gets 503 (bodies_full) instead of more memory; once they are gone, it is served."""
     async with served(
-        db_url, max_concurrent_requests=1, max_buffered_body_bytes=6000, max_body_bytes=5000
+        db_url,
+        max_concurrent_requests=1,
+        max_buffered_body_bytes=6000,
+        max_tenant_buffered_body_bytes=6000,  # one tenant here: its share is the whole
+        max_body_bytes=5000,
     ) as (_, client):
         sid = (await make_session(client))["id"]
         big = [{"role": "user", "content": "x" * 4000}]
@@ -257,6 +262,143 @@ async def test_bodies_held_in_memory_are_bounded_in_all(db_url: str) -> None:
         assert len(await history(client, sid)) == 2
 
 
+def stalled(first: bytes, gate: asyncio.Event, rest: bytes = b"") -> AsyncIterator[bytes]:
+    """A body sent chunked: ``first``, then nothing until ``gate`` opens, then ``rest``."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield first
+        await gate.wait()
+        if rest:
+            yield rest
+
+    return chunks()
+
+
+async def test_one_tenants_held_bodies_leave_room_for_another_tenants(db_url: str) -> None:
+    """Each tenant holds at most its share of max_buffered_body_bytes (half by default):
+    tenant A's stalled uploads are refused past 4,000 bytes of the 8,000, and tenant B's
+    small request still finds room (it got 503 bodies_full when A could fill it all)."""
+    key_a = await create_key(db_url, "tenant-a")
+    key_b = await create_key(db_url, "tenant-b")
+    gate = asyncio.Event()
+    async with served(db_url, max_buffered_body_bytes=8000, max_body_bytes=5000) as (_, client):
+        head = b'{"model": "gpt-4o", "metadata": {"x": "' + b"a" * 1460
+        uploads = []
+        for _ in range(6):
+            uploads.append(
+                asyncio.create_task(
+                    client.post(
+                        "/v1/sessions",
+                        content=stalled(head, gate, b'"}}'),
+                        headers={**bearer(key_a), "Content-Type": "application/json"},
+                    )
+                )
+            )
+            await asyncio.sleep(0.1)
+        refused = [task for task in uploads if task.done()]
+        assert len(refused) == 4  # 2 x 1,500 bytes held; a third would go past 4,000
+        for task in refused:
+            r = task.result()
+            assert_problem(r, 503, "this tenant holds", "4000-byte share")
+            assert r.headers["retry-after"] == "1"
+        b_message = {"messages": [{"role": "user", "content": "b" * 1000}]}
+        created = await client.post("/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(key_b))
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        r = await client.post(f"/v1/sessions/{sid}/messages", json=b_message, headers=bearer(key_b))
+        assert r.status_code == 201, r.text
+        gate.set()
+        held = [await task for task in uploads if task not in refused]
+        assert [r.status_code for r in held] == [201, 201], [r.text for r in held]
+        listed = await client.get("/v1/sessions", headers=bearer(key_a))
+        assert len(listed.json()["sessions"]) == 2
+
+
+async def test_requests_that_need_no_key_get_a_small_body_cap_and_few_places(
+    db_url: str,
+) -> None:
+    """Outside /v1 no key is needed and no route takes a body: such a request may send at
+    most 64 KiB (else 413) and at most 16 are in the process at once (else 503), so no
+    one without a key can hold the memory or the queue places that tenants need."""
+    gate = asyncio.Event()
+    async with served(db_url) as (_, client):
+        r = await client.post("/anything", content=b"x" * (100 * 1024))
+        assert_problem(r, 413, "65536-byte limit", "no API key")
+        assert r.headers["connection"] == "close"
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(3):
+                yield b"x" * (30 * 1024)
+
+        r = await client.post("/anything", content=chunks())
+        assert_problem(r, 413, "65536-byte limit")
+        assert r.headers["connection"] == "close"
+
+        held = []
+        for _ in range(16):
+            held.append(
+                asyncio.create_task(client.post("/anything", content=stalled(b"x" * 1024, gate)))
+            )
+        await asyncio.sleep(0.3)
+        assert not any(task.done() for task in held)
+        refused = await client.post("/docs", content=b"{}")
+        assert_problem(refused, 503, "need no API key", "16")
+        assert refused.headers["retry-after"] == "1"
+        # A tenant's requests (here the open mode's `default`) are served meanwhile.
+        sid = (await make_session(client))["id"]
+        r = await client.post(f"/v1/sessions/{sid}/messages", json={"messages": USER})
+        assert r.status_code == 201, r.text
+        gate.set()
+        assert [(await task).status_code for task in held] == [404] * 16
+        # Their places are free again.
+        assert (await client.post("/docs", content=b"{}")).status_code == 405
+
+
+def send_oversized_body(port: int, total: int) -> tuple[bytes, int]:
+    """An append declaring a ``total``-byte body, sent while the answer is read; gives
+    the answer (empty if the close reset the connection first) and the bytes that went
+    out before the server closed."""
+    head = (
+        f"POST /v1/sessions/s/messages HTTP/1.1\r\nHost: compactd\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {total}\r\n\r\n"
+    ).encode()
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+
+        def send() -> None:
+            nonlocal sent
+            piece = b"x" * 65536
+            with contextlib.suppress(OSError):
+                while sent < total:
+                    sent += sock.send(piece[: total - sent])
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    sender.join(timeout=30)
+    return answer, sent
+
+
+async def test_a_413_closes_the_connection_instead_of_reading_the_rest(db_url: str) -> None:
+    """Without `Connection: close` uvicorn went on reading (and dropping) the whole body."""
+    application = create_app(settings_with(), database_url=db_url)  # 2 MiB bodies at most
+    total = 128 * 1024 * 1024
+    with running(application) as base:
+        port = int(base.rsplit(":", 1)[1])
+        answer, sent = await asyncio.to_thread(send_oversized_body, port, total)
+        print(f"\n[413] {sent:,} of {total:,} bytes went out before the server closed")
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 413"), answer[:300]
+        if answer:
+            assert b"\r\nconnection: close\r\n" in answer.lower(), answer[:300]
+        assert sent < total
+
+
 # ----------------------------------------------------------- the slots themselves
 
 
@@ -268,6 +410,7 @@ def limits(**changes: Any) -> Limits:
         tenant_queued=4,
         max_body_bytes=1024,
         max_buffered_body_bytes=1 << 20,
+        tenant_buffered_body_bytes=1 << 20,
         timeout=1.0,
     )
     return Limits(**{**base.__dict__, **changes})
@@ -279,12 +422,50 @@ async def settled() -> None:
 
 
 def test_the_tenant_shares_default_to_half_the_servers_rounded_up() -> None:
-    derived = Limits.from_settings(settings_with(max_concurrent_requests=5, max_queued_requests=1))
+    derived = Limits.from_settings(
+        settings_with(max_concurrent_requests=5, max_queued_requests=1, max_buffered_body_bytes=9)
+    )
     assert (derived.tenant_concurrent, derived.tenant_queued) == (3, 1)
+    assert derived.tenant_buffered_body_bytes == 5
     explicit = Limits.from_settings(
-        settings_with(max_tenant_concurrent_requests=7, max_tenant_queued_requests=0)
+        settings_with(
+            max_tenant_concurrent_requests=7,
+            max_tenant_queued_requests=0,
+            max_tenant_buffered_body_bytes=1000,
+        )
     )
     assert (explicit.tenant_concurrent, explicit.tenant_queued) == (7, 0)
+    assert explicit.tenant_buffered_body_bytes == 1000
+
+
+def test_body_memory_is_bounded_for_the_server_and_for_each_tenant() -> None:
+    slots = FairSlots(limits(max_buffered_body_bytes=100, tenant_buffered_body_bytes=60))
+    for tenant in ("a", "a", "b", "c"):
+        assert slots.admit(tenant) is None
+    assert slots.hold("a", 40) is None
+    assert slots.hold("a", 21) == "tenant_bodies_full"  # 61 of a's 60
+    assert slots.hold("b", 60) is None
+    assert slots.hold("c", 1) == "bodies_full"  # 101 of the server's 100
+    assert (slots.buffered, slots.buffered_by("a"), slots.buffered_by("b")) == (100, 40, 60)
+    slots.drop("b", 60)
+    assert slots.hold("c", 50) is None
+    assert slots.fits("a", 10) is None
+    assert slots.fits("a", 11) == "bodies_full"
+    slots.drop("c", 50)
+    assert slots.fits("a", 20) is None
+    assert slots.fits("a", 21) == "tenant_bodies_full"
+
+
+def test_requests_that_need_no_key_have_a_few_places_and_small_bodies() -> None:
+    slots = FairSlots(limits(max_queued=100, tenant_queued=100))
+    assert [slots.admit(NO_TENANT) for _ in range(KEYLESS_PLACES + 1)][-2:] == [
+        None,
+        "keyless_queue_full",
+    ]
+    assert slots.admit("a") is None  # a tenant still gets in
+    assert slots.limits.body_limit(NO_TENANT) == min(1024, KEYLESS_BODY_BYTES)
+    assert limits(max_body_bytes=1 << 30).body_limit(NO_TENANT) == KEYLESS_BODY_BYTES
+    assert limits(max_body_bytes=1 << 30).body_limit("a") == 1 << 30
 
 
 def test_admission_is_bounded_for_the_server_and_for_each_tenant() -> None:
