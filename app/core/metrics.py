@@ -43,7 +43,7 @@ HTTP_REJECTED = Counter(
     "compactd_http_requests_rejected",
     "Requests refused before they ran: queue_full, tenant_queue_full, keyless_queue_full, "
     "bodies_full, tenant_bodies_full, timeout (no slot in time), body_timeout, header_timeout, "
-    "header_too_large.",
+    "header_too_large, trailer_too_large.",
     ["reason"],
 )
 AUTH_FAILURES = Counter(

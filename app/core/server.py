@@ -13,7 +13,16 @@ adds both:
   connection opened, for a connection's first request) gets 408 and the connection closes;
   a connection that sends nothing at all in that time is closed without an answer.
 
-The body, once the head is in, is the app's to bound: see :mod:`app.core.limits`.
+A chunked body may end with *trailer* fields. httptools hands them to ``on_header`` like
+the head's, and uvicorn appended them to the request's headers, which the app reads only
+once the body is in: a client could send an ``Idempotency-Key`` or ``If-Match`` no proxy
+in front saw as a header, and as many trailer bytes as it liked. Here trailers are dropped
+(the app never sees them) and their bytes count with the head's against
+``max_header_bytes``: over it, 431 and the connection closes. So do the bytes read after
+the head that carry no body (chunk framing, trailers still arriving: httptools grows a
+trailer field as its bytes arrive, like a header's), once at most one read past the limit.
+
+The body itself, once the head is in, is the app's to bound: see :mod:`app.core.limits`.
 """
 
 from __future__ import annotations
@@ -53,8 +62,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = False  # between a request's first byte and the end of its headers
+        self._in_body = False  # between the end of a request's headers and its end
         self._heads = 0  # request heads begun on this connection
-        self._head_bytes = 0
+        self._head_bytes = 0  # the head's (while it arrives), then with its trailer fields
+        self._body_read = False  # body bytes parsed in the read at hand
+        self._bodiless_bytes = 0  # reads past the head carrying no body, since body came
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
 
@@ -71,15 +83,28 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # nothing more is parsed or buffered for this connection
-        in_head, heads = self._in_head, self._heads
+        in_head, in_body, heads = self._in_head, self._in_body, self._heads
+        self._body_read = False
         super().data_received(data)
+        if self._refused or heads != self._heads:
+            return
         # A head still incomplete: count the reads made inside it. The read that starts
         # a head is not counted (it may end the previous request's body), so this bound
         # is one read loose; a head that completes is measured exactly below.
-        if self._in_head and in_head and heads == self._heads:
+        if self._in_head and in_head:
             self._head_bytes += len(data)
             if self._head_bytes > self.max_header_bytes:
                 self._refuse(self._too_large(), "header_too_large")
+        # Past the head, a read that carried no body bytes carried chunk framing or
+        # trailers: count those reads until body comes again (one read loose, as above;
+        # trailer fields that complete are measured exactly in on_header).
+        elif self._in_body and in_body:
+            if self._body_read:
+                self._bodiless_bytes = 0
+                return
+            self._bodiless_bytes += len(data)
+            if self._bodiless_bytes > self.max_header_bytes:
+                self._refuse(self._trailer_too_large(), "trailer_too_large", in_body=True)
 
     # The parser's callbacks: none acts once the connection is refused (the rest of
     # the read being parsed may hold a body or a pipelined request).
@@ -94,6 +119,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_timer is None:
             self._arm_head_timer()
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            super().on_header(name, value)
+            return
+        # A trailer field, after a chunked body: dropped, its bytes counted with the head's.
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.max_header_bytes:
+            self._refuse(self._trailer_too_large(), "trailer_too_large", in_body=True)
+
     def on_headers_complete(self) -> None:
         if self._refused:
             return
@@ -103,14 +139,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if size > self.max_header_bytes:
             self._refuse(self._too_large(), "header_too_large")
             return
+        self._head_bytes = size
+        self._in_body = True
+        self._bodiless_bytes = 0
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
+            self._body_read = True
             super().on_body(body)
 
     def on_message_complete(self) -> None:
         if not self._refused:
+            self._in_body = False
             super().on_message_complete()
 
     # --------------------------------------------------------------------- bounds
@@ -140,19 +181,35 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             f"the request line and headers are over the {self.max_header_bytes}-byte limit"
         )
 
-    def _refuse(self, error: ProblemError, reason: str) -> None:
-        """Answer ``error`` and close; while an earlier (pipelined) request's answer is
-        still being written, close after it instead of cutting into it."""
+    def _trailer_too_large(self) -> HeadersTooLarge:
+        return HeadersTooLarge(
+            "the request line, headers and the chunked body's framing and trailer fields "
+            f"are over the {self.max_header_bytes}-byte limit"
+        )
+
+    def _refuse(self, error: ProblemError, reason: str, *, in_body: bool = False) -> None:
+        """Answer ``error`` and close. Refusing a head: while an earlier (pipelined)
+        request's answer is still being written, close after it instead of cutting into
+        it. Refusing the request whose body is arriving (``in_body``): the refusal is its
+        answer, and its app, waiting for the body, sees a disconnect; if an answer was
+        begun already (or an earlier request's is still being written), just close."""
         self._refused = True
-        self._in_head = False
+        self._in_head = self._in_body = False
         self._cancel_head_timer()
         metrics.HTTP_REJECTED.labels(reason).inc()
         client = f"{self.client[0]}:{self.client[1]}" if self.client else None
-        log.warning("request head refused: %s", error.detail, extra={"client": client})
+        log.warning("request refused: %s", error.detail, extra={"client": client})
         if self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False
+        cycle = self.cycle
+        if in_body and cycle is not None:
+            if cycle.response_started or self.pipeline:
+                self.transport.close()
+                return
+            cycle.disconnected = True
+            cycle.message_event.set()
+        elif cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
             return
         self.transport.write(self._raw_problem(error))
         self.transport.close()

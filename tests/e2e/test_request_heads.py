@@ -193,3 +193,133 @@ async def test_headers_just_over_the_limit_get_a_431_problem(db_url: str) -> Non
         # Under the limit, the same request is served (and refused for its key only).
         answer, _, _ = await asyncio.to_thread(send_huge_head, port, 15 * 1024)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+# ------------------------------------------------------------------ trailers
+
+
+def chunked_append(session_id: str, body: bytes, trailer: bytes) -> bytes:
+    """An append whose body is sent chunked, followed by ``trailer`` (complete lines)."""
+    return (
+        f"POST /v1/sessions/{session_id}/messages HTTP/1.1\r\nHost: compactd\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + (f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n" + trailer + b"\r\n")
+
+
+async def exchange(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=GIVE_UP_SECONDS)
+    finally:
+        writer.close()
+
+
+def one_message(text: str) -> bytes:
+    return orjson.dumps({"messages": [{"role": "user", "content": text}]})
+
+
+async def test_trailers_never_reach_the_app_as_headers(db_url: str) -> None:
+    """A chunked body's trailer fields are not headers: a proxy in front would not have
+    seen them as such. Sent as trailers, `Idempotency-Key` and `If-Match` do nothing
+    (the second append with the same key stored a second entry; a stale If-Match is
+    not a 412)."""
+    with served(db_url) as port:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            created = await client.post("/v1/sessions", json={"model": "gpt-4o"})
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            trailers = [
+                b"Idempotency-Key: same\r\n",
+                b"Idempotency-Key: same\r\n",
+                b'If-Match: "999"\r\n',
+            ]
+            for n, trailer in enumerate(trailers):
+                answer = await exchange(port, chunked_append(sid, one_message(f"m{n}"), trailer))
+                status, _, body = split_answer(answer)
+                assert status == b"HTTP/1.1 201 Created", answer[:300]
+                assert len(orjson.loads(body)["entries"]) == 1
+            # Framing is not body, yet a body of many tiny chunks (about 200 KB of framing
+            # for 33 KB of body) and a small trailer are served as ever.
+            body = one_message("x" * 33_000)
+            request = chunked_append(sid, b"", b"X-Note: ok\r\n")
+            head, _, _ = request.partition(b"\r\n\r\n")
+            tiny_chunks = b"".join(b"1\r\n" + body[i : i + 1] + b"\r\n" for i in range(len(body)))
+            answer = await exchange(
+                port, head + b"\r\n\r\n" + tiny_chunks + b"0\r\nX-Note: ok\r\n\r\n"
+            )
+            assert answer.startswith(b"HTTP/1.1 201 Created"), answer[:300]
+            history = await client.get(f"/v1/sessions/{sid}/messages")
+            contents = [e["message"]["content"] for e in history.json()["entries"]]
+            assert contents == ["m0", "m1", "m2", "x" * 33_000], history.text[:300]
+
+
+def send_with_trailer(port: int, head_and_body: bytes, trailer: bytes) -> tuple[bytes, int, float]:
+    """``head_and_body`` then ``trailer`` (which the server may stop reading), sent while
+    the answer is read; gives the answer (empty if the close reset the connection first),
+    how many of the trailer's bytes went out, and the time taken."""
+    sent = 0
+    started = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_SECONDS) as sock:
+        sock.sendall(head_and_body)
+
+        def send() -> None:
+            nonlocal sent
+            view = memoryview(trailer)
+            with contextlib.suppress(OSError):
+                while sent < len(trailer):
+                    sent += sock.send(view[sent : sent + 65536])
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        took = time.perf_counter() - started
+    sender.join(timeout=GIVE_UP_SECONDS)
+    return answer, sent, took
+
+
+async def test_a_huge_trailer_is_refused_without_being_read_whole(db_url: str) -> None:
+    """Trailer bytes count against COMPACTD_MAX_HEADER_BYTES like the head's: a 50 MB
+    trailer field, or 5,000 trailer fields of 1 KB, get 431 (or a closed connection)
+    and store nothing (both were accepted, the second as 5,002 headers)."""
+    cases = {
+        "one 50 MB field": b"X-Big: " + b"a" * (50 * 1024 * 1024) + b"\r\n",
+        "5,000 fields of 1 KB": b"".join(
+            b"X-Field-%d: " % i + b"b" * 1024 + b"\r\n" for i in range(5000)
+        ),
+    }
+    with served(db_url) as port:
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            sid = (await client.post("/v1/sessions", json={"model": "gpt-4o"})).json()["id"]
+            for name, fields in cases.items():
+                before = rejected("trailer_too_large")
+                whole = chunked_append(sid, one_message(name), b"")
+                head_and_body = whole[: -len(b"\r\n")]  # the trailer's end comes after it
+                answer, sent, took = await asyncio.to_thread(
+                    send_with_trailer, port, head_and_body, fields + b"\r\n"
+                )
+                status_line = answer.split(b"\r\n", 1)[0]
+                print(
+                    f"\n[huge trailer: {name}] {sent:,} of {len(fields):,} trailer bytes went "
+                    f"out; answered {status_line!r} after {took:.2f} s"
+                )
+                assert (
+                    answer == b"" or status_line == b"HTTP/1.1 431 Request Header Fields Too Large"
+                ), answer[:300]
+                if answer:
+                    assert b"over the 65536-byte limit" in answer, answer[:600]
+                if len(fields) > 10 * 1024 * 1024:
+                    assert sent < len(fields)  # the server stopped reading
+                assert rejected("trailer_too_large") == before + 1
+            history = await client.get(f"/v1/sessions/{sid}/messages")
+            assert history.json()["entries"] == []
+        await healthy(port)
