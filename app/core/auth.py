@@ -6,14 +6,17 @@ opening the service). With no key at all the service is open and every request
 acts for the default tenant; ``compactd serve`` allows that only on a loopback
 address, unless told ``--insecure-no-auth``.
 
-Verified keys are cached for ``auth_cache_seconds``, so a revocation (made by the
-CLI, in another process) takes effect within that time.
+The keys are known from one read of the whole key table (it is small), kept for
+``auth_cache_seconds``: a revocation (made by the CLI, in another process) takes effect
+within that time. A key id not in it is refused without a database read; it makes the
+table be read again at most once a second (``MISS_REFRESH_SECONDS``), so a key created
+since is accepted within a second. A flood of forged keys thus costs the database one
+read a second, and a real key's first use never waits behind theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import time
@@ -32,8 +35,9 @@ from app.sessions.models import DEFAULT_TENANT
 
 log = logging.getLogger("compactd.auth")
 
-_CACHE_LIMIT = 10_000
-_LOOKUPS = 4
+# An id that is no known key reads the key table again at most this often (or every
+# auth_cache_seconds, if shorter): a key created meanwhile is accepted within it.
+MISS_REFRESH_SECONDS = 1.0
 # Compared against when the key id is unknown, so a miss costs what a hit costs.
 _DUMMY = tokens.digest("000000000000", "x" * 43)
 
@@ -60,23 +64,27 @@ def open_bind_refusal(host: str, keys_exist: bool, insecure: bool) -> str | None
 
 
 class KeyStore:
-    """Looks up keys by id, with a short cache; knows whether auth is required."""
+    """Knows the keys, from one read of the key table kept for a short time; knows
+    whether auth is required (see the module's docstring)."""
 
-    def __init__(self, engine: AsyncEngine, cache_seconds: float) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        cache_seconds: float,
+        *,
+        miss_refresh_seconds: float = MISS_REFRESH_SECONDS,
+    ) -> None:
         self.engine = engine
         self.cache_seconds = cache_seconds
-        # Keys found, and ids found to be no key, apart: a flood of forged ids that
-        # fills (and so empties) the second leaves the first alone.
-        self._keys: dict[str, tuple[float, KeyRow]] = {}
-        self._unknown: dict[str, float] = {}
-        # Ids not known to be keys are looked up a few at a time: a flood of forged
-        # keys cannot take every pooled connection from the requests that carry real
-        # ones, and real keys are read again without waiting behind them.
-        self._lookups = asyncio.Semaphore(_LOOKUPS)
-        # One read per id at a time, shared by the requests that need it: the key is
-        # checked before a request is admitted (see app.core.limits), so a burst of one
-        # key's requests must not turn into a burst of reads.
-        self._reads: dict[str, asyncio.Future[KeyRow | None]] = {}
+        self.miss_refresh_seconds = min(cache_seconds, miss_refresh_seconds)
+        # Every key by id (revoked ones too), as the last read of the table found them.
+        self._keys: dict[str, KeyRow] = {}
+        self._read_at = -float("inf")  # when that read started
+        # The read in progress, shared by every request that needs a newer table: the
+        # key is checked before a request is admitted (see app.core.limits), so a burst
+        # of requests must not turn into a burst of reads.
+        self._reading: asyncio.Future[None] | None = None
+        self.reads = 0  # reads of the key table made so far
         self._required = False
         self._required_checked = -float("inf")
 
@@ -91,40 +99,42 @@ class KeyStore:
         return self._required
 
     async def _row(self, key_id: str) -> KeyRow | None:
-        """The key's row, or None; both answers are kept for the cache period (a key
-        cannot be presented before it is created: its id is random)."""
-        now = time.monotonic()
-        known = self._keys.get(key_id)
-        if known and now - known[0] < self.cache_seconds:
-            return known[1]
-        if known is None and now - self._unknown.get(key_id, -float("inf")) < self.cache_seconds:
-            return None
-        read = self._reads.get(key_id)
-        if read is None:
-            read = self._reads[key_id] = asyncio.ensure_future(
-                self._read(key_id, known is not None)
-            )
-            read.add_done_callback(lambda _: self._reads.pop(key_id, None))
-        # Shielded: one request that gives up does not cancel the read for the others.
-        return await asyncio.shield(read)
-
-    async def _read(self, key_id: str, known: bool) -> KeyRow | None:
-        async with contextlib.AsyncExitStack() as stack:
-            if not known:
-                await stack.enter_async_context(self._lookups)
-            driver = await stack.enter_async_context(driver_connection(self.engine))
-            row = await repository.get(driver, key_id)
-        now = time.monotonic()
-        if row is None:
-            if len(self._unknown) >= _CACHE_LIMIT:
-                self._unknown.clear()
-            self._unknown[key_id] = now
-            self._keys.pop(key_id, None)
+        """The key's row, or None. A known key's row is at most ``cache_seconds`` old
+        (a revocation shows within it); an unknown id reads the table again only if it
+        was read ``miss_refresh_seconds`` ago or more, else it is refused from memory
+        (a key cannot be presented before it is created: its id is random)."""
+        if key_id in self._keys:
+            await self._fresh(self.cache_seconds)
         else:
-            if len(self._keys) >= _CACHE_LIMIT:
-                self._keys.clear()
-            self._keys[key_id] = (now, row)
-        return row
+            await self._fresh(self.miss_refresh_seconds)
+        return self._keys.get(key_id)
+
+    async def _fresh(self, max_age: float) -> None:
+        """Make the keys in hand at most ``max_age`` seconds old, or wait for the read
+        in progress if there is one (it is shared, so at most one runs at a time)."""
+        if time.monotonic() - self._read_at < max_age:
+            return
+        reading = self._reading
+        if reading is None:
+            reading = self._reading = asyncio.ensure_future(self._read())
+            reading.add_done_callback(self._read_done)
+        # Shielded: one request that gives up does not cancel the read for the others.
+        await asyncio.shield(reading)
+
+    async def _read(self) -> None:
+        started = time.monotonic()
+        async with driver_connection(self.engine) as driver:
+            rows = await repository.list_keys(driver)
+        self.reads += 1
+        self._keys = {row.id: row for row in rows}
+        self._read_at = started
+        if rows:
+            self._required = True
+
+    def _read_done(self, reading: asyncio.Future[None]) -> None:
+        self._reading = None
+        if not reading.cancelled():
+            reading.exception()  # retrieved: the requests that waited have it
 
     async def tenant(self, authorization: str | None) -> str:
         """The tenant this request acts for, or :class:`Unauthorized`."""

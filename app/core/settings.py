@@ -48,8 +48,9 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = Field(
         default=5.0,
         ge=0,
-        description="How long a verified key is trusted before it is read again; a "
-        "revocation takes effect within this time.",
+        description="How long the keys read from the database are trusted before they are "
+        "read again; a revocation takes effect within this time. A new key is accepted within "
+        "1 s (or this time, if shorter).",
     )
     max_concurrent_requests: int = Field(
         default=64, ge=1, description="Requests served at once; the rest wait in a queue."

@@ -11,10 +11,12 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import asyncpg
 import httpx
 from prometheus_client import REGISTRY
 
 from app.main import create_app
+from tests import postgres
 from tests.e2e.server import running
 from tests.ops.conftest import bearer, create_key, settings_with
 
@@ -180,3 +182,63 @@ async def test_a_flood_of_forged_keys_turns_no_tenant_request_away(db_url: str) 
             history = await client.get(f"/v1/sessions/{sid}/messages", headers=bearer(key))
             assert history.status_code == 200
             assert history.json()["entries"] == []
+
+
+@contextlib.asynccontextmanager
+async def key_table_locked(db_url: str) -> AsyncIterator[None]:
+    """No one reads the key table until the block ends (a read waits for the lock)."""
+    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+    try:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE api_key IN ACCESS EXCLUSIVE MODE")
+            yield
+    finally:
+        await conn.close()
+
+
+async def test_a_keys_first_use_does_not_wait_behind_a_flood_of_forged_keys(
+    db_url: str,
+) -> None:
+    """A key never used since the server started, presented while hundreds of forged
+    keys arrive and reading the key table is blocked: the server knows it from the one
+    read it made at its first request, and answers at once. Before, a key not yet in
+    the cache was looked up like the forged ids, four at a time in arrival order with
+    no deadline, and waited behind every one of them (here: for good)."""
+    settings = settings_with(
+        auth_cache_seconds=60,
+        # Reads that wait for the lock wait until it ends, rather than fail.
+        db_statement_timeout_seconds=0,
+        db_command_timeout_seconds=120,
+    )
+    first = await create_key(db_url, "tenant-a")
+    unused = await create_key(db_url, "tenant-b")
+    application = create_app(settings, database_url=db_url)
+    flood_size = 400
+    with running(application) as base:
+        port = int(base.rsplit(":", 1)[1])
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            created = await client.post(
+                "/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(first)
+            )
+            assert created.status_code == 201, created.text
+            sid = created.json()["id"]
+            async with key_table_locked(db_url):
+                flood = await forged_flood(port, f"/v1/sessions/{sid}/messages", flood_size)
+                started = time.perf_counter()
+                answer = await asyncio.wait_for(
+                    client.post("/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(unused)),
+                    timeout=30,
+                )
+                latency = time.perf_counter() - started
+                print(
+                    f"\n[first use] a key's first request answered {answer.status_code} in "
+                    f"{latency * 1000:.1f} ms during a flood of {flood_size} forged keys "
+                    "(reading the key table blocked)"
+                )
+                assert answer.status_code == 201, answer.text
+            flood_statuses = Counter(await asyncio.gather(*flood))
+            print(f"[first use] the forged requests: {dict(flood_statuses)}")
+            assert flood_statuses == Counter({b"HTTP/1.1 401 Unauthorized": flood_size})
+            # The session is tenant B's, and A's is A's.
+            listed = await client.get("/v1/sessions", headers=bearer(unused))
+            assert [s["id"] for s in listed.json()["sessions"]] == [answer.json()["id"]]
