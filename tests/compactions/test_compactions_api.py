@@ -410,7 +410,11 @@ async def test_an_emergency_compaction_follows_the_sessions_instructions(
     focus on the emergency path too, not only in the worker."""
     config = {
         **AUTO,
-        "compaction": {**AUTO["compaction"], "instructions": "Keep `big.txt` in view"},
+        "compaction": {
+            "reserve_tokens": 4_000,
+            "keep_recent_tokens": 3_000,
+            "instructions": "Keep `big.txt` in view",
+        },
         "truncate": {"enabled": False},
     }
     await make_session(client, id="e", **SMALL, config=config)
