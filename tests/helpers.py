@@ -1,10 +1,16 @@
-"""Small HTTP helpers shared by the API tests."""
+"""Small helpers shared by the API tests: HTTP calls, and row and table locks held
+in another connection."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import httpx
+
+from tests import postgres
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -75,3 +81,29 @@ def tool_call(
     call_id: str, name: str = "bash", arguments: str = '{"command": "ls"}'
 ) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@contextlib.asynccontextmanager
+async def session_locked(db_url: str, session_id: str) -> AsyncIterator[None]:
+    """Holds the session's row lock in another connection, as an append, a usage
+    report or a compaction's commit does for the length of its transaction (an
+    append waits inside its transaction)."""
+    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM session WHERE id = $1 FOR UPDATE", session_id)
+            yield
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def key_table_locked(db_url: str) -> AsyncIterator[None]:
+    """No one reads the key table until the block ends (a read waits for the lock)."""
+    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+    try:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE api_key IN ACCESS EXCLUSIVE MODE")
+            yield
+    finally:
+        await conn.close()

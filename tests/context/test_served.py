@@ -5,10 +5,8 @@ session row, only forward, and nothing for a read of the same context again."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -19,25 +17,12 @@ from app.sessions.models import DEFAULT_TENANT
 from app.sessions.repository import SessionState, read_state, record_served
 from tests import postgres
 from tests.conftest import make_session
-from tests.helpers import append_ok
+from tests.helpers import append_ok, session_locked
 
 TURN = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "Why does test_login fail? " + "Here is the log. " * 40},
 ]
-
-
-@contextlib.asynccontextmanager
-async def session_locked(db_url: str, session_id: str) -> AsyncIterator[None]:
-    """Holds the session's row lock in another connection, as an append, a usage
-    report or a compaction's commit does for the length of its transaction."""
-    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
-    try:
-        async with conn.transaction():
-            await conn.execute("SELECT 1 FROM session WHERE id = $1 FOR UPDATE", session_id)
-            yield
-    finally:
-        await conn.close()
 
 
 async def served_row(db_url: str, session_id: str) -> dict[str, Any]:

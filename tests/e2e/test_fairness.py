@@ -11,13 +11,12 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 from prometheus_client import REGISTRY
 
 from app.main import create_app
-from tests import postgres
 from tests.e2e.server import running
+from tests.helpers import key_table_locked
 from tests.ops.conftest import bearer, create_key, settings_with
 
 SLOTS = 4
@@ -34,6 +33,14 @@ async def settle(name: str, at_least: float, within: float = 10.0) -> None:
         if gauge(name) >= at_least:
             return
         await asyncio.sleep(0.05)
+
+
+async def new_session(client: httpx.AsyncClient, key: str) -> str:
+    """A session of the key's tenant; its id."""
+    created = await client.post("/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(key))
+    assert created.status_code == 201, created.text
+    sid: str = created.json()["id"]
+    return sid
 
 
 @contextlib.asynccontextmanager
@@ -146,11 +153,7 @@ async def test_a_flood_of_forged_keys_turns_no_tenant_request_away(db_url: str) 
     with running(application) as base:
         port = int(base.rsplit(":", 1)[1])
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-            created = await client.post(
-                "/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(key)
-            )
-            assert created.status_code == 201, created.text
-            sid = created.json()["id"]
+            sid = await new_session(client, key)
 
             async def legitimate() -> list[tuple[int, float]]:
                 answers = []
@@ -184,18 +187,6 @@ async def test_a_flood_of_forged_keys_turns_no_tenant_request_away(db_url: str) 
             assert history.json()["entries"] == []
 
 
-@contextlib.asynccontextmanager
-async def key_table_locked(db_url: str) -> AsyncIterator[None]:
-    """No one reads the key table until the block ends (a read waits for the lock)."""
-    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
-    try:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE api_key IN ACCESS EXCLUSIVE MODE")
-            yield
-    finally:
-        await conn.close()
-
-
 async def test_a_keys_first_use_does_not_wait_behind_a_flood_of_forged_keys(
     db_url: str,
 ) -> None:
@@ -217,11 +208,7 @@ async def test_a_keys_first_use_does_not_wait_behind_a_flood_of_forged_keys(
     with running(application) as base:
         port = int(base.rsplit(":", 1)[1])
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-            created = await client.post(
-                "/v1/sessions", json={"model": "gpt-4o"}, headers=bearer(first)
-            )
-            assert created.status_code == 201, created.text
-            sid = created.json()["id"]
+            sid = await new_session(client, first)
             async with key_table_locked(db_url):
                 flood = await forged_flood(port, f"/v1/sessions/{sid}/messages", flood_size)
                 started = time.perf_counter()

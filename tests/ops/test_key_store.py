@@ -7,12 +7,9 @@ tests/e2e/test_fairness.py for a key's first use during a flood of forged keys."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 
@@ -20,7 +17,7 @@ from app.core.auth import KeyStore
 from app.core.database import create_engine
 from app.core.errors import Unauthorized
 from app.main import create_app
-from tests import postgres
+from tests.helpers import key_table_locked
 from tests.ops.conftest import bearer, create_key, revoke_key, settings_with
 
 GIVE_UP_SECONDS = 30.0
@@ -28,18 +25,6 @@ GIVE_UP_SECONDS = 30.0
 
 def forged_key() -> str:
     return f"cpd_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)[:43]}"
-
-
-@contextlib.asynccontextmanager
-async def key_table_locked(db_url: str) -> AsyncIterator[None]:
-    """No one reads the key table until the block ends (a read waits for the lock)."""
-    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
-    try:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE api_key IN ACCESS EXCLUSIVE MODE")
-            yield
-    finally:
-        await conn.close()
 
 
 async def test_a_key_id_that_is_no_key_costs_no_database_read(db_url: str) -> None:

@@ -11,16 +11,14 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from app.core.limits import KEYLESS_BODY_BYTES, KEYLESS_PLACES, NO_TENANT, FairSlots, Limits
 from app.main import create_app
-from tests import postgres
 from tests.conftest import make_session
 from tests.e2e.server import running
-from tests.helpers import assert_problem, history
+from tests.helpers import assert_problem, history, session_locked
 from tests.ops.conftest import bearer, create_key, settings_with
 
 
@@ -31,18 +29,6 @@ async def served(db_url: str, **changes: Any) -> AsyncIterator[tuple[Any, httpx.
         transport = httpx.ASGITransport(app=application)
         async with httpx.AsyncClient(transport=transport, base_url="http://compactd.test") as c:
             yield application, c
-
-
-@contextlib.asynccontextmanager
-async def session_locked(db_url: str, session_id: str) -> AsyncIterator[None]:
-    """Holds the session's row lock, so an append waits inside its transaction."""
-    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
-    try:
-        async with conn.transaction():
-            await conn.execute("SELECT 1 FROM session WHERE id = $1 FOR UPDATE", session_id)
-            yield
-    finally:
-        await conn.close()
 
 
 USER = [{"role": "user", "content": "hello"}]
