@@ -123,23 +123,20 @@ async def test_a_connection_that_sends_nothing_is_closed(db_url: str) -> None:
         assert got == b""  # closed, with no answer to a request never made
 
 
-def send_huge_head(port: int, header_bytes: int) -> tuple[bytes, int, float]:
-    """A request whose Authorization header is ``header_bytes`` long, sent while the
-    answer is read; gives the answer (empty if the connection was reset before it
-    could be read), how much of the request the server let in, and the time taken."""
-    request = (
-        b"GET /v1/sessions HTTP/1.1\r\nHost: compactd\r\nConnection: close\r\n"
-        b"Authorization: Bearer " + b"a" * header_bytes + b"\r\n\r\n"
-    )
+def send_while_reading(port: int, head: bytes, rest: bytes) -> tuple[bytes, int, float]:
+    """``head`` then ``rest`` (which the server may stop reading), sent while the answer
+    is read; gives the answer (empty if the server's close reset the connection before
+    it could be read), how many of ``rest``'s bytes went out, and the time taken."""
     sent = 0
     started = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_SECONDS) as sock:
+        sock.sendall(head)
 
         def send() -> None:
             nonlocal sent
-            view = memoryview(request)
+            view = memoryview(rest)
             with contextlib.suppress(OSError):
-                while sent < len(request):
+                while sent < len(rest):
                     sent += sock.send(view[sent : sent + 65536])
 
         sender = threading.Thread(target=send)
@@ -149,10 +146,21 @@ def send_huge_head(port: int, header_bytes: int) -> tuple[bytes, int, float]:
             while chunk := sock.recv(65536):
                 answer += chunk
         except ConnectionResetError:
-            pass  # the server closed with the rest of the header unread
+            pass  # the server closed with the rest unread
         took = time.perf_counter() - started
     sender.join(timeout=GIVE_UP_SECONDS)
     return answer, sent, took
+
+
+def send_huge_head(port: int, header_bytes: int) -> tuple[bytes, int, float]:
+    """A request whose Authorization header is ``header_bytes`` long, sent while the
+    answer is read; gives the answer (empty if the connection was reset before it
+    could be read), how much of the request the server let in, and the time taken."""
+    request = (
+        b"GET /v1/sessions HTTP/1.1\r\nHost: compactd\r\nConnection: close\r\n"
+        b"Authorization: Bearer " + b"a" * header_bytes + b"\r\n\r\n"
+    )
+    return send_while_reading(port, b"", request)
 
 
 async def test_an_8_mb_authorization_header_is_refused_without_being_read_whole(
@@ -257,35 +265,6 @@ async def test_trailers_never_reach_the_app_as_headers(db_url: str) -> None:
             assert contents == ["m0", "m1", "m2", "x" * 33_000], history.text[:300]
 
 
-def send_with_trailer(port: int, head_and_body: bytes, trailer: bytes) -> tuple[bytes, int, float]:
-    """``head_and_body`` then ``trailer`` (which the server may stop reading), sent while
-    the answer is read; gives the answer (empty if the close reset the connection first),
-    how many of the trailer's bytes went out, and the time taken."""
-    sent = 0
-    started = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_SECONDS) as sock:
-        sock.sendall(head_and_body)
-
-        def send() -> None:
-            nonlocal sent
-            view = memoryview(trailer)
-            with contextlib.suppress(OSError):
-                while sent < len(trailer):
-                    sent += sock.send(view[sent : sent + 65536])
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-        took = time.perf_counter() - started
-    sender.join(timeout=GIVE_UP_SECONDS)
-    return answer, sent, took
-
-
 async def test_a_huge_trailer_is_refused_without_being_read_whole(db_url: str) -> None:
     """Trailer bytes count against COMPACTD_MAX_HEADER_BYTES like the head's: a 50 MB
     trailer field, or 5,000 trailer fields of 1 KB, get 431 (or a closed connection)
@@ -305,7 +284,7 @@ async def test_a_huge_trailer_is_refused_without_being_read_whole(db_url: str) -
                 whole = chunked_append(sid, one_message(name), b"")
                 head_and_body = whole[: -len(b"\r\n")]  # the trailer's end comes after it
                 answer, sent, took = await asyncio.to_thread(
-                    send_with_trailer, port, head_and_body, fields + b"\r\n"
+                    send_while_reading, port, head_and_body, fields + b"\r\n"
                 )
                 status_line = answer.split(b"\r\n", 1)[0]
                 print(
