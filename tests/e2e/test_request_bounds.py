@@ -84,21 +84,26 @@ async def polling(base_url: str, paths: list[str]) -> AsyncIterator[Polls]:
         await asyncio.gather(*tasks)
 
 
-async def _sessions(client: httpx.AsyncClient) -> None:
-    """``big`` (empty) for the large request, ``other`` (with a turn) to poll."""
-    for sid in ("big", "other"):
-        r = await client.post("/v1/sessions", json={"model": "gpt-4o", "id": sid})
-        assert r.status_code == 201, r.text
-    r = await client.post(
-        "/v1/sessions/other/messages",
-        json={
-            "messages": [
-                {"role": "user", "content": "What changed?"},
-                {"role": "assistant", "content": "Two files."},
-            ]
-        },
-    )
-    assert r.status_code == 201, r.text
+@contextlib.asynccontextmanager
+async def _serving(db_url: str, settings: Settings) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """A real server and a client of it, with the sessions ``big`` (empty) for the
+    large request and ``other`` (with a turn) to poll."""
+    with running(create_app(settings, database_url=db_url)) as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+            for sid in ("big", "other"):
+                r = await client.post("/v1/sessions", json={"model": "gpt-4o", "id": sid})
+                assert r.status_code == 201, r.text
+            r = await client.post(
+                "/v1/sessions/other/messages",
+                json={
+                    "messages": [
+                        {"role": "user", "content": "What changed?"},
+                        {"role": "assistant", "content": "Two files."},
+                    ]
+                },
+            )
+            assert r.status_code == 201, r.text
+            yield base_url, client
 
 
 OTHERS = ["/healthz", "/v1/sessions/other/context"]
@@ -140,21 +145,19 @@ async def test_a_maximum_size_append_leaves_others_answering(
     limits = _default_limits(settings)
     body = max_size_append(limits.max_body_bytes, limits.max_batch_messages)
     assert len(body) > limits.max_body_bytes * 0.99
-    with running(create_app(limits, database_url=db_url)) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-            await _sessions(client)
-            r = await _send_while_polling(
-                base_url,
-                client,
-                f"max-size append ({limits.max_batch_messages} messages, {len(body):,} bytes)",
-                "/v1/sessions/big/messages",
-                body,
-            )
-            assert r.status_code == 201, r.text[:2000]
-            entries = r.json()["entries"]
-            assert len(entries) == limits.max_batch_messages
-            assert all(e["tokens"] > 0 for e in entries)
-            assert await _entry_count(client, "big") >= limits.max_batch_messages
+    async with _serving(db_url, limits) as (base_url, client):
+        r = await _send_while_polling(
+            base_url,
+            client,
+            f"max-size append ({limits.max_batch_messages} messages, {len(body):,} bytes)",
+            "/v1/sessions/big/messages",
+            body,
+        )
+        assert r.status_code == 201, r.text[:2000]
+        entries = r.json()["entries"]
+        assert len(entries) == limits.max_batch_messages
+        assert all(e["tokens"] > 0 for e in entries)
+        assert await _entry_count(client, "big") >= limits.max_batch_messages
 
 
 async def test_a_thousand_8_kb_messages_are_stored_while_others_are_answered(
@@ -169,96 +172,90 @@ async def test_a_thousand_8_kb_messages_are_stored_while_others_are_answered(
     ]
     body = orjson.dumps({"messages": messages})
     assert len(body) <= limits.max_body_bytes
-    with running(create_app(limits, database_url=db_url)) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-            await _sessions(client)
-            r = await _send_while_polling(
-                base_url,
-                client,
-                f"1,000 x 8 kB append ({len(body):,} bytes)",
-                "/v1/sessions/big/messages",
-                body,
-            )
-            assert r.status_code == 201, r.text[:2000]
-            assert len(r.json()["entries"]) == 1000
-            r = await client.get("/v1/sessions/big/messages", params={"after_seq": 999, "limit": 1})
-            assert r.json()["entries"][0]["message"] == messages[-1]
+    async with _serving(db_url, limits) as (base_url, client):
+        r = await _send_while_polling(
+            base_url,
+            client,
+            f"1,000 x 8 kB append ({len(body):,} bytes)",
+            "/v1/sessions/big/messages",
+            body,
+        )
+        assert r.status_code == 201, r.text[:2000]
+        assert len(r.json()["entries"]) == 1000
+        r = await client.get("/v1/sessions/big/messages", params={"after_seq": 999, "limit": 1})
+        assert r.json()["entries"][0]["message"] == messages[-1]
 
 
 async def test_a_million_integers_is_a_quick_small_422(db_url: str, settings: Settings) -> None:
     body = million_integers()
-    with running(create_app(settings, database_url=db_url)) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-            await _sessions(client)
-            r = await _send_while_polling(
-                base_url,
-                client,
-                "1,000,000 integers as messages",
-                "/v1/sessions/big/messages",
-                body,
-            )
-            doc = assert_problem(r, 422, "messages", "1,000,000")
-            assert len(r.content) < 2_000, len(r.content)
-            assert len(doc["errors"]) == 1
-            assert f"{settings.max_json_items:,}" in doc["detail"]
+    async with _serving(db_url, settings) as (base_url, client):
+        r = await _send_while_polling(
+            base_url,
+            client,
+            "1,000,000 integers as messages",
+            "/v1/sessions/big/messages",
+            body,
+        )
+        doc = assert_problem(r, 422, "messages", "1,000,000")
+        assert len(r.content) < 2_000, len(r.content)
+        assert len(doc["errors"]) == 1
+        assert f"{settings.max_json_items:,}" in doc["detail"]
 
-            # Just over the batch cap: refused before its messages are validated.
-            over = settings.max_batch_messages + 1
-            r = await client.post(
-                "/v1/sessions/big/messages",
-                content=b'{"messages": [' + b",".join([b"1"] * over) + b"]}",
-                headers=JSON,
-            )
-            doc = assert_problem(r, 422, "messages", f"{over:,}")
-            assert len(doc["errors"]) == 1
+        # Just over the batch cap: refused before its messages are validated.
+        over = settings.max_batch_messages + 1
+        r = await client.post(
+            "/v1/sessions/big/messages",
+            content=b'{"messages": [' + b",".join([b"1"] * over) + b"]}",
+            headers=JSON,
+        )
+        doc = assert_problem(r, 422, "messages", f"{over:,}")
+        assert len(doc["errors"]) == 1
 
-            # Within it, every message is wrong: the first errors and a count of the rest.
-            count = settings.max_batch_messages
-            r = await client.post(
-                "/v1/sessions/big/messages",
-                content=b'{"messages": [' + b",".join([b"1"] * count) + b"]}",
-                headers=JSON,
-            )
-            doc = assert_problem(r, 422, "messages[0]", f"{count - MAX_REPORTED_ERRORS:,} more")
-            assert len(doc["errors"]) == MAX_REPORTED_ERRORS
-            assert doc["errors"][-1]["field"] == f"messages[{MAX_REPORTED_ERRORS - 1}]"
-            assert doc["errors_omitted"] == count - MAX_REPORTED_ERRORS
-            assert len(r.content) < 10_000, len(r.content)
-            assert await _entry_count(client, "big") == 0
+        # Within it, every message is wrong: the first errors and a count of the rest.
+        count = settings.max_batch_messages
+        r = await client.post(
+            "/v1/sessions/big/messages",
+            content=b'{"messages": [' + b",".join([b"1"] * count) + b"]}",
+            headers=JSON,
+        )
+        doc = assert_problem(r, 422, "messages[0]", f"{count - MAX_REPORTED_ERRORS:,} more")
+        assert len(doc["errors"]) == MAX_REPORTED_ERRORS
+        assert doc["errors"][-1]["field"] == f"messages[{MAX_REPORTED_ERRORS - 1}]"
+        assert doc["errors_omitted"] == count - MAX_REPORTED_ERRORS
+        assert len(r.content) < 10_000, len(r.content)
+        assert await _entry_count(client, "big") == 0
 
 
 async def test_a_million_element_array_in_tool_arguments_is_a_422(
     db_url: str, settings: Settings
 ) -> None:
     limits = _default_limits(settings)  # the body is ~7 MB
-    with running(create_app(limits, database_url=db_url)) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
-            await _sessions(client)
-            for fmt, field_name in (
-                ("openai", "messages[0].tool_calls[0].function.arguments"),
-                ("anthropic", "messages[0].content[0].input.values"),
-            ):
-                body = arguments_with_array(1_000_000, fmt)
-                assert len(body) <= limits.max_body_bytes
-                r = await _send_while_polling(
-                    base_url,
-                    client,
-                    f"tool arguments with a 1,000,000-element array ({fmt}, {len(body):,} bytes)",
-                    "/v1/sessions/big/messages",
-                    body,
-                )
-                doc = assert_problem(r, 422, field_name, "1,000,000 items")
-                assert [e["field"] for e in doc["errors"]] == [field_name]
-                assert len(r.content) < 2_000
-            assert await _entry_count(client, "big") == 0
-            # At the cap it is stored, as sent.
-            for fmt in ("openai", "anthropic"):
-                body = arguments_with_array(limits.max_json_items, fmt)
-                r = await client.post("/v1/sessions/big/messages", content=body, headers=JSON)
-                assert r.status_code == 201, r.text
-                r = await client.get(
-                    "/v1/sessions/big/messages", params={"format": fmt, "after_seq": 0}
-                )
-                sent = orjson.loads(body)["messages"]
-                assert [e["message"] for e in r.json()["entries"][-2:]] == sent
-            assert await _entry_count(client, "big") == 4
+    async with _serving(db_url, limits) as (base_url, client):
+        for fmt, field_name in (
+            ("openai", "messages[0].tool_calls[0].function.arguments"),
+            ("anthropic", "messages[0].content[0].input.values"),
+        ):
+            body = arguments_with_array(1_000_000, fmt)
+            assert len(body) <= limits.max_body_bytes
+            r = await _send_while_polling(
+                base_url,
+                client,
+                f"tool arguments with a 1,000,000-element array ({fmt}, {len(body):,} bytes)",
+                "/v1/sessions/big/messages",
+                body,
+            )
+            doc = assert_problem(r, 422, field_name, "1,000,000 items")
+            assert [e["field"] for e in doc["errors"]] == [field_name]
+            assert len(r.content) < 2_000
+        assert await _entry_count(client, "big") == 0
+        # At the cap it is stored, as sent.
+        for fmt in ("openai", "anthropic"):
+            body = arguments_with_array(limits.max_json_items, fmt)
+            r = await client.post("/v1/sessions/big/messages", content=body, headers=JSON)
+            assert r.status_code == 201, r.text
+            r = await client.get(
+                "/v1/sessions/big/messages", params={"format": fmt, "after_seq": 0}
+            )
+            sent = orjson.loads(body)["messages"]
+            assert [e["message"] for e in r.json()["entries"][-2:]] == sent
+        assert await _entry_count(client, "big") == 4
