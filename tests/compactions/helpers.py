@@ -84,6 +84,28 @@ def conversation(steps: int, words: int = 400) -> list[list[dict[str, Any]]]:
     return batches
 
 
+# Instructions that name a term the summary would otherwise drop.
+FOCUS = "What do we know of widget_seed?"
+
+
+def conversation_with_a_buried_term() -> list[list[dict[str, Any]]]:
+    """``conversation(20)`` with a term said once, in an old tool output."""
+    batches = conversation(20)
+    batches[2][1]["content"] += "\nnote: WIDGET_SEED=4711 comes from the fixture"
+    return batches
+
+
+def assert_the_summary_kept_the_focus(plain: dict[str, Any], focused: dict[str, Any]) -> None:
+    """Two extractive compactions of ``conversation_with_a_buried_term``: ``plain``
+    dropped the term; ``focused``, asked for FOCUS, kept it and its notes say so."""
+    assert plain["status"] == focused["status"] == "succeeded"
+    assert focused["summarizer_used"] == "extractive"
+    assert "WIDGET_SEED" not in plain["summary"]
+    assert f"Focus asked for: {FOCUS}" in focused["summary"]
+    assert "WIDGET_SEED=4711 comes from the fixture" in focused["summary"]
+    assert any("kept what names widget_seed" in n for n in focused["details"]["notes"])
+
+
 async def compaction(client: httpx.AsyncClient, sid: str, cid: str) -> dict[str, Any]:
     r = await client.get(f"/v1/sessions/{sid}/compactions/{cid}")
     assert r.status_code == 200, r.text

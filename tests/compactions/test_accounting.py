@@ -26,6 +26,15 @@ AUTO = {
 # A long system prompt: pinned, it stays in every context, so a compaction
 # saves less than a third and a late report is not "far above" the new context.
 SYSTEM = "You are a careful coding agent. " + "Follow the house rules in every step. " * 420
+# A short chat: a summary of it would be longer than what it replaces.
+SMALL_CHAT = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Why does test_login fail?"},
+    {"role": "assistant", "content": "check() gets the token instead of the user."},
+    {"role": "user", "content": "Fix it."},
+    {"role": "assistant", "content": "Done: login() now passes the user."},
+    {"role": "user", "content": "Thanks."},
+]
 # The provider counts 5% more than the stored counts.
 PROVIDER = 1.05
 
@@ -220,18 +229,7 @@ async def test_a_compaction_that_would_make_the_context_larger_is_not_committed(
 ) -> None:
     """A manual compaction of a small session went from 169 to 278 tokens."""
     await make_session(client, id="small", config={"compaction": {"keep_recent_tokens": 10}})
-    await append_ok(
-        client,
-        "small",
-        [
-            {"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "Why does test_login fail?"},
-            {"role": "assistant", "content": "check() gets the token instead of the user."},
-            {"role": "user", "content": "Fix it."},
-            {"role": "assistant", "content": "Done: login() now passes the user."},
-            {"role": "user", "content": "Thanks."},
-        ],
-    )
+    await append_ok(client, "small", SMALL_CHAT)
     before = await get_session(client, "small")
     stored = await history(client, "small")
     ctx_before = await context(client, "small")

@@ -11,7 +11,15 @@ import pytest
 from app.core.settings import Settings
 from app.engine.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
-from tests.compactions.helpers import compaction, conversation, drain, overflow_error
+from tests.compactions.helpers import (
+    FOCUS,
+    assert_the_summary_kept_the_focus,
+    compaction,
+    conversation,
+    conversation_with_a_buried_term,
+    drain,
+    overflow_error,
+)
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, history
 
@@ -135,20 +143,14 @@ async def test_the_extractive_summary_follows_the_instructions(
     summary would otherwise drop, is kept; the job's notes say so."""
     for sid in ("plain", "focused"):
         await make_session(client, id=sid, config=MANUAL)
-        batches = conversation(20)
-        batches[2][1]["content"] += "\nnote: WIDGET_SEED=4711 comes from the fixture"
+        batches = conversation_with_a_buried_term()
         await fill(client, sid, batches)
     plain = await request(client, "plain")
-    focused = await request(client, "focused", instructions="What do we know of widget_seed?")
+    focused = await request(client, "focused", instructions=FOCUS)
     assert await drain(app) == 2
     plain = await compaction(client, "plain", plain["id"])
     focused = await compaction(client, "focused", focused["id"])
-    assert plain["status"] == focused["status"] == "succeeded"
-    assert focused["summarizer_used"] == "extractive"
-    assert "WIDGET_SEED" not in plain["summary"]
-    assert "Focus asked for: What do we know of widget_seed?" in focused["summary"]
-    assert "WIDGET_SEED=4711 comes from the fixture" in focused["summary"]
-    assert any("kept what names widget_seed" in n for n in focused["details"]["notes"])
+    assert_the_summary_kept_the_focus(plain, focused)
     assert not any("focus" in n for n in plain["details"]["notes"])
 
 

@@ -20,9 +20,7 @@ their own, pointed at their own scripted upstream.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
-import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -38,12 +36,17 @@ from app.engine.summary import summary_from_context_message
 from app.engine.tokens import MAX_TOKENS_PER_PART, REPLY_PRIMING_TOKENS, count_text
 from app.main import create_app
 from tests import postgres
-from tests.compactions.helpers import conversation
-from tests.compactions.test_accounting import AUTO, SYSTEM, WINDOW, late_agent, step
+from tests.compactions.helpers import (
+    FOCUS,
+    assert_the_summary_kept_the_focus,
+    conversation_with_a_buried_term,
+)
+from tests.compactions.test_accounting import AUTO, SMALL_CHAT, SYSTEM, WINDOW, late_agent, step
 from tests.compactions.worker_support import SHORT, SUMMARY, seeded
 from tests.conftest import TEST_SETTINGS, make_session
 from tests.e2e.server import running
 from tests.helpers import append, append_ok, assert_problem, get_session, history, tool_call
+from tests.messages.test_append_and_history import opaque_reasoning_turn
 from tests.upstream_server import Reply, Status, Upstream
 
 JSON = {"content-type": "application/json"}
@@ -286,18 +289,7 @@ async def test_a_compaction_that_would_grow_the_context_is_not_committed(
 ) -> None:
     """A manual compaction of a small session went from 169 to 278 tokens."""
     await make_session(client, id="grow", config={"compaction": {"keep_recent_tokens": 10}})
-    await append_ok(
-        client,
-        "grow",
-        [
-            {"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "Why does test_login fail?"},
-            {"role": "assistant", "content": "check() gets the token instead of the user."},
-            {"role": "user", "content": "Fix it."},
-            {"role": "assistant", "content": "Done: login() now passes the user."},
-            {"role": "user", "content": "Thanks."},
-        ],
-    )
+    await append_ok(client, "grow", SMALL_CHAT)
     before = await get_session(client, "grow")
     stored = await history(client, "grow")
     ctx_before = await context(client, "grow")
@@ -382,18 +374,12 @@ async def test_the_extractive_summarizer_follows_the_instructions(
     for sid in ("plain", "focused"):
         config = {**MANUAL, "compaction": {"auto": False, "keep_recent_tokens": 3_000}}
         await make_session(client, id=sid, config=config)
-        batches = conversation(20)
-        batches[2][1]["content"] += "\nnote: WIDGET_SEED=4711 comes from the fixture"
+        batches = conversation_with_a_buried_term()
         for batch in batches:
             await append_ok(client, sid, batch)
     plain = await compact(client, "plain")
-    focused = await compact(client, "focused", instructions="What do we know of widget_seed?")
-    assert plain["status"] == focused["status"] == "succeeded"
-    assert focused["summarizer_used"] == "extractive"
-    assert "WIDGET_SEED" not in plain["summary"]
-    assert "Focus asked for: What do we know of widget_seed?" in focused["summary"]
-    assert "WIDGET_SEED=4711 comes from the fixture" in focused["summary"]
-    assert any("kept what names widget_seed" in n for n in focused["details"]["notes"])
+    focused = await compact(client, "focused", instructions=FOCUS)
+    assert_the_summary_kept_the_focus(plain, focused)
 
 
 async def test_the_readmes_overflow_example_starts_recovery_after_the_walk_through(
@@ -653,18 +639,7 @@ async def test_an_opaque_part_costs_at_most_max_tokens_per_part(
     estimate, capped at 50,000 tokens, so one odd part cannot make the verdict
     jump; it is stored whole."""
     await make_session(client, id="opaque", model="claude-sonnet-4", context_window=200_000)
-    blob = base64.b64encode(random.Random(7).randbytes(750_000)).decode()
-    assert count_text(blob) > MAX_TOKENS_PER_PART
-    turn: list[dict[str, Any]] = [
-        {"role": "user", "content": "think hard"},
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "redacted_thinking", "data": blob},
-                {"type": "text", "text": "ok"},
-            ],
-        },
-    ]
+    turn = opaque_reasoning_turn()
     r = await append(client, "opaque", turn, fmt="anthropic")
     assert r.status_code == 201, r.text[:2000]
     body = r.json()

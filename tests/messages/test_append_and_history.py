@@ -167,15 +167,12 @@ async def test_append_anthropic_and_read_back(client: httpx.AsyncClient) -> None
     assert as_openai[3]["tool_call_id"] == "toolu_2"
 
 
-async def test_an_opaque_reasoning_block_costs_at_most_the_per_part_cap(
-    client: httpx.AsyncClient,
-) -> None:
-    """Seed 000's MAX_TOKENS_PER_PART: a 1 MB encrypted reasoning block is an
-    estimate, capped at 50,000 tokens, and is stored whole."""
-    await make_session(client, id="r", model="claude-sonnet-4", context_window=200_000)
+def opaque_reasoning_turn() -> list[dict[str, Any]]:
+    """A prompt and, in Anthropic form, a reply with a 1 MB encrypted reasoning block:
+    an opaque part that counts over MAX_TOKENS_PER_PART."""
     blob = base64.b64encode(random.Random(7).randbytes(750_000)).decode()
     assert count_text(blob) > MAX_TOKENS_PER_PART
-    turn: list[dict[str, Any]] = [
+    return [
         {"role": "user", "content": "think hard"},
         {
             "role": "assistant",
@@ -185,6 +182,15 @@ async def test_an_opaque_reasoning_block_costs_at_most_the_per_part_cap(
             ],
         },
     ]
+
+
+async def test_an_opaque_reasoning_block_costs_at_most_the_per_part_cap(
+    client: httpx.AsyncClient,
+) -> None:
+    """Seed 000's MAX_TOKENS_PER_PART: a 1 MB encrypted reasoning block is an
+    estimate, capped at 50,000 tokens, and is stored whole."""
+    await make_session(client, id="r", model="claude-sonnet-4", context_window=200_000)
+    turn = opaque_reasoning_turn()
     body = await append_ok(client, "r", turn, fmt="anthropic")
     reply = body["entries"][1]
     assert reply["tokens"] == 3 + MAX_TOKENS_PER_PART + count_text("ok")
