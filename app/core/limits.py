@@ -71,28 +71,21 @@ class Limits:
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         """The tenant shares default to half of the server's, rounded up."""
-        tenant_concurrent = settings.max_tenant_concurrent_requests
-        tenant_queued = settings.max_tenant_queued_requests
-        tenant_buffered = settings.max_tenant_buffered_body_bytes
+
+        def share(tenant: int | None, total: int) -> int:
+            return tenant if tenant is not None else -(-total // 2)
+
         return cls(
             max_concurrent=settings.max_concurrent_requests,
             max_queued=settings.max_queued_requests,
-            tenant_concurrent=(
-                tenant_concurrent
-                if tenant_concurrent is not None
-                else -(-settings.max_concurrent_requests // 2)
+            tenant_concurrent=share(
+                settings.max_tenant_concurrent_requests, settings.max_concurrent_requests
             ),
-            tenant_queued=(
-                tenant_queued
-                if tenant_queued is not None
-                else -(-settings.max_queued_requests // 2)
-            ),
+            tenant_queued=share(settings.max_tenant_queued_requests, settings.max_queued_requests),
             max_body_bytes=settings.max_body_bytes,
             max_buffered_body_bytes=settings.max_buffered_body_bytes,
-            tenant_buffered_body_bytes=(
-                tenant_buffered
-                if tenant_buffered is not None
-                else -(-settings.max_buffered_body_bytes // 2)
+            tenant_buffered_body_bytes=share(
+                settings.max_tenant_buffered_body_bytes, settings.max_buffered_body_bytes
             ),
             timeout=settings.request_timeout_seconds,
         )
