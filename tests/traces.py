@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import time
 from collections.abc import Awaitable, Callable
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
+
+import httpx
 
 T = TypeVar("T")
 
@@ -57,3 +60,30 @@ async def replay_all(
             return await replay(client, path)
 
     return list(await asyncio.gather(*(one(p) for p in trace_files())))
+
+
+async def create_session(
+    client: httpx.AsyncClient, path: Path, prefix: str = "", **fields: Any
+) -> dict[str, Any]:
+    """The trace's session, a DeepSeek agent's, with ``fields`` (a window, a config):
+    its id is ``prefix`` and the trace's name."""
+    sid = prefix + path.name.split(".")[0].replace("__", "-")
+    r = await client.post("/v1/sessions", json={"model": "deepseek-chat", "id": sid, **fields})
+    assert r.status_code == 201, r.text
+    session: dict[str, Any] = r.json()
+    return session
+
+
+async def finished_compactions(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
+    """The session's compactions, once every queued or running one has ended (within
+    60 s each)."""
+    r = await client.get(f"/v1/sessions/{sid}/compactions")
+    for job in r.json()["compactions"]:
+        deadline = time.monotonic() + 60
+        while job["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            await asyncio.sleep(0.05)
+            job = (await client.get(f"/v1/sessions/{sid}/compactions/{job['id']}")).json()
+    r = await client.get(f"/v1/sessions/{sid}/compactions", params={"limit": 200})
+    jobs: list[dict[str, Any]] = r.json()["compactions"]
+    return jobs

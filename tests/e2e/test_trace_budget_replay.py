@@ -49,11 +49,8 @@ def reported_prompt(message: dict[str, Any]) -> int | None:
 
 async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
     messages = traces.load(path)
-    sid = "b-" + path.name.split(".")[0].replace("__", "-")
-    r = await client.post(
-        "/v1/sessions", json={"model": "deepseek-chat", "id": sid, **WINDOW, "config": CONFIG}
-    )
-    assert r.status_code == 201, r.text
+    session = await traces.create_session(client, path, "b-", **WINDOW, config=CONFIG)
+    sid = session["id"]
     stats: dict[str, Any] = {
         "reports": 0,
         "actions": collections.Counter(),
@@ -61,7 +58,6 @@ async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
         "saved": 0,
         "max_error": 0.0,
     }
-    session = r.json()
     turns = traces.turns(messages)
     for n, batch in enumerate(turns):
         prompt = reported_prompt(batch[0]) if batch[0]["role"] == "assistant" else None

@@ -14,10 +14,8 @@ summarizer and once with the test upstream LLM; the figures are printed
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +74,8 @@ def check(ctx: dict[str, Any], fmt: str, pending: bool, where: str) -> None:
 
 async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
     messages = traces.load(path)
-    sid = "c-" + path.name.split(".")[0].replace("__", "-")
-    r = await client.post(
-        "/v1/sessions", json={"model": "deepseek-chat", "id": sid, **WINDOW, "config": CONFIG}
-    )
-    assert r.status_code == 201, r.text
-    session = r.json()
+    session = await traces.create_session(client, path, "c-", **WINDOW, config=CONFIG)
+    sid = session["id"]
     fractions: list[float] = []
     for n, batch in enumerate(traces.turns(messages)):
         prompt = reported_prompt(batch[0]) if batch[0]["role"] == "assistant" else None
@@ -106,18 +100,7 @@ async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
         session = (await client.get(f"/v1/sessions/{sid}")).json()
 
     # Let the last queued compaction finish, then check everything once more.
-    r = await client.get(f"/v1/sessions/{sid}/compactions")
-    jobs = r.json()["compactions"]
-    for job in jobs:
-        deadline = time.monotonic() + 60
-        while job["status"] in ("queued", "running"):
-            assert time.monotonic() < deadline, job
-            await asyncio.sleep(0.05)
-            r = await client.get(f"/v1/sessions/{sid}/compactions/{job['id']}")
-            job = r.json()
-    jobs = (await client.get(f"/v1/sessions/{sid}/compactions", params={"limit": 200})).json()[
-        "compactions"
-    ]
+    jobs = await traces.finished_compactions(client, sid)
     pending = messages[-1]["role"] == "assistant"
     for fmt in ("openai", "anthropic"):
         r = await client.get(f"/v1/sessions/{sid}/context", params={"format": fmt})

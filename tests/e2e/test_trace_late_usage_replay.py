@@ -17,9 +17,7 @@ after one); after it, 9-11 of about 178, none in or right after another's call.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +43,8 @@ def _started(body: dict[str, Any]) -> bool:
 
 async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
     messages = traces.load(path)
-    sid = "l-" + path.name.split(".")[0].replace("__", "-")
-    r = await client.post(
-        "/v1/sessions", json={"model": "deepseek-chat", "id": sid, **WINDOW, "config": CONFIG}
-    )
-    assert r.status_code == 201, r.text
-    session = r.json()
+    session = await traces.create_session(client, path, "l-", **WINDOW, config=CONFIG)
+    sid = session["id"]
     served: dict[str, Any] | None = None  # the last context read: what a model call sends
     per_call: list[tuple[int, int]] = []  # (by appends, by reports) in each model call
     by_appends = by_reports = stale = 0
@@ -87,16 +81,7 @@ async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
     per_call.append((by_appends, by_reports))
 
     # Let the last queued compaction finish.
-    r = await client.get(f"/v1/sessions/{sid}/compactions")
-    for job in r.json()["compactions"]:
-        deadline = time.monotonic() + 60
-        while job["status"] in ("queued", "running"):
-            assert time.monotonic() < deadline, job
-            await asyncio.sleep(0.05)
-            job = (await client.get(f"/v1/sessions/{sid}/compactions/{job['id']}")).json()
-    jobs = (await client.get(f"/v1/sessions/{sid}/compactions", params={"limit": 200})).json()[
-        "compactions"
-    ]
+    jobs = await traces.finished_compactions(client, sid)
     stored = await history(client, sid)
     assert [e["message"] for e in stored if e["kind"] == "message"] == messages, path.name
     added = collections.Counter(e["kind"] for e in stored if e["kind"] != "message")

@@ -26,9 +26,7 @@ pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/trac
 
 async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:
     messages = traces.load(path)
-    sid = path.name.split(".")[0].replace("__", "-")
-    r = await client.post("/v1/sessions", json={"model": "deepseek-chat", "id": sid})
-    assert r.status_code == 201, r.text
+    sid = (await traces.create_session(client, path))["id"]
     appended = 0
     counted = 0
     for n, batch in enumerate(traces.turns(messages)):
