@@ -34,7 +34,6 @@ from tests.resilience.support import (
     DedicatedPostgres,
     assert_unavailable,
     copies,
-    dedicated_postgres,
     turn,
 )
 
@@ -44,12 +43,6 @@ pytestmark = pytest.mark.slow
 BOUND_SECONDS = 2.0  # this test's connect, pool and command bounds
 FREEZE_SECONDS = 8.0
 SESSIONS = 4
-
-
-@pytest.fixture
-def pg() -> Iterator[DedicatedPostgres]:
-    with dedicated_postgres() as server:
-        yield server
 
 
 @contextlib.contextmanager

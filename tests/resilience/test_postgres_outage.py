@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,6 @@ from tests.resilience.support import (
     DedicatedPostgres,
     assert_unavailable,
     copies,
-    dedicated_postgres,
     turn,
 )
 
@@ -36,12 +34,6 @@ pytestmark = pytest.mark.slow
 
 CLIENTS = 6
 RECOVERY_BOUND_SECONDS = 5.0
-
-
-@pytest.fixture
-def pg() -> Iterator[DedicatedPostgres]:
-    with dedicated_postgres() as server:
-        yield server
 
 
 @dataclass
