@@ -157,9 +157,8 @@ class _Call:
         self.model = self.model or done.model or self.llm.model
         for key, value in done.usage.items():
             self.usage[key] = self.usage.get(key, 0) + value
-        # NUL and lone surrogates cannot be stored (and a model has no reason to
-        # send them): dropped, as nothing of the agent's is altered by it.
-        text = clean(done.text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8"))
+        # done.text is already storable: the client cleans every upstream string.
+        text = clean(done.text)
         if text is None:
             raise UpstreamError(
                 "empty", "the summarizer's reply was empty or unusable", retryable=True
