@@ -61,6 +61,12 @@ class Conflict(ProblemError):
     status, type, title = 409, "conflict", "Conflict"
 
 
+class RequestTimeout(ProblemError):
+    """The request's head or body did not arrive in time (the connection then closes)."""
+
+    status, type, title = 408, "request-timeout", "Request timeout"
+
+
 class PreconditionFailed(ProblemError):
     """``If-Match`` named a version that is no longer current."""
 

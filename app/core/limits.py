@@ -40,7 +40,13 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core import metrics
-from app.core.errors import BadRequest, PayloadTooLarge, ProblemError, ServiceUnavailable
+from app.core.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    ProblemError,
+    RequestTimeout,
+    ServiceUnavailable,
+)
 from app.core.http import problem_response
 from app.core.observability import OPS_PATHS
 from app.core.settings import Settings
@@ -244,10 +250,6 @@ class FairSlots:
 # -------------------------------------------------------------------- middleware
 
 
-class _RequestTimeout(ProblemError):
-    status, type, title = 408, "request-timeout", "Request timeout"
-
-
 class _BodyTooLarge(Exception):
     pass
 
@@ -313,7 +315,7 @@ class LimitMiddleware:
         except TimeoutError:
             metrics.HTTP_REJECTED.labels("body_timeout").inc()
             log.warning("request body timed out", extra={"path": scope["path"]})
-            late = _RequestTimeout(
+            late = RequestTimeout(
                 f"the request body did not arrive within {limits.timeout:g} s",
                 headers={"Connection": "close"},
             )

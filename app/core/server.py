@@ -35,7 +35,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.core import metrics
-from app.core.errors import PROBLEM_JSON, ProblemError
+from app.core.errors import PROBLEM_JSON, ProblemError, RequestTimeout
 from app.core.settings import Settings
 
 log = logging.getLogger("compactd.http")
@@ -46,10 +46,6 @@ GRACEFUL_SHUTDOWN_SECONDS = 10
 
 class HeadersTooLarge(ProblemError):
     status, type, title = 431, "headers-too-large", "Request header fields too large"
-
-
-class HeadersTimeout(ProblemError):
-    status, type, title = 408, "request-timeout", "Request timeout"
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -168,7 +164,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer = None
         if self._in_head:
             self._refuse(
-                HeadersTimeout(
+                RequestTimeout(
                     f"the request line and headers did not arrive within {self.header_timeout:g} s"
                 ),
                 "header_timeout",
