@@ -56,7 +56,6 @@ async def append_messages(
     body: AppendRequest,
     engine: EngineDep,
     tenant: TenantDep,
-    settings: SettingsDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -73,7 +72,6 @@ async def append_messages(
         body,
         idempotency_key=idempotency_key,
         if_match=if_match,
-        max_messages=settings.max_batch_messages,
         body_bytes=len(await request.body()),
     )
     # The service wrote the JSON itself (it is also the idempotency record); the

@@ -296,7 +296,6 @@ class AppendService:
         *,
         idempotency_key: str | None,
         if_match: str | None,
-        max_messages: int | None = None,
         body_bytes: int = 0,
     ) -> tuple[bytes, int, bool]:
         """Store a batch atomically.
@@ -305,8 +304,6 @@ class AppendService:
         version after it, and whether it is the replay of an earlier append.
         ``body_bytes`` (the request's size) says whether parsing it is worth a thread.
         """
-        if max_messages is not None:
-            check_batch_size(len(body.messages), max_messages)
         batch = await run_sized(body_bytes, _Batch, body, idempotency_key)
         # Appends to one session in this process take turns here, before they
         # hold a connection: they would only lose races to each other in the
