@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import orjson
 
@@ -366,16 +367,36 @@ def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``tool_result`` blocks come first, as the API requires. Merging only drops
     framing, so the stored counts still cover what is sent.
     """
-    out: list[dict[str, Any]] = []
-    for msg in messages:
-        if out and out[-1]["role"] == msg["role"]:
-            out[-1] = {"role": msg["role"], "content": [*out[-1]["content"], *msg["content"]]}
+    runs = alternate_runs(
+        ((msg["role"], msg["content"]) for msg in messages),
+        is_result=lambda block: block["type"] == "tool_result",
+        opening={"type": "text", "text": OPENING_TEXT},
+    )
+    return [{"role": role, "content": blocks} for role, blocks in runs]
+
+
+_Block = TypeVar("_Block")
+
+
+def alternate_runs(
+    messages: Iterable[tuple[str, list[_Block]]],
+    *,
+    is_result: Callable[[_Block], bool],
+    opening: _Block,
+) -> list[tuple[str, list[_Block]]]:
+    """The rule of :func:`alternate` over ``(role, blocks)`` pairs, whatever a block
+    is (a dict here, a JSON fragment in :func:`app.engine.view.assemble_anthropic`):
+    one message per run of a role, its tool results first (a stable partition),
+    and ``opening`` as a user turn before an assistant's first message."""
+    out: list[tuple[str, list[_Block]]] = []
+    for role, blocks in messages:
+        if out and out[-1][0] == role:
+            out[-1][1].extend(blocks)
         else:
-            out.append(msg)
-    for msg in out:
-        content = msg["content"]
-        if msg["role"] == "user" and any(b["type"] == "tool_result" for b in content[1:]):
-            msg["content"] = sorted(content, key=lambda b: b["type"] != "tool_result")
-    if out and out[0]["role"] != "user":
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": OPENING_TEXT}]})
-    return out
+            out.append((role, list(blocks)))
+    if out and out[0][0] != "user":
+        out.insert(0, ("user", [opening]))
+    return [
+        (role, sorted(blocks, key=lambda b: not is_result(b)) if role == "user" else blocks)
+        for role, blocks in out
+    ]

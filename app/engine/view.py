@@ -119,14 +119,17 @@ def _inner(blocks_json: str) -> str:
     return blocks_json[1:-1]
 
 
+_OPENING = orjson.dumps({"type": "text", "text": anthropic_format.OPENING_TEXT}).decode()
+
+
 def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[int]]:
     """The Anthropic ``system`` and ``messages`` arrays as JSON, and the indices used.
 
     Mirrors :func:`~app.engine.anthropic_format.render_messages`: leading system
-    entries make the top-level system; tool results open a user message; the
-    messages then alternate as :func:`~app.engine.anthropic_format.alternate`
-    makes them (one message per run of a role, tool results first in it, the
-    user's turn first).
+    entries make the top-level system; the messages then alternate by
+    :func:`~app.engine.anthropic_format.alternate_runs`, the rule
+    :func:`~app.engine.anthropic_format.alternate` applies (one message per run
+    of a role, tool results first in it, the user's turn first).
     """
     system: list[str] = []
     # role, then the block fragments with whether each is a tool result
@@ -161,21 +164,17 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
             role = "user"
         elif blocks == "[]":
             continue
-        if messages and messages[-1][0] == role:
-            messages[-1][1].append((_inner(blocks), result))
-        else:
-            messages.append((role, [(_inner(blocks), result)]))
-    if messages and messages[0][0] != "user":
-        opening = orjson.dumps({"type": "text", "text": anthropic_format.OPENING_TEXT}).decode()
-        messages.insert(0, ("user", [(opening, False)]))
+        messages.append((role, [(_inner(blocks), result)]))
+    runs = anthropic_format.alternate_runs(
+        messages, is_result=lambda part: part[1], opening=(_OPENING, False)
+    )
     system_json = "[" + ",".join(system) + "]"
     messages_json = ",".join(
         '{"role":'
         + orjson.dumps(role).decode()
         + ',"content":['
-        # tool results first (a stable partition), as the API requires
-        + ",".join([f for f, r in parts if r] + [f for f, r in parts if not r])
+        + ",".join(fragment for fragment, _ in parts)
         + "]}"
-        for role, parts in messages
+        for role, parts in runs
     )
     return system_json.encode(), ("[" + messages_json + "]").encode(), used
