@@ -24,8 +24,8 @@ timeout, Postgres's ``statement_timeout`` and the driver's command timeout inste
 
 Requests outside ``/v1`` (the docs, the spec, unknown paths) need no key, so anyone can
 send them: they share one tenant of their own here, :data:`NO_TENANT`, with a small share
-of its own (none of their routes reads a body): a body of at most ``keyless_body_bytes``
-and at most ``keyless_places`` requests in the process. Ops probes skip the limits
+of its own (none of their routes reads a body): a body of at most :data:`KEYLESS_BODY_BYTES`
+and at most :data:`KEYLESS_PLACES` requests in the process. Ops probes skip the limits
 altogether.
 """
 
@@ -71,8 +71,6 @@ class Limits:
     max_buffered_body_bytes: int
     tenant_buffered_body_bytes: int
     timeout: float
-    keyless_body_bytes: int = KEYLESS_BODY_BYTES
-    keyless_places: int = KEYLESS_PLACES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -99,14 +97,14 @@ class Limits:
     def body_limit(self, tenant: str) -> int:
         """The largest body a request of ``tenant`` may send."""
         if tenant == NO_TENANT:
-            return min(self.max_body_bytes, self.keyless_body_bytes)
+            return min(self.max_body_bytes, KEYLESS_BODY_BYTES)
         return self.max_body_bytes
 
     def places(self, tenant: str) -> int:
         """How many requests of ``tenant`` may be in the process at once."""
         places = self.tenant_concurrent + self.tenant_queued
         if tenant == NO_TENANT:
-            return min(places, self.keyless_places)
+            return min(places, KEYLESS_PLACES)
         return places
 
 
