@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.context.schemas import ContextTokens, TokenBreakdown
 from app.core.database import driver_connection
 from app.core.errors import NotFound
-from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.messages.repository import read_state_and_marks, read_window
 from app.messages.schemas import Format
@@ -107,11 +106,12 @@ class ContextService:
         message_tokens = (
             sum(items[i].tokens for i in used if items[i].role != "tool") - summary_tokens
         )
-        overhead = REPLY_PRIMING_TOKENS + session.overhead_tokens
         # The estimate, state and fraction are the session's verdict, the very
         # figures /overflow gives: one computation from the running totals. The
-        # breakdown says what the messages assembled here hold.
+        # breakdown says what the messages assembled here hold, and the overhead
+        # the verdict counts (the reply's priming in it).
         verdict = sessions.verdict_of(session, config)
+        overhead = sessions.accounting_of(session).overhead_tokens
         tokens = ContextTokens(
             estimated=verdict.estimated_tokens,
             budget=verdict.usable_tokens,
