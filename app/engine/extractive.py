@@ -650,8 +650,7 @@ def _apply_focus(
         older = [_done_line(h, c) for c in itertools.islice(named, CAPS["done"])]
         facts.done = _dedupe([*older, *facts.done], CAPS["done"], _done_key)
     for key in LISTS:
-        items = facts.items(key)
-        items[:] = [i for i in items if focus.names(i)] + [i for i in items if not focus.names(i)]
+        facts.items(key).sort(key=lambda item: not focus.names(item))  # stable
     facts.focus = [
         f"{FOCUS_LABEL} {_one_line(instructions, STATE_CHARS)}",
         *_focus_items(entries, h, focus),
