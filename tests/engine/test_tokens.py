@@ -16,9 +16,11 @@ import tiktoken.load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.core import tokenizer
+from app.core.tokenizer import install_offline_encodings
 from app.engine import tokens
 from app.engine.model import Entry
-from app.engine.tokens import count_entry, count_image, count_text, install_offline_encodings
+from app.engine.tokens import count_entry, count_image, count_text
 
 # The files tiktoken downloads and the sha256 it insists on (tiktoken_ext/openai_public.py).
 FILES = {
@@ -90,6 +92,66 @@ def test_install_repairs_a_corrupted_cache_file(offline_cache: Path) -> None:
     assert (
         len(tiktoken.load.load_tiktoken_bpe(url, expected_hash=sha256)) == FILES["cl100k_base"][2]
     )
+
+
+# --- the encodings the service counts with, built in memory -----------------------------
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_built_encodings_are_tiktokens_own(name: str) -> None:
+    """The same pattern, special tokens and ranks as tiktoken's get_encoding (which
+    loads the rank file the test run installed, with tiktoken's own hash check)."""
+    built = tokenizer.build_encoding(name)
+    reference = tiktoken.get_encoding(name)
+    assert built.name == reference.name
+    assert built._pat_str == reference._pat_str
+    assert built._special_tokens == reference._special_tokens
+    assert built._mergeable_ranks == reference._mergeable_ranks
+    assert built.n_vocab == reference.n_vocab
+    assert len(built._mergeable_ranks) == FILES[name][2]
+
+
+def test_building_uses_no_network_no_cache_and_no_environment(
+    offline_cache: Path, tmp_path: Path
+) -> None:
+    """With tiktoken's downloads failing and its cache folder empty, the encodings still
+    build; no file is written and the environment is left as it was."""
+    before = dict(os.environ)
+    for name in FILES:
+        assert tokenizer.build_encoding(name).encode_ordinary("hello world") == (
+            tiktoken.get_encoding(name).encode_ordinary("hello world")
+        )
+    assert list(tmp_path.iterdir()) == []  # the cache folder the fixture names stays unmade
+    assert not offline_cache.exists()
+    assert dict(os.environ) == before
+
+
+def test_a_bundled_file_without_the_expected_hash_is_refused() -> None:
+    url, sha256, _ = FILES["cl100k_base"]
+    assert len(tokenizer.bundled_ranks(url, sha256)) == FILES["cl100k_base"][2]
+    with pytest.raises(ValueError, match="sha256"):
+        tokenizer.bundled_ranks(url, FILES["o200k_base"][1])
+    with pytest.raises(ValueError, match="sha256"):
+        tokenizer.bundled_ranks(url, None)
+
+
+def test_encodings_are_built_once_per_process() -> None:
+    first = tokenizer.load_encodings()
+    assert [e.name for e in first] == ["o200k_base", "cl100k_base"]
+    assert all(a is b for a, b in zip(first, tokenizer.load_encodings(), strict=True))
+    # What conftest registered, as the app's start-up does.
+    assert tokens.get_encoding("o200k_base") is first[0]
+    assert tokens.get_encoding("cl100k_base") is first[1]
+
+
+def test_counting_without_registered_encodings_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokens, "_encodings", {})  # a process that registered none
+    with pytest.raises(LookupError, match=r"no o200k_base encoding.*register_encodings"):
+        count_text("hello")
+    tokens.register_encodings(tokenizer.load_encodings())
+    assert count_text("hello world") == 2
 
 
 # --- text -------------------------------------------------------------------------------
