@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.compactions.schemas import CompactionStarted
 from app.sessions.schemas import Strict
 
 # No prompt is larger than this; anything above is a client bug, not a usage figure.
@@ -24,21 +24,6 @@ class Verdict(BaseModel):
     calibration_factor: float
     overflow: bool
     action: Literal["none", "prune", "compact", "emergency"]
-
-
-CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-CompactionReason = Literal["manual", "threshold", "overflow", "emergency"]
-Status = CompactionStatus
-Reason = CompactionReason
-
-
-class CompactionStarted(BaseModel):
-    """The compaction an append, usage report or provider error started."""
-
-    id: uuid.UUID
-    status: CompactionStatus
-    reason: CompactionReason
-    created: bool = Field(description="False when the session already had one queued or running.")
 
 
 class UsageReport(Strict):

@@ -20,30 +20,25 @@ from typing import Any, cast
 import anyio.to_thread
 import orjson
 
-from app.compactions.repository import (
-    CompactionRepository,
-    JobRow,
-    NewEntry,
-    Outcome,
-    Pivot,
-    SourceRow,
-)
+from app.compactions.repository import CompactionRepository, JobRow, Outcome
 from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
 from app.core import metrics
+from app.core.driver import Driver
 from app.engine import budget, catalog
 from app.engine import compaction as engine
 from app.engine.model import Entry, Role
+from app.engine.relief import FAILURE_LIMIT
 from app.engine.summary import render_context_message
 from app.engine.tokens import EncodingName, count_entry
 from app.engine.view import render_view
 from app.sessions import service as sessions
-from app.sessions.repository import SessionState
 from app.sessions.schemas import SessionConfig
+from app.store.log import LogRepository, NewEntry, SourceRow
+from app.store.session_row import SessionState, Unit
 
 log = logging.getLogger("compactd.compaction")
 
-FAILURE_LIMIT = sessions.COMPACTION_FAILURE_LIMIT  # failed automatic ones in a row that stop them
 LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
 CONTINUE_TEXT = "Continue if you have next steps."
 # Finish reasons of a reply cut off by the output limit (OpenAI, Anthropic, Gemini).
@@ -59,67 +54,23 @@ def started(job: JobRow, created: bool) -> CompactionStarted:
     )
 
 
-# --- triggers -----------------------------------------------------------------
-
-
-def auto_reason(state: SessionState, config: SessionConfig, action: budget.Action) -> Reason | None:
-    """Whether an append or usage report with verdict ``action`` should compact.
-
-    ``emergency`` compacts on the spot (extractive, in the caller's
-    transaction); ``threshold`` enqueues a job unless one is active. Loop
-    guards: after a low-yield compaction nothing automatic happens until new
-    history arrives, and after three failed automatic ones in a row only a
-    manual success turns automatic compaction back on.
-    """
-    c = config.compaction
-    if not (c.enabled and c.auto):
-        return None
-    if state.compaction_held_seq is not None and state.next_seq <= state.compaction_held_seq:
-        return None
-    if action == "emergency":
-        return "emergency"
-    if (
-        action == "compact"
-        and state.active_compaction_id is None
-        and state.compaction_failures < FAILURE_LIMIT
-    ):
-        return "threshold"
-    return None
-
-
-async def start_auto(
-    driver: Any,
-    tenant_id: str,
-    session_id: str,
-    state: SessionState,
-    config: SessionConfig,
-    reason: Reason,
-    *,
-    now: datetime,
-) -> CompactionStarted | None:
-    """The automatic compaction ``reason`` asks for, in the caller's locked transaction."""
-    if reason == "emergency":
-        return await compact_now(driver, tenant_id, session_id, state, config, now=now)
-    return await enqueue_locked(
-        driver, tenant_id, session_id, state, config, reason=reason, auto=True
-    )
+# --- queuing ----------------------------------------------------------------
 
 
 async def enqueue_locked(
-    driver: Any,
-    tenant_id: str,
-    session_id: str,
-    state: SessionState,
+    unit: Unit,
     config: SessionConfig,
     *,
     reason: Reason,
     auto: bool,
     request: CompactionRequest | None = None,
 ) -> CompactionStarted:
+    """The session's active job, or a new one that becomes it, in ``unit``."""
     c = config.compaction
     ask = request or CompactionRequest()
+    tenant_id, session_id = unit.tenant_id, unit.session_id
     job, created = await CompactionRepository(tenant_id).enqueue(
-        driver,
+        unit.driver,
         session_id,
         reason=reason,
         auto=auto,
@@ -128,7 +79,8 @@ async def enqueue_locked(
         model=ask.model or c.model,
         instructions=_instructions(c.instructions, ask.instructions),
     )
-    state.active_compaction_id = job.id
+    unit.state.active_compaction_id = job.id
+    await unit.save()
     if created:
         transition("queued", reason, job.id, session_id, tenant_id, auto=auto)
     return started(job, created)
@@ -206,7 +158,7 @@ class Prepared:
 
 
 async def prepare(
-    driver: Any,
+    driver: Driver,
     tenant_id: str,
     session_id: str,
     state: SessionState,
@@ -218,11 +170,14 @@ async def prepare(
     """Read what the session holds since its pivot and plan the cut. None when
     there is nothing to compact. ``light`` reads no content: the plan then says
     where the cut falls, and holds nothing to summarize."""
-    repo = CompactionRepository(tenant_id)
-    rows, marks = await repo.source(
+    rows, marks = await LogRepository(tenant_id).source(
         driver, session_id, state.context_start_seq, state.next_seq, light=light
     )
-    previous = None if light else await repo.previous(driver, session_id, state.summary_seq)
+    previous = (
+        None
+        if light
+        else await CompactionRepository(tenant_id).previous(driver, session_id, state.summary_seq)
+    )
     window, _ = sessions.window_of(state)
     trigger = sessions.thresholds_of(config).trigger_tokens(window.usable_tokens)
     urgent = reason in ("emergency", "overflow")
@@ -311,9 +266,7 @@ def _new_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> NewEnt
     )
 
 
-async def _should_continue(
-    driver: Any, repo: CompactionRepository, session_id: str, seq: int
-) -> bool:
+async def _should_continue(driver: Driver, repo: LogRepository, session_id: str, seq: int) -> bool:
     """Whether a synthetic "continue" should follow an automatic compaction.
 
     Only when the agent was interrupted mid-work: its last entry is a tool
@@ -337,10 +290,7 @@ async def _should_continue(
 
 
 async def commit_pivot(
-    driver: Any,
-    tenant_id: str,
-    session_id: str,
-    state: SessionState,
+    unit: Unit,
     config: SessionConfig,
     prepared: Prepared,
     summarized: Summarized,
@@ -350,7 +300,7 @@ async def commit_pivot(
     now: datetime,
 ) -> Committed | NoGain:
     """Append the compaction entry and move the session's pivot to it, in the
-    caller's transaction with the session row locked. ``state`` is updated.
+    caller's unit of work (the session row locked); its state is updated and saved.
 
     A summary that would leave the context no smaller is not committed
     (:class:`NoGain`): nothing is written. That is judged on counted tokens
@@ -359,7 +309,8 @@ async def commit_pivot(
     calibration factor (one EMA step per report) may not have caught up with,
     so a compaction that shrinks the context could look like one that grows it.
     """
-    repo = CompactionRepository(tenant_id)
+    state, driver, session_id = unit.state, unit.driver, unit.session_id
+    repo = LogRepository(unit.tenant_id)
     plan = prepared.plan
     before = sessions.verdict_of(state, config).estimated_tokens
     encoding = catalog.lookup(state.model).encoding
@@ -408,23 +359,9 @@ async def commit_pivot(
         state.compaction_failures = 0
     if state.active_compaction_id == job_id:
         state.active_compaction_id = None
-    state.pivot_version = state.version = await repo.move_pivot(
-        driver,
-        session_id,
-        Pivot(
-            next_seq=state.next_seq,
-            added_entries=len(new),
-            added_tokens=sum(e.tokens for e in new),
-            context_tokens=state.context_tokens,
-            context_tool_tokens=state.context_tool_tokens,
-            context_start_seq=state.context_start_seq,
-            summary_seq=seq,
-            pinned_seqs=pinned,
-            active_compaction_id=state.active_compaction_id,
-            compaction_failures=state.compaction_failures,
-            compaction_held_seq=state.compaction_held_seq,
-        ),
-    )
+    state.version += 1
+    state.pivot_version = state.version
+    await unit.save(now=now)
     return Committed(
         seq, before, sessions.verdict_of(state, config).estimated_tokens, state.version, continued
     )
@@ -455,23 +392,18 @@ def outcome(
 
 
 async def compact_now(
-    driver: Any,
-    tenant_id: str,
-    session_id: str,
-    state: SessionState,
-    config: SessionConfig,
-    *,
-    now: datetime,
+    unit: Unit, config: SessionConfig, *, now: datetime
 ) -> CompactionStarted | None:
     """The emergency path: an extractive compaction, no model call, committed in
     the caller's transaction. None (and held until new history) when nothing
     can be summarized, or the summary would not make the context smaller."""
     started = time.perf_counter()
+    state, tenant_id, session_id = unit.state, unit.tenant_id, unit.session_id
     repo = CompactionRepository(tenant_id)
-    prepared = await prepare(driver, tenant_id, session_id, state, config, reason="emergency")
+    prepared = await prepare(unit.driver, tenant_id, session_id, state, config, reason="emergency")
     if prepared is None:
         state.compaction_held_seq = state.next_seq
-        await repo.hold(driver, session_id, state.next_seq)
+        await unit.save()
         return None
     # A second of CPU for a large history: in a worker thread, off the event loop.
     # The session's standing instructions are its focus here too (the job's notes say so).
@@ -480,10 +412,7 @@ async def compact_now(
     )
     job_id = uuid.uuid4()
     committed = await commit_pivot(
-        driver,
-        tenant_id,
-        session_id,
-        state,
+        unit,
         config,
         prepared,
         summarized,
@@ -493,10 +422,10 @@ async def compact_now(
     )
     if isinstance(committed, NoGain):
         state.compaction_held_seq = state.next_seq
-        await repo.hold(driver, session_id, state.next_seq)
+        await unit.save()
         return None
     await repo.insert_done(
-        driver,
+        unit.driver,
         session_id,
         job_id,
         outcome(prepared, summarized, committed),

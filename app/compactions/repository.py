@@ -1,8 +1,9 @@
-"""All SQL for compactions, on a bare asyncpg connection (``driver``).
+"""The compaction job queue: the ``compaction`` table's SQL and nothing else.
 
-The claim and the heartbeat are single statements outside any transaction; the
-commit runs inside the caller's transaction after the session row was locked
-(``lock_state``), so the job, the log and the session's totals move together.
+On a bare asyncpg connection (:class:`~app.core.driver.Driver`). The claim and
+the heartbeat are single statements outside any transaction; the rest runs in
+the caller's unit of work (:mod:`app.store.session_row`), so the job, the log
+and the session's totals move together.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from app.messages.repository import read_marks
+from app.core.driver import Driver, Record, record_of
 
 CHANNEL = "compactd_compactions"
 
@@ -58,16 +59,14 @@ class JobRow:
 _COLUMNS = ", ".join(f"c.{f.name}" for f in fields(JobRow))
 
 
-def _job(row: Any) -> JobRow:
-    values = list(row)
-    for name in ("details", "upstream_usage"):
-        i = _INDEX[name]
-        if isinstance(values[i], str):
-            values[i] = orjson.loads(values[i])
-    return JobRow(*values)
+def _job(row: Record) -> JobRow:
+    job = record_of(JobRow, row)
+    if isinstance(job.details, str):
+        job.details = orjson.loads(job.details)
+    if isinstance(job.upstream_usage, str):
+        job.upstream_usage = orjson.loads(job.upstream_usage)
+    return job
 
-
-_INDEX = {f.name: i for i, f in enumerate(fields(JobRow))}
 
 # Insert a job unless the session already has one queued or running (the
 # partial unique key); either way the active job comes back. The claim compares
@@ -101,8 +100,6 @@ _TO_OVERFLOW_SQL = """
 UPDATE compaction SET reason = 'overflow'
 WHERE session_id = $1 AND tenant_id = $2 AND status = 'queued' AND reason = 'threshold'
 """
-
-_SET_ACTIVE_SQL = "UPDATE session SET active_compaction_id = $3 WHERE id = $1 AND tenant_id = $2"
 
 # One short statement: the oldest due job, or a running one whose lease ended
 # (its worker died). attempts is the fencing token: only the claim that set it
@@ -154,19 +151,6 @@ SELECT summary, details FROM compaction
 WHERE session_id = $1 AND tenant_id = $2 AND entry_seq = $3 AND status = 'succeeded'
 """
 
-# The entries since the pivot, whole: what a compaction summarizes and keeps.
-# Without the parts ("light"): enough to know where a cut falls, not to summarize.
-_SOURCE_SQL = {
-    light: f"""
-SELECT seq, kind, role, {"NULL::jsonb" if light else "parts"}, tool_call_id, tool_name,
-    is_error, name, tokens, coalesce(view_call_id, tool_call_id), call_ids
-FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
-ORDER BY seq
-"""
-    for light in (False, True)
-}
-
 # The reason also goes into details.notes, so a job that succeeds on a later
 # attempt still records why the earlier ones failed.
 _RETRY_SQL = """
@@ -215,98 +199,6 @@ VALUES ($1, $2, $3, 'succeeded', $4, true, 'structured', 'extractive', 1, $5, $5
     $6, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16::jsonb, $17)
 """
 
-_INSERT_ENTRY_SQL = """
-INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id, tool_name,
-    is_error, name, content_form, extra, source_format, tokens, call_ids, view_openai,
-    view_anthropic, parent_seq, created_at)
-VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 'string', NULL,
-    'openai', $7, NULL, $8, $9, NULLIF($3::bigint - 1, 0), $10)
-"""
-
-# The context's size after the pivot moves, from the stored counts: the kept
-# window (pruned outputs at their placeholder's size), the pinned system
-# entries and the new summary.
-_CONTEXT_TOTALS_SQL = """
-WITH window_entries AS (
-    SELECT e.seq, e.role, e.tokens FROM entry AS e
-    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $3
-        AND (e.kind <> 'compaction' OR e.seq = $5)
-    UNION ALL
-    SELECT e.seq, e.role, e.tokens FROM entry AS e
-    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $6 AND e.seq <= $7
-        AND e.seq = ANY($4::bigint[])
-), marked AS (
-    SELECT w.role, w.tokens - m.tokens AS saved FROM prune_mark AS m
-    JOIN window_entries AS w ON w.seq = m.seq
-    WHERE m.session_id = $1 AND m.tenant_id = $2 AND m.seq >= $3
-)
-SELECT
-    (SELECT coalesce(sum(tokens), 0) FROM window_entries)
-        - (SELECT coalesce(sum(saved), 0) FROM marked),
-    (SELECT coalesce(sum(tokens), 0) FROM window_entries WHERE role = 'tool')
-        - (SELECT coalesce(sum(saved), 0) FROM marked WHERE role = 'tool')
-"""
-
-_PIVOT_SQL = """
-UPDATE session SET next_seq = $3, entry_count = entry_count + $4,
-    stored_tokens = stored_tokens + $5, context_tokens = $6, context_tool_tokens = $7,
-    context_start_seq = $8, summary_seq = $9, pinned_seqs = $10::bigint[],
-    compaction_count = compaction_count + 1, active_compaction_id = $11,
-    compaction_failures = $12, compaction_held_seq = $13, reported_prompt_tokens = NULL,
-    context_tokens_at_report = NULL, prune_checked_tool_tokens = NULL,
-    prune_checked_urgent = NULL, version = version + 1, pivot_version = version + 1,
-    updated_at = now()
-WHERE id = $1 AND tenant_id = $2
-RETURNING version
-"""
-
-_GUARDS_SQL = """
-UPDATE session SET active_compaction_id = $3, compaction_failures = $4
-WHERE id = $1 AND tenant_id = $2 AND ($5::uuid IS NULL OR active_compaction_id = $5)
-"""
-
-_TAIL_SQL = """
-SELECT e.role, e.kind, e.call_ids IS NOT NULL, s.last_usage->>'finish_reason'
-FROM session AS s JOIN entry AS e ON e.session_id = s.id AND e.tenant_id = s.tenant_id
-WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq = $3
-"""
-
-# Whether the latest assistant entry with tool calls, at or before $3, still
-# waits on one of them.
-_PENDING_SQL = """
-SELECT EXISTS (
-    SELECT 1 FROM tool_call AS t
-    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.result_seq IS NULL
-        AND t.call_seq = (
-            SELECT e.seq FROM entry AS e
-            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq <= $3
-                AND e.role = 'assistant' AND e.call_ids IS NOT NULL
-            ORDER BY e.seq DESC LIMIT 1
-        )
-)
-"""
-
-_HOLD_SQL = "UPDATE session SET compaction_held_seq = $3 WHERE id = $1 AND tenant_id = $2"
-
-_EXISTS_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2"
-
-
-@dataclass(slots=True)
-class SourceRow:
-    """An entry since the pivot, as a compaction reads it."""
-
-    seq: int
-    kind: str
-    role: str
-    parts: list[dict[str, Any]]
-    tool_call_id: str | None
-    tool_name: str | None
-    is_error: bool
-    name: str | None
-    tokens: int
-    link_id: str | None  # the result's call as the view names it
-    call_ids: list[str] | None  # the calls as the view names them
-
 
 @dataclass(slots=True)
 class Outcome:
@@ -344,40 +236,13 @@ class Outcome:
         )
 
 
-@dataclass(slots=True)
-class NewEntry:
-    seq: int
-    kind: str
-    parts_json: str
-    tokens: int
-    view_openai: str
-    view_anthropic: str
-
-
-@dataclass(slots=True)
-class Pivot:
-    """What a committed compaction sets on the session."""
-
-    next_seq: int
-    added_entries: int
-    added_tokens: int
-    context_tokens: int
-    context_tool_tokens: int
-    context_start_seq: int
-    summary_seq: int
-    pinned_seqs: list[int]
-    active_compaction_id: uuid.UUID | None
-    compaction_failures: int
-    compaction_held_seq: int | None
-
-
 class CompactionRepository:
     def __init__(self, tenant_id: str) -> None:
         self.tenant_id = tenant_id
 
     async def enqueue(
         self,
-        driver: Any,
+        driver: Driver,
         session_id: str,
         *,
         reason: str,
@@ -403,7 +268,6 @@ class CompactionRepository:
         )
         if row is not None:
             job = _job(row)
-            await driver.execute(_SET_ACTIVE_SQL, session_id, self.tenant_id, job.id)
             await driver.execute(_NOTIFY_SQL)
             return job, True
         if reason == "overflow":
@@ -415,16 +279,16 @@ class CompactionRepository:
             raise RuntimeError("no active compaction after a conflict")
         return _job(active), False
 
-    async def release(self, driver: Any, job: JobRow) -> None:
+    async def release(self, driver: Driver, job: JobRow) -> None:
         await driver.execute(
             _RELEASE_SQL, job.session_id, job.tenant_id, job.id, job.lease_owner, job.attempts
         )
 
-    async def claim(self, driver: Any, owner: str, lease_seconds: float) -> JobRow | None:
+    async def claim(self, driver: Driver, owner: str, lease_seconds: float) -> JobRow | None:
         row = await driver.fetchrow(_CLAIM_SQL, owner, lease_seconds)
         return None if row is None else _job(row)
 
-    async def heartbeat(self, driver: Any, job: JobRow, lease_seconds: float) -> bool | None:
+    async def heartbeat(self, driver: Driver, job: JobRow, lease_seconds: float) -> bool | None:
         """Extend the lease; whether a cancel was asked. None: the lease is lost."""
         value: bool | None = await driver.fetchval(
             _HEARTBEAT_SQL,
@@ -437,17 +301,17 @@ class CompactionRepository:
         )
         return value
 
-    async def lock_job(self, driver: Any, session_id: str, job_id: uuid.UUID) -> JobRow | None:
+    async def lock_job(self, driver: Driver, session_id: str, job_id: uuid.UUID) -> JobRow | None:
         row = await driver.fetchrow(_LOCK_JOB_SQL, session_id, self.tenant_id, job_id)
         return None if row is None else _job(row)
 
-    async def get(self, driver: Any, session_id: str, job_id: uuid.UUID) -> JobRow | None:
+    async def get(self, driver: Driver, session_id: str, job_id: uuid.UUID) -> JobRow | None:
         row = await driver.fetchrow(_GET_SQL, session_id, self.tenant_id, job_id)
         return None if row is None else _job(row)
 
     async def page(
         self,
-        driver: Any,
+        driver: Driver,
         session_id: str,
         *,
         limit: int,
@@ -458,45 +322,28 @@ class CompactionRepository:
         return [_job(r) for r in rows]
 
     async def previous(
-        self, driver: Any, session_id: str, summary_seq: int | None
+        self, driver: Driver, session_id: str, summary_seq: int | None
     ) -> tuple[str, dict[str, Any] | None] | None:
         if summary_seq is None:
             return None
         row = await driver.fetchrow(_PREVIOUS_SQL, session_id, self.tenant_id, summary_seq)
-        if row is None or row[0] is None:
+        if row is None or row["summary"] is None:
             return None
-        details = row[1]
+        details = row["details"]
         if isinstance(details, str):
             details = orjson.loads(details)
-        return row[0], details
+        return row["summary"], details
 
-    async def source(
-        self, driver: Any, session_id: str, start_seq: int, end_seq: int, *, light: bool = False
-    ) -> tuple[list[SourceRow], dict[int, int]]:
-        """The entries ``start_seq <= seq < end_seq`` and their prune marks;
-        ``light`` leaves their parts out (empty)."""
-        rows = await driver.fetch(
-            _SOURCE_SQL[light], session_id, self.tenant_id, start_seq, end_seq
-        )
-        marks = await read_marks(driver, self.tenant_id, session_id, start_seq, end_seq)
-        out = []
-        for r in rows:
-            parts = r[3] or []
-            if isinstance(parts, str):
-                parts = orjson.loads(parts)
-            out.append(
-                SourceRow(r[0], r[1], r[2], parts, r[4], r[5], r[6], r[7], r[8], r[9], r[10])
-            )
-        return out, marks
-
-    async def retry_later(self, driver: Any, job: JobRow, delay_seconds: float, error: str) -> None:
+    async def retry_later(
+        self, driver: Driver, job: JobRow, delay_seconds: float, error: str
+    ) -> None:
         await driver.execute(
             _RETRY_SQL, job.session_id, job.tenant_id, job.id, delay_seconds, error
         )
 
     async def finish(
         self,
-        driver: Any,
+        driver: Driver,
         job: JobRow,
         status: str,
         error: str | None,
@@ -512,7 +359,7 @@ class CompactionRepository:
             None if details is None else orjson.dumps(details).decode(),
         )
 
-    async def cancel(self, driver: Any, session_id: str, job_id: uuid.UUID) -> JobRow | None:
+    async def cancel(self, driver: Driver, session_id: str, job_id: uuid.UUID) -> JobRow | None:
         """Cancel a queued job at once, or ask a running one to stop. None when
         it is neither (finished already)."""
         row = await driver.fetchrow(_CANCEL_QUEUED_SQL, session_id, self.tenant_id, job_id)
@@ -520,12 +367,14 @@ class CompactionRepository:
             row = await driver.fetchrow(_REQUEST_CANCEL_SQL, session_id, self.tenant_id, job_id)
         return None if row is None else _job(row)
 
-    async def succeed(self, driver: Any, job_id: uuid.UUID, session_id: str, done: Outcome) -> None:
+    async def succeed(
+        self, driver: Driver, job_id: uuid.UUID, session_id: str, done: Outcome
+    ) -> None:
         await driver.execute(_SUCCEED_SQL, session_id, self.tenant_id, job_id, *done.values())
 
     async def insert_done(
         self,
-        driver: Any,
+        driver: Driver,
         session_id: str,
         job_id: uuid.UUID,
         done: Outcome,
@@ -537,85 +386,3 @@ class CompactionRepository:
         await driver.execute(
             _INSERT_DONE_SQL, session_id, self.tenant_id, job_id, reason, now, *done.values()
         )
-
-    async def insert_entry(
-        self, driver: Any, session_id: str, entry: NewEntry, now: datetime
-    ) -> None:
-        await driver.execute(
-            _INSERT_ENTRY_SQL,
-            session_id,
-            self.tenant_id,
-            entry.seq,
-            uuid.uuid4(),
-            entry.kind,
-            entry.parts_json,
-            entry.tokens,
-            entry.view_openai,
-            entry.view_anthropic,
-            now,
-        )
-
-    async def context_totals(
-        self, driver: Any, session_id: str, start_seq: int, pinned: list[int], summary_seq: int
-    ) -> tuple[int, int]:
-        row = await driver.fetchrow(
-            _CONTEXT_TOTALS_SQL,
-            session_id,
-            self.tenant_id,
-            start_seq,
-            pinned,
-            summary_seq,
-            min(pinned, default=0),
-            max(pinned, default=-1),
-        )
-        return int(row[0]), int(row[1])
-
-    async def move_pivot(self, driver: Any, session_id: str, pivot: Pivot) -> int:
-        version: int = await driver.fetchval(
-            _PIVOT_SQL,
-            session_id,
-            self.tenant_id,
-            pivot.next_seq,
-            pivot.added_entries,
-            pivot.added_tokens,
-            pivot.context_tokens,
-            pivot.context_tool_tokens,
-            pivot.context_start_seq,
-            pivot.summary_seq,
-            pivot.pinned_seqs,
-            pivot.active_compaction_id,
-            pivot.compaction_failures,
-            pivot.compaction_held_seq,
-        )
-        return version
-
-    async def set_guards(
-        self,
-        driver: Any,
-        session_id: str,
-        *,
-        active: uuid.UUID | None,
-        failures: int,
-        only_if_active: uuid.UUID | None,
-    ) -> None:
-        await driver.execute(
-            _GUARDS_SQL, session_id, self.tenant_id, active, failures, only_if_active
-        )
-
-    async def tail(
-        self, driver: Any, session_id: str, seq: int
-    ) -> tuple[str, str, bool, str | None] | None:
-        """The role and kind of entry ``seq``, whether it makes tool calls, and the
-        finish reason of the session's last usage report."""
-        row = await driver.fetchrow(_TAIL_SQL, session_id, self.tenant_id, seq)
-        return None if row is None else (row[0], row[1], row[2], row[3])
-
-    async def calls_pending(self, driver: Any, session_id: str, seq: int) -> bool:
-        pending: bool = await driver.fetchval(_PENDING_SQL, session_id, self.tenant_id, seq)
-        return pending
-
-    async def hold(self, driver: Any, session_id: str, seq: int) -> None:
-        await driver.execute(_HOLD_SQL, session_id, self.tenant_id, seq)
-
-    async def session_exists(self, driver: Any, session_id: str) -> bool:
-        return await driver.fetchval(_EXISTS_SQL, session_id, self.tenant_id) is not None

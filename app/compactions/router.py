@@ -13,7 +13,7 @@ from app.compactions.service import CompactionService
 from app.core.database import DbDep, EngineDep
 from app.core.openapi import link, problems
 from app.core.tenancy import TenantDep
-from app.messages.schemas import Format
+from app.history.schemas import Format
 from app.sessions.router import SessionIdPath, checked_id
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/compactions", tags=["compactions"])

@@ -8,10 +8,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.budget.schemas import CompactionStarted, Reason, Status
-from app.messages.schemas import HistoryEntry
+from app.history.schemas import HistoryEntry
 
-__all__ = ["CompactionStarted", "Reason", "Status"]
+CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+CompactionReason = Literal["manual", "threshold", "overflow", "emergency"]
+Status = CompactionStatus
+Reason = CompactionReason
+
+
+class CompactionStarted(BaseModel):
+    """The compaction an append, usage report or provider error started."""
+
+    id: uuid.UUID
+    status: CompactionStatus
+    reason: CompactionReason
+    created: bool = Field(description="False when the session already had one queued or running.")
+
 
 Strategy = Literal["structured", "narrative"]
 Summarizer = Literal["llm", "extractive"]

@@ -9,7 +9,6 @@ import base64
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -23,11 +22,12 @@ from app.compactions.schemas import (
 )
 from app.core import metrics
 from app.core.database import driver_connection
+from app.core.driver import Driver
 from app.core.errors import Conflict, NotFound, invalid
-from app.messages.schemas import Format
-from app.messages.service import MessageService
+from app.history.schemas import Format
+from app.history.service import HistoryService
 from app.sessions import service as sessions
-from app.sessions.repository import lock_state
+from app.store.session_row import exists, locked
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -96,10 +96,8 @@ class CompactionService:
         """A manual compaction: the session's active one if it has one, else a new
         job; 409 when there is nothing to compact."""
         with metrics.after_commit():
-            async with driver_connection(self.engine) as driver, driver.transaction():
-                state = await lock_state(driver, self.tenant_id, session_id)
-                if state is None:
-                    raise NotFound(f"session {session_id!r} does not exist")
+            async with locked(self.engine, self.tenant_id, session_id) as unit:
+                state, driver = unit.state, unit.driver
                 config = sessions.effective_config(state.config)
                 if not config.compaction.enabled:
                     raise Conflict(
@@ -120,10 +118,7 @@ class CompactionService:
                             f"({state.next_seq - state.context_start_seq} entries since the pivot)"
                         )
                     out = await enqueue_locked(
-                        driver,
-                        self.tenant_id,
-                        session_id,
-                        state,
+                        unit,
                         config,
                         reason="manual",
                         auto=False,
@@ -172,10 +167,8 @@ class CompactionService:
         """A queued job is cancelled at once; a running one is asked to stop and
         never commits. A finished one cannot be cancelled (409)."""
         with metrics.after_commit():
-            async with driver_connection(self.engine) as driver, driver.transaction():
-                state = await lock_state(driver, self.tenant_id, session_id)
-                if state is None:
-                    raise NotFound(f"session {session_id!r} does not exist")
+            async with locked(self.engine, self.tenant_id, session_id) as unit:
+                state, driver = unit.state, unit.driver
                 job = await self._job(driver, session_id, compaction_id)
                 if job.status in FINISHED:
                     raise Conflict(f"compaction {compaction_id} already {job.status}")
@@ -192,13 +185,8 @@ class CompactionService:
                         detail="cancelled while queued",
                     )
                 if cancelled.status == "cancelled" and state.active_compaction_id == compaction_id:
-                    await self.repo.set_guards(
-                        driver,
-                        session_id,
-                        active=None,
-                        failures=state.compaction_failures,
-                        only_if_active=compaction_id,
-                    )
+                    state.active_compaction_id = None
+                    await unit.save()
                 return to_schema(cancelled)
 
     async def source(
@@ -216,7 +204,7 @@ class CompactionService:
             job = await self._job(driver, session_id, compaction_id)
         if job.status != "succeeded" or job.source_start_seq is None or job.first_kept_seq is None:
             raise Conflict(f"compaction {compaction_id} is {job.status}: it replaced nothing")
-        page = await MessageService(db, self.tenant_id).history(
+        page = await HistoryService(db, self.tenant_id).history(
             session_id,
             after_seq=max(after_seq, job.source_start_seq - 1),
             limit=limit,
@@ -228,11 +216,11 @@ class CompactionService:
             compaction_id=job.id, entries=page.entries, next_after_seq=page.next_after_seq
         )
 
-    async def _session_exists(self, driver: Any, session_id: str) -> None:
-        if not await self.repo.session_exists(driver, session_id):
+    async def _session_exists(self, driver: Driver, session_id: str) -> None:
+        if not await exists(driver, self.tenant_id, session_id):
             raise NotFound(f"session {session_id!r} does not exist")
 
-    async def _job(self, driver: Any, session_id: str, compaction_id: uuid.UUID) -> JobRow:
+    async def _job(self, driver: Driver, session_id: str, compaction_id: uuid.UUID) -> JobRow:
         job = await self.repo.get(driver, session_id, compaction_id)
         if job is None:
             await self._session_exists(driver, session_id)

@@ -33,7 +33,6 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions.pivot import (
-    FAILURE_LIMIT,
     NoGain,
     Prepared,
     commit_pivot,
@@ -45,10 +44,12 @@ from app.compactions.pivot import (
 from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
 from app.compactions.summarizer import Backoff, Llm, RetryLater, Summarized, summarize
 from app.core import metrics
-from app.core.database import driver_bounds, driver_connection, unavailable_cause
+from app.core.database import DriverBounds, driver_bounds, driver_connection, unavailable_cause
+from app.core.driver import Driver
 from app.core.settings import Settings
+from app.engine.relief import FAILURE_LIMIT
 from app.sessions import service as sessions
-from app.sessions.repository import SessionState, lock_state, read_state
+from app.store.session_row import Unit, lock, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
 
 log = logging.getLogger("compactd.worker")
@@ -310,7 +311,9 @@ class Worker:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _owned(self, driver: Any, repo: CompactionRepository, job: JobRow) -> JobRow | None:
+    async def _owned(
+        self, driver: Driver, repo: CompactionRepository, job: JobRow
+    ) -> JobRow | None:
         now = await repo.lock_job(driver, job.session_id, job.id)
         if (
             now is None
@@ -326,9 +329,10 @@ class Worker:
     ) -> bool:
         """Commit the summary; False when the pivot moved and the plan must be made again."""
         async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await lock_state(driver, job.tenant_id, job.session_id)
-            if state is None:
+            unit = await lock(driver, job.tenant_id, job.session_id)
+            if unit is None:
                 return True  # deleted with its jobs
+            state = unit.state
             current = await self._owned(driver, repo, job)
             if current is None:
                 raise LeaseLost
@@ -342,10 +346,7 @@ class Worker:
                 summarized.notes[:0] = [n for n in retried if isinstance(n, str)]
             config = sessions.effective_config(state.config)
             committed = await commit_pivot(
-                driver,
-                job.tenant_id,
-                job.session_id,
-                state,
+                unit,
                 config,
                 prepared,
                 summarized,
@@ -356,7 +357,7 @@ class Worker:
             if isinstance(committed, NoGain):
                 # Nothing went wrong, there was nothing to gain: not a failure, and
                 # held until new history arrives, as after a low-yield compaction.
-                await self._end(driver, repo, state, job, "cancelled", committed.reason, hold=True)
+                await self._end(unit, repo, job, "cancelled", committed.reason, hold=True)
             else:
                 fell_back = (
                     job.summarizer == "llm"
@@ -395,10 +396,10 @@ class Worker:
         no automatic compaction until new history arrives."""
         repo = CompactionRepository(job.tenant_id)
         async with driver_connection(self.engine) as driver, driver.transaction():
-            state = await lock_state(driver, job.tenant_id, job.session_id)
-            if state is None or await self._owned(driver, repo, job) is None:
+            unit = await lock(driver, job.tenant_id, job.session_id)
+            if unit is None or await self._owned(driver, repo, job) is None:
                 return
-            failures = await self._end(driver, repo, state, job, status, error, hold=hold)
+            failures = await self._end(unit, repo, job, status, error, hold=hold)
         _transition(job, status, detail=error)
         if failures >= FAILURE_LIMIT and status == "failed" and job.auto:
             log.warning(
@@ -410,9 +411,8 @@ class Worker:
 
     async def _end(
         self,
-        driver: Any,
+        unit: Unit,
         repo: CompactionRepository,
-        state: SessionState,
         job: JobRow,
         status: str,
         error: str,
@@ -421,20 +421,16 @@ class Worker:
     ) -> int:
         """Record the end on the job and the session's guards, in the caller's
         transaction (session and job locked); the failures in a row now."""
-        await repo.finish(driver, job, status, error)
-        failures = state.compaction_failures
+        await repo.finish(unit.driver, job, status, error)
+        state = unit.state
         if status == "failed" and job.auto:
-            failures += 1
-        await repo.set_guards(
-            driver,
-            job.session_id,
-            active=None if state.active_compaction_id == job.id else state.active_compaction_id,
-            failures=failures,
-            only_if_active=None,
-        )
+            state.compaction_failures += 1
+        if state.active_compaction_id == job.id:
+            state.active_compaction_id = None
         if hold:
-            await repo.hold(driver, job.session_id, state.next_seq)
-        return failures
+            state.compaction_held_seq = state.next_seq
+        await unit.save()
+        return state.compaction_failures
 
     async def _release(self, job: JobRow) -> None:
         async with driver_connection(self.engine) as driver:
@@ -489,12 +485,10 @@ class Listener:
     engine's client-side timeouts (see ``driver_bounds``): a frozen server cannot
     hold its connect or its LISTEN."""
 
-    def __init__(
-        self, dsn: str, wake: asyncio.Event, bounds: dict[str, float] | None = None
-    ) -> None:
+    def __init__(self, dsn: str, wake: asyncio.Event, bounds: DriverBounds | None = None) -> None:
         self.dsn = dsn
         self.wake = wake
-        self.bounds = bounds or {}
+        self.bounds: DriverBounds = bounds or {}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -13,7 +13,7 @@ from app.context.service import ContextService
 from app.core.database import DbDep, EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
-from app.messages.schemas import Format
+from app.history.schemas import Format
 from app.sessions.router import SessionIdPath, checked_id
 from app.sessions.service import SessionService
 

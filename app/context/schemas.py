@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from app.messages.schemas import Format
+from app.history.schemas import Format
 
 
 class TokenBreakdown(BaseModel):

@@ -3,19 +3,20 @@ rendering: both were done once, when each message was written."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.context.schemas import ContextTokens, TokenBreakdown
 from app.core.database import driver_connection
+from app.core.driver import Record
 from app.core.errors import NotFound
 from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
-from app.messages.repository import read_state_and_marks, read_window
-from app.messages.schemas import Format
+from app.history.schemas import Format
 from app.sessions import service as sessions
-from app.sessions.repository import record_served
+from app.store.log import read_state_and_marks, read_window
+from app.store.session_row import record_served
 
 _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
     "none": "ok",
@@ -39,28 +40,30 @@ class _Item:
         "view_openai",
     )
 
-    def __init__(self, row: Any, view: str, tokens: int) -> None:
-        self.seq: int = row[0]
-        self.role: str = row[1]
-        self.tool_call_id: str | None = row[2]
-        self.call_ids: tuple[str, ...] = tuple(row[3]) if row[3] else ()
+    def __init__(self, row: Record, view: str, tokens: int) -> None:
+        self.seq: int = row["seq"]
+        self.role: str = row["role"]
+        self.tool_call_id: str | None = row["link_id"]
+        call_ids = row["call_ids"]
+        self.call_ids: tuple[str, ...] = tuple(call_ids) if call_ids else ()
         self.tokens = tokens
         self.view_openai = self.view_anthropic = view
 
 
-def _items(rows: list[Any], marks: dict[int, int], fmt: Format, placeholder: str) -> list[_Item]:
+def _items(rows: list[Record], marks: dict[int, int], fmt: Format, placeholder: str) -> list[_Item]:
     """The window's rows; a pruned tool result shows the placeholder and costs its tokens."""
     if not marks:
-        return [_Item(row, row[5], row[4]) for row in rows]
+        return [_Item(row, row["view"], row["tokens"]) for row in rows]
     views = PlaceholderViews(placeholder)
     side = 0 if fmt == "openai" else 1
     items = []
     for row in rows:
-        tokens = marks.get(row[0])
+        tokens = marks.get(row["seq"])
         if tokens is None:
-            items.append(_Item(row, row[5], row[4]))
+            items.append(_Item(row, row["view"], row["tokens"]))
         else:
-            items.append(_Item(row, views.render(row[2], row[6])[side], tokens))
+            rendered = views.render(row["link_id"], row["is_error"])[side]
+            items.append(_Item(row, rendered, tokens))
     return items
 
 

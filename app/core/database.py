@@ -7,7 +7,7 @@ import logging
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict, cast
 
 import asyncpg
 import asyncpg.transaction
@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import DeclarativeBase
 
+from app.core.driver import Driver, Isolation
 from app.core.errors import ProblemError, ServiceUnavailable
 from app.core.settings import Settings
 
@@ -84,10 +85,17 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
     return engine
 
 
-_BOUNDS: weakref.WeakKeyDictionary[Engine, dict[str, float]] = weakref.WeakKeyDictionary()
+class DriverBounds(TypedDict, total=False):
+    """asyncpg's client-side bounds, as ``asyncpg.connect`` takes them."""
+
+    timeout: float
+    command_timeout: float
 
 
-def driver_bounds_of(settings: Settings) -> dict[str, float]:
+_BOUNDS: weakref.WeakKeyDictionary[Engine, DriverBounds] = weakref.WeakKeyDictionary()
+
+
+def driver_bounds_of(settings: Settings) -> DriverBounds:
     """asyncpg's client-side bounds: ``timeout`` (to connect) and ``command_timeout``."""
     return {
         "timeout": settings.db_connect_timeout_seconds,
@@ -95,10 +103,10 @@ def driver_bounds_of(settings: Settings) -> dict[str, float]:
     }
 
 
-def driver_bounds(engine: AsyncEngine) -> dict[str, float]:
+def driver_bounds(engine: AsyncEngine) -> DriverBounds:
     """The bounds of ``engine``'s connections, for a connection opened apart from its
     pool (the workers' LISTEN connection); none for an engine made elsewhere."""
-    return dict(_BOUNDS.get(engine.sync_engine, {}))
+    return DriverBounds(**_BOUNDS.get(engine.sync_engine, {}))
 
 
 def unanswered(error: BaseException | None) -> bool:
@@ -107,7 +115,7 @@ def unanswered(error: BaseException | None) -> bool:
     return isinstance(error, TimeoutError) and _raised_by_the_driver(error)
 
 
-class BoundedTransaction(asyncpg.transaction.Transaction):  # type: ignore[misc]  # untyped
+class BoundedTransaction(asyncpg.transaction.Transaction):
     """A transaction block that gives up at once on a server that stopped answering.
 
     After a command timed out, asyncpg asks the server to cancel it and makes the
@@ -117,18 +125,28 @@ class BoundedTransaction(asyncpg.transaction.Transaction):  # type: ignore[misc]
 
     __slots__ = ()
 
-    async def __aexit__(self, extype: Any, ex: BaseException | None, tb: Any) -> None:
-        if unanswered(ex):
-            self._connection.terminate()
+    async def __aexit__(self, extype: Any, ex: object, tb: Any) -> None:
+        if isinstance(ex, BaseException) and unanswered(ex):
+            self._connection.terminate()  # type: ignore[attr-defined]  # asyncpg's own field
             return
         await super().__aexit__(extype, ex, tb)
 
 
-class BoundedConnection(asyncpg.Connection):  # type: ignore[misc]  # untyped
+if TYPE_CHECKING:
+    _Connection = asyncpg.Connection[asyncpg.Record]  # generic in the stubs only
+else:
+    _Connection = asyncpg.Connection
+
+
+class BoundedConnection(_Connection):
     """The service's asyncpg connections: their transactions are bounded (above)."""
 
     def transaction(
-        self, *, isolation: str | None = None, readonly: bool = False, deferrable: bool = False
+        self,
+        *,
+        isolation: Isolation | None = None,
+        readonly: bool = False,
+        deferrable: bool = False,
     ) -> BoundedTransaction:
         # As asyncpg.Connection.transaction, with the bounded block.
         super().transaction()  # the same checks (the connection is open)
@@ -266,7 +284,7 @@ def unavailable() -> ServiceUnavailable:
 
 
 @asynccontextmanager
-async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
+async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Driver]:
     """A pooled connection as a bare asyncpg connection, outside any transaction.
 
     For the hot paths (append), where SQLAlchemy's per-statement work costs more
@@ -279,7 +297,7 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
     try:
         async with engine.connect() as connection:
             proxied = await connection.get_raw_connection()
-            driver: Any = proxied.driver_connection
+            driver = cast(Driver, proxied.driver_connection)
             try:
                 yield driver
             except ProblemError:

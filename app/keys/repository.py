@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from app.core.driver import Driver, Record, record_of
 from app.keys import tokens
 
 
@@ -22,11 +22,13 @@ class KeyRow:
 _COLUMNS = "id, tenant_id, name, secret_sha256, created_at, revoked_at"
 
 
-def _key(row: Any) -> KeyRow:
-    return KeyRow(**dict(row))
+def _key(row: Record | None) -> KeyRow:
+    if row is None:  # pragma: no cover - INSERT ... RETURNING answers its row
+        raise RuntimeError("no key row")
+    return record_of(KeyRow, row)
 
 
-async def create(driver: Any, tenant_id: str, name: str | None) -> tuple[KeyRow, str]:
+async def create(driver: Driver, tenant_id: str, name: str | None) -> tuple[KeyRow, str]:
     """A new key for the tenant: its row, and the whole key (shown once, never stored)."""
     new = tokens.generate()
     row = await driver.fetchrow(
@@ -40,12 +42,12 @@ async def create(driver: Any, tenant_id: str, name: str | None) -> tuple[KeyRow,
     return _key(row), new.token
 
 
-async def get(driver: Any, key_id: str) -> KeyRow | None:
+async def get(driver: Driver, key_id: str) -> KeyRow | None:
     row = await driver.fetchrow(f"SELECT {_COLUMNS} FROM api_key WHERE id = $1", key_id)
     return _key(row) if row else None
 
 
-async def revoke(driver: Any, key_id: str) -> KeyRow | None:
+async def revoke(driver: Driver, key_id: str) -> KeyRow | None:
     """Revoked from now on; revoking twice keeps the first time. None if no such key."""
     row = await driver.fetchrow(
         f"UPDATE api_key SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 "
@@ -55,7 +57,7 @@ async def revoke(driver: Any, key_id: str) -> KeyRow | None:
     return _key(row) if row else None
 
 
-async def list_keys(driver: Any, tenant_id: str | None = None) -> list[KeyRow]:
+async def list_keys(driver: Driver, tenant_id: str | None = None) -> list[KeyRow]:
     rows = await driver.fetch(
         f"SELECT {_COLUMNS} FROM api_key WHERE $1::text IS NULL OR tenant_id = $1 "
         "ORDER BY tenant_id, created_at, id",
@@ -64,7 +66,7 @@ async def list_keys(driver: Any, tenant_id: str | None = None) -> list[KeyRow]:
     return [_key(r) for r in rows]
 
 
-async def any_exist(driver: Any) -> bool:
+async def any_exist(driver: Driver) -> bool:
     """Whether any key was ever created. Revoked keys count: revoking the last key
     must lock everyone out, not open the service."""
     return bool(await driver.fetchval("SELECT EXISTS (SELECT 1 FROM api_key)"))

@@ -12,13 +12,10 @@ from app.core.http import run_sized
 from app.core.openapi import problems
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
-from app.messages.schemas import AppendRequest, AppendResponse, Format, HistoryPage
-from app.messages.service import (
-    AppendService,
-    MessageService,
-    check_batch_size,
-    oversized_arguments,
-)
+from app.history.schemas import Format, HistoryPage
+from app.history.service import HistoryService
+from app.messages.schemas import AppendRequest, AppendResponse
+from app.messages.service import AppendService, check_batch_size, oversized_arguments
 from app.sessions.router import IfMatch, SessionIdPath, checked_id
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/messages", tags=["messages"])
@@ -92,6 +89,6 @@ async def list_messages(
     format: Annotated[Format, Query()] = "openai",
 ) -> HistoryPage:
     """The whole stored history by seq, including pruned and compacted entries."""
-    return await MessageService(db, tenant).history(
+    return await HistoryService(db, tenant).history(
         checked_id(session_id), after_seq=after_seq, limit=limit, fmt=format
     )

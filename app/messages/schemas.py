@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.budget.schemas import CompactionStarted, PruneResult, Verdict
-
-Format = Literal["openai", "anthropic"]
+from app.budget.schemas import PruneResult, Verdict
+from app.compactions.schemas import CompactionStarted
+from app.history.schemas import Format
 
 
 class AppendRequest(BaseModel):
@@ -66,34 +65,4 @@ class AppendResponse(BaseModel):
         None,
         description="The automatic compaction this append started: queued (threshold), or "
         "already done (emergency).",
-    )
-
-
-class HistoryEntry(BaseModel):
-    id: uuid.UUID
-    seq: int
-    kind: str
-    role: str
-    tokens: int
-    source_format: Format
-    tool_name: str | None
-    created_at: datetime
-    pruned_at: datetime | None = Field(
-        description="When pruning hid this tool output from the model; it stays here."
-    )
-    erased_bytes: int | None = Field(
-        description="Bytes of stored content cleared by pruning (prune.erase)."
-    )
-    omitted_lines: int | None = Field(
-        description="Lines the model's view leaves out (ingest truncation); the message "
-        "below is whole."
-    )
-    omitted_bytes: int | None
-    message: dict[str, Any] = Field(description="The message as stored, in the requested format.")
-
-
-class HistoryPage(BaseModel):
-    entries: list[HistoryEntry]
-    next_after_seq: int | None = Field(
-        description="Pass as after_seq for the next page; null on the last."
     )

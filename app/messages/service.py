@@ -12,38 +12,32 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.budget.schemas import CompactionStarted, PruneResult, Verdict
-from app.budget.service import auto_prune, wants_auto_prune
-from app.compactions import pivot
+from app.budget import relief
+from app.budget.schemas import PruneResult, Verdict
+from app.compactions.schemas import CompactionStarted
 from app.core import metrics
 from app.core.database import driver_connection
+from app.core.driver import Driver
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.core.http import run_sized
 from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
 from app.engine.model import Entry, InvalidMessage
 from app.engine.storable import MAX_JSON_DEPTH, find_oversized
-from app.messages import models
-from app.messages.repository import (
+from app.history.schemas import Format
+from app.messages.schemas import AppendRequest, StoredEntry
+from app.sessions import service as sessions
+from app.sessions.schemas import TruncateConfig
+from app.store.log import (
     Answer,
-    AppendRepository,
     AppendWrite,
     CallRow,
     EntryRow,
-    MessageRepository,
+    LogRepository,
     StoredCall,
 )
-from app.messages.schemas import (
-    AppendRequest,
-    Format,
-    HistoryEntry,
-    HistoryPage,
-    StoredEntry,
-)
-from app.sessions import service as sessions
-from app.sessions.schemas import TruncateConfig
-from app.sessions.service import SessionService
+from app.store.session_row import Unit
 
 # Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
 # providers use ids of a few dozen characters.
@@ -139,36 +133,6 @@ def request_hash(body: AppendRequest) -> str:
         {"format": body.format, "messages": body.messages}, option=orjson.OPT_SORT_KEYS
     )
     return hashlib.sha256(raw).hexdigest()
-
-
-def entry_from_row(row: Any, extra: dict[str, Any] | None = None) -> Entry:
-    """A stored row as an entry; ``extra`` (the client's unknown keys) only for history."""
-    return Entry(
-        role=row.role,
-        parts=row.parts,
-        tool_call_id=row.tool_call_id,
-        tool_name=row.tool_name,
-        is_error=row.is_error,
-        name=row.name,
-        content_form=row.content_form,
-        extra=extra or {},
-        tokens=row.tokens,
-    )
-
-
-def render_history(row: models.Entry, fmt: Format) -> dict[str, Any]:
-    entry = entry_from_row(row, row.extra)
-    if fmt == "openai":
-        return openai_format.render_message(entry, for_history=True)
-    if entry.role in ("system", "developer"):
-        return {
-            "role": entry.role,
-            "content": entry.text()
-            if entry.content_form == "string"
-            else [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"],
-        }
-    _, msgs = anthropic_format.render_messages([entry], for_history=True)
-    return msgs[0] if msgs else {"role": entry.role, "content": []}
 
 
 def looked_up_ids(entries: list[Entry]) -> list[str]:
@@ -287,7 +251,7 @@ class AppendService:
     def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
         self.engine = engine
         self.tenant_id = tenant_id
-        self.repo = AppendRepository(tenant_id)
+        self.repo = LogRepository(tenant_id)
 
     async def append(
         self,
@@ -327,7 +291,7 @@ class AppendService:
             return outcome
 
     async def _attempt(
-        self, driver: Any, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
+        self, driver: Driver, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
     ) -> tuple[bytes, int, bool] | None:
         """One read and one write: the response document, the version, and
         whether it is a replay. None, with nothing written, when another append
@@ -404,9 +368,8 @@ class AppendService:
         session.context_tool_tokens += tool_tokens
         session.version += 1
         verdict = sessions.verdict_of(session, config)
-        prune_now = wants_auto_prune(session, config, verdict.action)
-        compact_now = pivot.auto_reason(session, config, verdict.action) is not None
-        if (prune_now or compact_now) and not lock:
+        relieve = relief.relief_wanted("append", verdict.action, session, config)
+        if relieve and not lock:
             return None
         document: dict[str, Any] = {
             "entries": stored,
@@ -434,26 +397,14 @@ class AppendService:
         )
         if not written:
             return None
-        if prune_now or compact_now:
-            # Prune first: it is cheap, and it may be all the window needs.
-            if prune_now:
-                pruned = await auto_prune(
-                    driver, self.tenant_id, session_id, session, config, verdict.action
-                )
-                document["pruned"] = pruned.model_dump(mode="json")
-            reason = pivot.auto_reason(session, config, sessions.verdict_of(session, config).action)
-            if reason is not None:
-                started = await pivot.start_auto(
-                    driver,
-                    self.tenant_id,
-                    session_id,
-                    session,
-                    config,
-                    reason,
-                    now=datetime.now(UTC),
-                )
-                if started is not None:
-                    document["compaction"] = started.model_dump(mode="json")
+        if relieve:
+            # The row lock is held (``lock``), and the write above saved the state.
+            unit = Unit(driver, self.tenant_id, session_id, session)
+            relieved = await relief.relieve(unit, config, "append", now=datetime.now(UTC))
+            if relieved.pruned is not None:
+                document["pruned"] = relieved.pruned.model_dump(mode="json")
+            if relieved.compaction is not None:
+                document["compaction"] = relieved.compaction.model_dump(mode="json")
             document.update(
                 version=session.version,
                 context_tokens=session.context_tokens,
@@ -595,50 +546,3 @@ def _show(
         if entry.role == "tool" and entry.tool_call_id
         else None,
     )
-
-
-class MessageService:
-    """Reading the message log of one tenant's sessions."""
-
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.db = db
-        self.tenant_id = tenant_id
-        self.repo = MessageRepository(db, tenant_id)
-        self.sessions = SessionService(db, tenant_id)
-
-    async def history(
-        self,
-        session_id: str,
-        *,
-        after_seq: int,
-        limit: int,
-        fmt: Format,
-        before_seq: int | None = None,
-        replaced_only: bool = False,
-    ) -> HistoryPage:
-        await self.sessions.require(session_id)
-        rows = await self.repo.page(
-            session_id, after_seq, limit + 1, before_seq=before_seq, replaced_only=replaced_only
-        )
-        page = rows[:limit]
-        return HistoryPage(
-            entries=[
-                HistoryEntry(
-                    id=r.id,
-                    seq=r.seq,
-                    kind=r.kind,
-                    role=r.role,
-                    tokens=r.tokens,
-                    source_format=r.source_format,
-                    tool_name=r.tool_name,
-                    created_at=r.created_at,
-                    pruned_at=pruned_at,
-                    erased_bytes=r.erased_bytes,
-                    omitted_lines=r.omitted_lines,
-                    omitted_bytes=r.omitted_bytes,
-                    message=render_history(r, fmt),
-                )
-                for r, pruned_at in page
-            ],
-            next_after_seq=page[-1][0].seq if len(rows) > limit else None,
-        )

@@ -14,10 +14,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
-from app.engine import budget, catalog
+from app.engine import budget, catalog, relief
 from app.engine.tokens import REPLY_PRIMING_TOKENS
-from app.sessions.models import Session
-from app.sessions.repository import SessionRepository
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
     SessionConfig,
@@ -27,6 +25,8 @@ from app.sessions.schemas import (
     SessionPatch,
     _check_window,
 )
+from app.store.session_row import SessionRepository
+from app.store.tables import Session
 
 
 def merge_config(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -124,15 +124,11 @@ def verdict_of(session: Budgeted, config: SessionConfig | None = None) -> budget
     return budget.verdict(accounting_of(session), window, thresholds_of(config))
 
 
-# Mirrors app.compactions.pivot (FAILURE_LIMIT), which imports this module.
-COMPACTION_FAILURE_LIMIT = 3
-
-
 def auto_compaction_state(session: Session, config: SessionConfig) -> str:
     """Whether automatic compaction would run now, and if not, why."""
     if not (config.compaction.enabled and config.compaction.auto):
         return "off"
-    if session.compaction_failures >= COMPACTION_FAILURE_LIMIT:
+    if session.compaction_failures >= relief.FAILURE_LIMIT:
         return "stopped"
     held = session.compaction_held_seq
     if held is not None and session.next_seq <= held:

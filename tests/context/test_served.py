@@ -14,7 +14,7 @@ import httpx
 
 from app.core.database import driver_connection
 from app.sessions.models import DEFAULT_TENANT
-from app.sessions.repository import SessionState, read_state, record_served
+from app.store.session_row import SessionState, read_state, record_served
 from tests import postgres
 from tests.conftest import make_session
 from tests.helpers import append_ok, session_locked

@@ -1,4 +1,7 @@
-"""All SQL for the message log, the tool-call index and idempotency records."""
+"""All SQL for the message log: entries, prune marks, the tool-call index and
+idempotency records. Reads and writes run on a bare asyncpg connection
+(:class:`~app.core.driver.Driver`), inside the caller's transaction when it has
+one; the session row itself is written only by :mod:`app.store.session_row`."""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.messages.models import Entry, PruneMark
-from app.sessions.repository import STATE_COLUMNS, STATE_FIELDS, SessionState
+from app.core.driver import Driver, Record, record_of
+from app.store.session_row import STATE_COLUMNS, SessionState, set_clause, state_of
+from app.store.tables import Entry, PruneMark
 
 
 class StoredCall(NamedTuple):
@@ -89,7 +94,8 @@ class AppendWrite:
 
 # What a context read needs: pairing links, counts and one rendered fragment.
 _WINDOW_COLUMNS = (
-    "seq, role, coalesce(view_call_id, tool_call_id), call_ids, tokens, {}, is_error, kind"
+    "seq, role, coalesce(view_call_id, tool_call_id) AS link_id, call_ids, tokens, {} AS view,"
+    " is_error, kind"
 )
 _WINDOW_SQL = {
     fmt: (
@@ -122,8 +128,8 @@ SELECT {STATE_COLUMNS},
         FROM (SELECT DISTINCT ON (call_id) call_id, name, result_seq, call_seq, view_id
             FROM tool_call
             WHERE session_id = $1 AND tenant_id = $2 AND call_id = ANY($3::text[])
-            ORDER BY call_id, call_seq DESC) AS c),
-    i.request_hash, i.response::text
+            ORDER BY call_id, call_seq DESC) AS c) AS calls,
+    i.request_hash, i.response::text AS response
 FROM session AS s
 LEFT JOIN idempotency_record AS i
     ON i.session_id = s.id AND i.tenant_id = s.tenant_id AND i.key = $4::varchar
@@ -159,6 +165,16 @@ def _columns(rows: list[Any], fields: tuple[str, ...]) -> list[list[Any]]:
     return [[row[i] for row in rows] for i in range(len(fields))]
 
 
+# What an append advances on the session, as $6-$11.
+_ADVANCED = (
+    "next_seq",
+    "entry_count",
+    "stored_tokens",
+    "context_tokens",
+    "context_tool_tokens",
+    "version",
+)
+
 # Everything hangs on the session update, which applies only at the version the
 # append read: if another append came first, nothing is written and the append
 # reads again. A call answered in its own batch is inserted with its result; one
@@ -166,8 +182,7 @@ def _columns(rows: list[Any], fields: tuple[str, ...]) -> list[list[Any]]:
 # was read.
 _WRITE_SQL = f"""
 WITH advanced AS (
-    UPDATE session SET next_seq = $6, entry_count = $7, stored_tokens = $8,
-        context_tokens = $9, context_tool_tokens = $10, version = $11, updated_at = $4
+    UPDATE session SET {set_clause(_ADVANCED, 6)}, updated_at = $4
     WHERE id = $1 AND tenant_id = $2 AND version = $5
     RETURNING version
 ), entries AS (
@@ -210,34 +225,33 @@ _STATE_AND_MARKS_SQL = f"""
 SELECT {STATE_COLUMNS},
     (SELECT jsonb_agg(jsonb_build_array(m.seq, m.tokens)) FROM prune_mark AS m
         WHERE m.session_id = s.id AND m.tenant_id = s.tenant_id
-            AND m.seq >= s.context_start_seq AND m.seq < s.next_seq)
+            AND m.seq >= s.context_start_seq AND m.seq < s.next_seq) AS marks
 FROM session AS s
 WHERE s.id = $1 AND s.tenant_id = $2
 """
 
 
 async def read_state_and_marks(
-    driver: Any, tenant_id: str, session_id: str
+    driver: Driver, tenant_id: str, session_id: str
 ) -> tuple[SessionState, dict[int, int]] | None:
     """The session and the prune marks of its view, from one snapshot: a prune
     that commits meanwhile shows in both or in neither."""
     row = await driver.fetchrow(_STATE_AND_MARKS_SQL, session_id, tenant_id)
     if row is None:
         return None
-    n = len(STATE_FIELDS)
-    return SessionState(*row[:n]), {seq: tokens for seq, tokens in row[n] or ()}
+    return state_of(row), {seq: tokens for seq, tokens in row["marks"] or ()}
 
 
 async def read_marks(
-    driver: Any, tenant_id: str, session_id: str, start_seq: int, end_seq: int
+    driver: Driver, tenant_id: str, session_id: str, start_seq: int, end_seq: int
 ) -> dict[int, int]:
     """The prune marks in ``start_seq <= seq < end_seq``: seq to placeholder tokens."""
     rows = await driver.fetch(MARKS_SQL, session_id, tenant_id, start_seq, end_seq)
-    return {r[0]: r[1] for r in rows}
+    return {r["seq"]: r["tokens"] for r in rows}
 
 
 async def read_window(
-    driver: Any,
+    driver: Driver,
     tenant_id: str,
     session_id: str,
     start_seq: int,
@@ -250,17 +264,15 @@ async def read_window(
     """The entries of the model's view, in the model's order: the pinned system
     entries, the summary, then ``start_seq <= seq < end_seq``. Light columns and
     the fragment rendered for ``fmt``, never the parts. Records (``seq, role,
-    tool_call_id, call_ids, tokens, view, is_error``), no per-row ORM pass."""
-    records: list[Any] = await driver.fetch(
-        _WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq
-    )
+    link_id, call_ids, tokens, view, is_error, kind``), no per-row ORM pass."""
+    records = await driver.fetch(_WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq)
     # The latest summary (its entry is in the window, after the entries it
     # kept) goes first; earlier summaries are not shown.
-    summary = [r for r in records if r[0] == summary_seq]
-    window = [r for r in records if r[7] != "compaction"]
+    summary = [r for r in records if r["seq"] == summary_seq]
+    window = [r for r in records if r["kind"] != "compaction"]
     if not pinned_seqs:
         return [*summary, *window]
-    pinned: list[Any] = []
+    pinned: list[Record] = []
     for first, last in _runs(pinned_seqs):
         pinned.extend(await driver.fetch(_PINNED_SQL[fmt], session_id, tenant_id, first, last))
     return [*pinned, *summary, *window]
@@ -277,17 +289,169 @@ def _runs(seqs: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-class AppendRepository:
-    """The append's SQL, on a bare asyncpg connection (``driver``, see
-    ``app.core.database.driver_connection``): a read and a write, each one
-    statement prepared once per connection, and no transaction block around them."""
+_ITEMS_SQL = """
+SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id) AS link_id,
+    is_error, call_id_tokens
+FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 AND kind <> 'compaction'
+ORDER BY seq DESC
+LIMIT $5
+"""
+
+_FIRST_CHUNK = 512
+
+# A mark per output, with what its placeholder costs; the placeholder itself is
+# rendered when the context is read (the same text for every output), so the
+# entry and its stored view stay as they are.
+_PRUNE_SQL = """
+INSERT INTO prune_mark (session_id, tenant_id, seq, pruned_at, tokens)
+SELECT $1, $2, p.seq, $3, p.tokens FROM unnest($4::bigint[], $5::int[]) AS p(seq, tokens)
+"""
+
+# prune.erase: the stored output itself becomes the placeholder, and the views with it.
+_ERASE_SQL = """
+UPDATE entry AS e SET parts = p.parts, view_openai = p.view_openai,
+    view_anthropic = p.view_anthropic, erased_bytes = octet_length(e.parts::text)
+FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[])
+    AS p(seq, parts, view_openai, view_anthropic)
+WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = p.seq AND e.erased_bytes IS NULL
+"""
+
+
+_SOURCE_SQL = {
+    light: f"""
+SELECT seq, kind, role, {"NULL::jsonb" if light else "parts"} AS parts, tool_call_id,
+    tool_name, is_error, name, tokens, coalesce(view_call_id, tool_call_id) AS link_id, call_ids
+FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
+ORDER BY seq
+"""
+    for light in (False, True)
+}
+
+
+_INSERT_ENTRY_SQL = """
+INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id, tool_name,
+    is_error, name, content_form, extra, source_format, tokens, call_ids, view_openai,
+    view_anthropic, parent_seq, created_at)
+VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 'string', NULL,
+    'openai', $7, NULL, $8, $9, NULLIF($3::bigint - 1, 0), $10)
+"""
+
+# The context's size after the pivot moves, from the stored counts: the kept
+# window (pruned outputs at their placeholder's size), the pinned system
+# entries and the new summary.
+_CONTEXT_TOTALS_SQL = """
+WITH window_entries AS (
+    SELECT e.seq, e.role, e.tokens FROM entry AS e
+    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $3
+        AND (e.kind <> 'compaction' OR e.seq = $5)
+    UNION ALL
+    SELECT e.seq, e.role, e.tokens FROM entry AS e
+    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $6 AND e.seq <= $7
+        AND e.seq = ANY($4::bigint[])
+), marked AS (
+    SELECT w.role, w.tokens - m.tokens AS saved FROM prune_mark AS m
+    JOIN window_entries AS w ON w.seq = m.seq
+    WHERE m.session_id = $1 AND m.tenant_id = $2 AND m.seq >= $3
+)
+SELECT
+    (SELECT coalesce(sum(tokens), 0) FROM window_entries)
+        - (SELECT coalesce(sum(saved), 0) FROM marked) AS context_tokens,
+    (SELECT coalesce(sum(tokens), 0) FROM window_entries WHERE role = 'tool')
+        - (SELECT coalesce(sum(saved), 0) FROM marked WHERE role = 'tool') AS tool_tokens
+"""
+
+
+_TAIL_SQL = """
+SELECT e.role, e.kind, e.call_ids IS NOT NULL AS makes_calls,
+    s.last_usage->>'finish_reason' AS finish_reason
+FROM session AS s JOIN entry AS e ON e.session_id = s.id AND e.tenant_id = s.tenant_id
+WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq = $3
+"""
+
+# Whether the latest assistant entry with tool calls, at or before $3, still
+# waits on one of them.
+_PENDING_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM tool_call AS t
+    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.result_seq IS NULL
+        AND t.call_seq = (
+            SELECT e.seq FROM entry AS e
+            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq <= $3
+                AND e.role = 'assistant' AND e.call_ids IS NOT NULL
+            ORDER BY e.seq DESC LIMIT 1
+        )
+)
+"""
+
+
+class WindowItem(NamedTuple):
+    """An entry of the current view, as pruning reads it."""
+
+    seq: int
+    role: str
+    kind: str
+    tool_name: str | None
+    tokens: int
+    pruned: bool
+    tool_call_id: str | None
+    is_error: bool
+    call_id_tokens: int | None
+
+
+class PrunedRow(NamedTuple):
+    seq: int
+    tokens: int  # the placeholder's
+
+
+class ErasedRow(NamedTuple):
+    seq: int
+    parts: str  # JSON text
+    view_openai: str
+    view_anthropic: str
+
+
+@dataclass(slots=True)
+class SourceRow:
+    """An entry since the pivot, as a compaction reads it."""
+
+    seq: int
+    kind: str
+    role: str
+    parts: list[dict[str, Any]]
+    tool_call_id: str | None
+    tool_name: str | None
+    is_error: bool
+    name: str | None
+    tokens: int
+    link_id: str | None  # the result's call as the view names it
+    call_ids: list[str] | None  # the calls as the view names them
+
+
+@dataclass(slots=True)
+class NewEntry:
+    seq: int
+    kind: str
+    parts_json: str
+    tokens: int
+    view_openai: str
+    view_anthropic: str
+
+
+class LogRepository:
+    """The message log of one tenant's sessions, on a bare asyncpg connection.
+
+    The append is a read and a write, each one statement prepared once per
+    connection, with no transaction block around them unless the caller opens
+    one; everything else runs in the caller's transaction, the session locked."""
 
     def __init__(self, tenant_id: str) -> None:
         self.tenant_id = tenant_id
 
     async def read_for_append(
         self,
-        driver: Any,
+        driver: Driver,
         session_id: str,
         call_ids: list[str],
         idempotency_key: str | None,
@@ -309,12 +473,13 @@ class AppendRepository:
         )
         if row is None:
             return None
-        n = len(STATE_FIELDS)
-        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4]) for c in row[n] or ()}
-        record = (row[n + 1], row[n + 2]) if row[n + 1] is not None else None
-        return AppendRead(SessionState(*row[:n]), calls, record)
+        # A JSON array per call (not a row): [call_id, name, result_seq, call_seq, view_id].
+        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4]) for c in row["calls"] or ()}
+        request_hash = row["request_hash"]
+        record = (request_hash, row["response"]) if request_hash is not None else None
+        return AppendRead(state_of(row), calls, record)
 
-    async def write_append(self, driver: Any, write: AppendWrite) -> bool:
+    async def write_append(self, driver: Driver, write: AppendWrite) -> bool:
         """Insert the entries, their calls and the answers, advance the session's
         totals and keep the idempotency record, in one statement. False, with
         nothing written, when the session is no longer at ``write.read_version``."""
@@ -342,12 +507,146 @@ class AppendRepository:
         return applied == 1
 
     async def replace_idempotent_response(
-        self, driver: Any, session_id: str, key: str, response_json: str
+        self, driver: Driver, session_id: str, key: str, response_json: str
     ) -> None:
         """The response an append's record keeps, once its prune is in it."""
         await driver.execute(
             _IDEMPOTENT_RESPONSE_SQL, session_id, self.tenant_id, key, response_json
         )
+
+    async def window_items(
+        self, driver: Driver, session_id: str, start_seq: int, end_seq: int
+    ) -> list[WindowItem]:
+        """The view's entries, oldest first, but only as far back as pruning walks.
+
+        Pruning walks back from the newest entry and stops at a summary or at an
+        entry an earlier prune marked; so entries are fetched newest first, in
+        growing chunks, until a chunk holds such a stop. A prune that finds
+        nothing new reads what arrived since the last one, not the whole view.
+        """
+        newest_first: list[WindowItem] = []
+        upper, chunk = end_seq, _FIRST_CHUNK
+        while upper > start_seq:
+            rows = await driver.fetch(
+                _ITEMS_SQL, session_id, self.tenant_id, start_seq, upper, chunk
+            )
+            if not rows:
+                break
+            marks = await read_marks(driver, self.tenant_id, session_id, rows[-1]["seq"], upper)
+            batch = [
+                WindowItem(
+                    seq=r["seq"],
+                    role=r["role"],
+                    kind=r["kind"],
+                    tool_name=r["tool_name"],
+                    tokens=marks.get(r["seq"], r["tokens"]),
+                    pruned=r["seq"] in marks,
+                    tool_call_id=r["link_id"],
+                    is_error=r["is_error"],
+                    call_id_tokens=r["call_id_tokens"],
+                )
+                for r in rows
+            ]
+            newest_first.extend(batch)
+            if len(batch) < chunk or any(i.pruned or i.kind == "summary" for i in batch):
+                break
+            upper, chunk = batch[-1].seq, chunk * 4
+        newest_first.reverse()
+        return newest_first
+
+    async def mark_pruned(
+        self,
+        driver: Driver,
+        session_id: str,
+        rows: list[PrunedRow],
+        now: datetime,
+        erased: list[ErasedRow],
+    ) -> None:
+        """Mark the entries and clear the stored content of ``erased``; the
+        session's totals are the caller's (:class:`app.store.session_row.Unit`)."""
+        await driver.execute(
+            _PRUNE_SQL,
+            session_id,
+            self.tenant_id,
+            now,
+            [r.seq for r in rows],
+            [r.tokens for r in rows],
+        )
+        if erased:
+            await driver.execute(
+                _ERASE_SQL,
+                session_id,
+                self.tenant_id,
+                [r.seq for r in erased],
+                [r.parts for r in erased],
+                [r.view_openai for r in erased],
+                [r.view_anthropic for r in erased],
+            )
+
+    async def source(
+        self, driver: Driver, session_id: str, start_seq: int, end_seq: int, *, light: bool = False
+    ) -> tuple[list[SourceRow], dict[int, int]]:
+        """The entries ``start_seq <= seq < end_seq`` and their prune marks;
+        ``light`` leaves their parts out (empty)."""
+        rows = await driver.fetch(
+            _SOURCE_SQL[light], session_id, self.tenant_id, start_seq, end_seq
+        )
+        marks = await read_marks(driver, self.tenant_id, session_id, start_seq, end_seq)
+        out = []
+        for r in rows:
+            parts = r["parts"] or []
+            if isinstance(parts, str):
+                parts = orjson.loads(parts)
+            out.append(record_of(SourceRow, {**r, "parts": parts}))
+        return out, marks
+
+    async def insert_entry(
+        self, driver: Driver, session_id: str, entry: NewEntry, now: datetime
+    ) -> None:
+        await driver.execute(
+            _INSERT_ENTRY_SQL,
+            session_id,
+            self.tenant_id,
+            entry.seq,
+            uuid.uuid4(),
+            entry.kind,
+            entry.parts_json,
+            entry.tokens,
+            entry.view_openai,
+            entry.view_anthropic,
+            now,
+        )
+
+    async def context_totals(
+        self, driver: Driver, session_id: str, start_seq: int, pinned: list[int], summary_seq: int
+    ) -> tuple[int, int]:
+        row = await driver.fetchrow(
+            _CONTEXT_TOTALS_SQL,
+            session_id,
+            self.tenant_id,
+            start_seq,
+            pinned,
+            summary_seq,
+            min(pinned, default=0),
+            max(pinned, default=-1),
+        )
+        if row is None:  # pragma: no cover - an aggregate always answers one row
+            raise RuntimeError("no context totals")
+        return int(row["context_tokens"]), int(row["tool_tokens"])
+
+    async def tail(
+        self, driver: Driver, session_id: str, seq: int
+    ) -> tuple[str, str, bool, str | None] | None:
+        """The role and kind of entry ``seq``, whether it makes tool calls, and the
+        finish reason of the session's last usage report."""
+        row = await driver.fetchrow(_TAIL_SQL, session_id, self.tenant_id, seq)
+        if row is None:
+            return None
+        return row["role"], row["kind"], row["makes_calls"], row["finish_reason"]
+
+    async def calls_pending(self, driver: Driver, session_id: str, seq: int) -> bool:
+        pending: bool = await driver.fetchval(_PENDING_SQL, session_id, self.tenant_id, seq)
+        return pending
 
 
 class MessageRepository:

@@ -1,0 +1,1 @@
+"""The stored history as clients read it back: pages of entries, in a wire format."""

@@ -1,0 +1,91 @@
+"""Reading the stored history back: pages of entries, rendered in a wire format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.engine import anthropic_format, openai_format
+from app.engine.model import Entry
+from app.history.schemas import Format, HistoryEntry, HistoryPage
+from app.sessions.service import SessionService
+from app.store.log import MessageRepository
+from app.store.tables import Entry as EntryRow
+
+
+def entry_from_row(row: Any, extra: dict[str, Any] | None = None) -> Entry:
+    """A stored row as an entry; ``extra`` (the client's unknown keys) only for history."""
+    return Entry(
+        role=row.role,
+        parts=row.parts,
+        tool_call_id=row.tool_call_id,
+        tool_name=row.tool_name,
+        is_error=row.is_error,
+        name=row.name,
+        content_form=row.content_form,
+        extra=extra or {},
+        tokens=row.tokens,
+    )
+
+
+def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
+    entry = entry_from_row(row, row.extra)
+    if fmt == "openai":
+        return openai_format.render_message(entry, for_history=True)
+    if entry.role in ("system", "developer"):
+        return {
+            "role": entry.role,
+            "content": entry.text()
+            if entry.content_form == "string"
+            else [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"],
+        }
+    _, msgs = anthropic_format.render_messages([entry], for_history=True)
+    return msgs[0] if msgs else {"role": entry.role, "content": []}
+
+
+class HistoryService:
+    """Reading the message log of one tenant's sessions."""
+
+    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
+        self.db = db
+        self.tenant_id = tenant_id
+        self.repo = MessageRepository(db, tenant_id)
+        self.sessions = SessionService(db, tenant_id)
+
+    async def history(
+        self,
+        session_id: str,
+        *,
+        after_seq: int,
+        limit: int,
+        fmt: Format,
+        before_seq: int | None = None,
+        replaced_only: bool = False,
+    ) -> HistoryPage:
+        await self.sessions.require(session_id)
+        rows = await self.repo.page(
+            session_id, after_seq, limit + 1, before_seq=before_seq, replaced_only=replaced_only
+        )
+        page = rows[:limit]
+        return HistoryPage(
+            entries=[
+                HistoryEntry(
+                    id=r.id,
+                    seq=r.seq,
+                    kind=r.kind,
+                    role=r.role,
+                    tokens=r.tokens,
+                    source_format=r.source_format,
+                    tool_name=r.tool_name,
+                    created_at=r.created_at,
+                    pruned_at=pruned_at,
+                    erased_bytes=r.erased_bytes,
+                    omitted_lines=r.omitted_lines,
+                    omitted_bytes=r.omitted_bytes,
+                    message=render_history(r, fmt),
+                )
+                for r, pruned_at in page
+            ],
+            next_after_seq=page[-1][0].seq if len(rows) > limit else None,
+        )

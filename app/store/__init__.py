@@ -1,0 +1,1 @@
+"""The storage floor: the session row, the message log, and their SQL."""
