@@ -29,12 +29,10 @@ def _openapi_document() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.core import migrations
     from app.core.auth import open_bind_refusal
     from app.core.database import resolve_database_url
-    from app.core.server import uvicorn_options
+    from app.core.server import serve
     from app.main import create_app
 
     settings = get_settings()
@@ -54,9 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # handler that kills the process before atexit runs, and an embedded PostgreSQL
     # would outlive it. Exiting through SystemExit runs atexit (which stops it).
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    uvicorn.run(
-        app, host=host, port=port, log_level=settings.log_level, **uvicorn_options(settings)
-    )
+    serve(app, settings, host, port)
     return 0
 
 
