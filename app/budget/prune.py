@@ -14,7 +14,7 @@ import orjson
 
 from app.budget.schemas import PruneRequest, PruneResult
 from app.core import metrics
-from app.engine import catalog, tokens, view
+from app.engine import catalog, ledger, tokens, view
 from app.engine.prune import PruneSettings, plan_prune
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
@@ -89,8 +89,7 @@ async def prune_locked(
     async def nothing(reason: str | None) -> PruneResult:
         """No prune; an automatic one looks again only when there is more to find."""
         if not dry_run:
-            state.prune_checked_tool_tokens = state.context_tool_tokens
-            state.prune_checked_urgent = urgent
+            unit.apply(ledger.PruneChecked(urgent))
             await unit.save()
         return result([], 0, plan.candidate_tokens, plan.protected_tokens, reason)
 
@@ -127,13 +126,7 @@ async def prune_locked(
     if not dry_run:
         now = datetime.now(UTC)
         await repo.mark_pruned(driver, session_id, rows, now, erased)
-        state.context_tokens -= saved
-        state.context_tool_tokens -= saved
-        state.pruned_tokens += saved
-        state.prune_count += 1
-        state.version += 1
-        state.prune_checked_tool_tokens = state.context_tool_tokens
-        state.prune_checked_urgent = urgent
+        unit.apply(ledger.Pruned(saved, urgent))
         await unit.save(now=now)
         metrics.pruned(trigger, saved)
     return result(pruned, saved, plan.candidate_tokens, plan.protected_tokens, None)

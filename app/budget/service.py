@@ -26,7 +26,7 @@ from app.budget.schemas import (
     Verdict,
 )
 from app.core import metrics
-from app.engine import budget, catalog, overflow_errors, tokens
+from app.engine import budget, catalog, ledger, overflow_errors, tokens
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store.session_row import SessionState, locked
@@ -125,9 +125,6 @@ class BudgetService:
                 counted = measured.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
                 usage_json = report.model_dump_json(exclude={"tools"})
                 stale = measured_before_pivot(state, measured, prompt, counted)
-                state.overhead_tokens = overhead
-                state.usage_count += 1
-                state.version += 1
                 if measured.served:
                     # This report measured the served context: the next one without
                     # context_version is about the next context served, or unknown.
@@ -137,6 +134,7 @@ class BudgetService:
                 if stale:
                     # The agent's call went out before a compaction committed: its
                     # prompt is not this context's, so it teaches nothing.
+                    unit.apply(ledger.StaleUsageReported(overhead))
                     await unit.save(now=now, last_usage=usage_json)
                     return UsageResponse(
                         calibration_factor=state.calibration_factor,
@@ -149,11 +147,9 @@ class BudgetService:
                         stale=True,
                     )
                 factor = budget.calibrate(state.calibration_factor, prompt, counted)
-                state.calibration_factor = factor
-                state.reported_prompt_tokens = prompt
                 # What was appended (or pruned) since the context was served is
                 # the estimate's delta from this exact base.
-                state.context_tokens_at_report = measured.context_tokens
+                unit.apply(ledger.UsageReported(factor, overhead, prompt, measured.context_tokens))
                 await unit.save(now=now, last_usage=usage_json)
                 # (A compaction queued since the context was served is that model
                 # call's: one call never gets two.)

@@ -25,7 +25,7 @@ from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
 from app.core import metrics
 from app.core.driver import Driver
-from app.engine import budget, catalog
+from app.engine import budget, catalog, ledger
 from app.engine import compaction as engine
 from app.engine.model import Entry, Role
 from app.engine.relief import FAILURE_LIMIT
@@ -330,7 +330,15 @@ async def commit_pivot(
     kept, tool_context = await repo.context_totals(
         driver, session_id, plan.first_kept_seq, pinned, seq
     )
-    context = kept + sum(e.tokens for e in new)
+    moved = ledger.PivotMoved(
+        added=tuple(e.tokens for e in new),
+        context_start_seq=plan.first_kept_seq,
+        summary_seq=seq,
+        pinned_seqs=tuple(pinned),
+        window_tokens=kept,
+        window_tool_tokens=tool_context,
+    )
+    context = moved.context_tokens
     if context >= state.context_tokens:
         return NoGain(state.context_tokens, context)
     # The yield, like with like too: both sides estimated from counts (the
@@ -339,19 +347,7 @@ async def commit_pivot(
     after_from_counts = _estimate_from_counts(state, context)
     for entry in new:
         await repo.insert_entry(driver, session_id, entry, now)
-    state.next_seq += len(new)
-    state.entry_count += len(new)
-    state.stored_tokens += sum(e.tokens for e in new)
-    state.context_tokens = context
-    state.context_tool_tokens = tool_context
-    state.context_start_seq = plan.first_kept_seq
-    state.summary_seq = seq
-    state.pinned_seqs = pinned
-    state.reported_prompt_tokens = None
-    state.context_tokens_at_report = None
-    state.prune_checked_tool_tokens = None
-    state.prune_checked_urgent = None
-    state.compaction_count += 1
+    unit.apply(moved)
     # Low yield: hold automatic compaction until new history arrives.
     low_yield = before_from_counts - after_from_counts < LOW_YIELD_SHARE * before_from_counts
     state.compaction_held_seq = state.next_seq if low_yield else None
@@ -359,8 +355,6 @@ async def commit_pivot(
         state.compaction_failures = 0
     if state.active_compaction_id == job_id:
         state.active_compaction_id = None
-    state.version += 1
-    state.pivot_version = state.version
     await unit.save(now=now)
     return Committed(
         seq, before, sessions.verdict_of(state, config).estimated_tokens, state.version, continued

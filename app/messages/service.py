@@ -22,7 +22,7 @@ from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.core.http import run_sized
-from app.engine import anthropic_format, catalog, openai_format, tokens, truncate, view
+from app.engine import anthropic_format, catalog, ledger, openai_format, tokens, truncate, view
 from app.engine.model import Entry, InvalidMessage
 from app.engine.storable import MAX_JSON_DEPTH, find_oversized
 from app.history.schemas import Format
@@ -37,7 +37,7 @@ from app.store.log import (
     LogRepository,
     StoredCall,
 )
-from app.store.session_row import Unit
+from app.store.session_row import Unit, advance
 
 # Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
 # providers use ids of a few dozen characters.
@@ -325,7 +325,6 @@ class AppendService:
         every_shown = await batch.show_all(encoding, config.truncate, linking.view_ids)
         rows: list[EntryRow] = []
         stored: list[dict[str, Any]] = []
-        added = tool_tokens = 0
         for offset, entry in enumerate(batch.entries):
             seq = first_seq + offset
             entry_id = uuid.uuid4()
@@ -356,17 +355,11 @@ class AppendService:
             stored.append(
                 {"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": shown.tokens}
             )
-            added += shown.tokens
-            if entry.role == "tool":
-                tool_tokens += shown.tokens
 
         read_version = session.version
-        session.next_seq += len(rows)
-        session.entry_count += len(rows)
-        session.stored_tokens += added
-        session.context_tokens += added
-        session.context_tool_tokens += tool_tokens
-        session.version += 1
+        advance(
+            session, ledger.Appended(tuple(ledger.Added(r.tokens, r.role == "tool") for r in rows))
+        )
         verdict = sessions.verdict_of(session, config)
         relieve = relief.relief_wanted("append", verdict.action, session, config)
         if relieve and not lock:

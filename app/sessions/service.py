@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
-from app.engine import budget, catalog, relief
+from app.engine import budget, catalog, ledger, relief
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
@@ -25,7 +25,7 @@ from app.sessions.schemas import (
     SessionPatch,
     _check_window,
 )
-from app.store.session_row import SessionRepository
+from app.store.session_row import SessionRepository, advance
 from app.store.tables import Session
 
 
@@ -280,11 +280,10 @@ class SessionService:
             merged = merge_config(session.config, body.config or {})
             effective_config(merged)
             session.config = merged
-            # New pruning rules: the next append or report looks again.
-            session.prune_checked_tool_tokens = None
         if "metadata" in fields:
             session.metadata_ = body.metadata or {}
-        session.version += 1
+        # New config, new pruning rules: the next append or report looks again.
+        advance(session, ledger.Patched(config="config" in fields))
         session.updated_at = datetime.now(UTC)
         await self.db.flush()
         return session

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.core.database import driver_connection
 from app.core.driver import Driver, Record, column_names, record_of
 from app.core.errors import NotFound
+from app.engine import ledger
 from app.store.tables import PruneMark, Session
 
 
@@ -83,6 +84,16 @@ _ARRAYS = {"pinned_seqs": "bigint[]"}
 def state_of(row: Record) -> SessionState:
     """A row that selected ``STATE_COLUMNS`` (and maybe more), as a state."""
     return record_of(SessionState, row)
+
+
+def advance(state: object, event: ledger.Event) -> None:
+    """Apply ``event`` to the running totals of ``state`` (a :class:`SessionState`
+    or the ORM row), in place: the arithmetic is :func:`app.engine.ledger.apply`'s."""
+    values = {name: getattr(state, name) for name in ledger.TOTALS_FIELDS}
+    values["pinned_seqs"] = tuple(values["pinned_seqs"] or ())
+    before = ledger.Totals(**values)
+    for name, value in ledger.changed(before, ledger.apply(before, event)).items():
+        setattr(state, name, value)
 
 
 def snapshot(state: SessionState) -> SessionState:
@@ -147,6 +158,10 @@ class Unit:
         self.session_id = session_id
         self.state = state
         self._saved = snapshot(state)
+
+    def apply(self, event: ledger.Event) -> None:
+        """Advance the totals by ``event`` (in memory: :meth:`save` writes them)."""
+        advance(self.state, event)
 
     def saved(self) -> None:
         """The row holds ``state`` already (the append's own statement wrote it)."""
