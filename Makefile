@@ -33,9 +33,10 @@ test-fast: $(STAMP) ## The suite without the slow tiers (trace replays, fuzzing,
 	$(BIN)/pytest -m "not slow" --durations=15
 
 .PHONY: lint
-lint: $(STAMP) ## ruff lint and format check
+lint: $(STAMP) ## ruff lint and format check, and the import layers (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: $(STAMP) ## Format and autofix with ruff

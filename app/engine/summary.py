@@ -27,10 +27,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib.resources import files
 from typing import Any, Literal
 
 from app.engine.model import Entry, Part
+from app.prompts import load_prompt
 
 Strategy = Literal["structured", "narrative"]
 STRATEGIES: tuple[Strategy, ...] = ("structured", "narrative")
@@ -48,12 +48,6 @@ MIN_SUMMARY_CHARS = 20
 SPLIT_TURN_SEPARATOR = "\n\n---\n\n**Turn Context (split turn):**\n\n"
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
-
-
-@cache
-def load_prompt(name: str) -> str:
-    """The text of ``app/prompts/<name>.md``, without surrounding whitespace."""
-    return files("app.prompts").joinpath(f"{name}.md").read_text(encoding="utf-8").strip()
 
 
 def fill(template: str, values: Mapping[str, str]) -> str:

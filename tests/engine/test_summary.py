@@ -21,7 +21,6 @@ from app.engine.summary import (
     clean_short_reply,
     clip,
     fill,
-    load_prompt,
     merge_split_turn,
     render_context_message,
     serialize_conversation,
@@ -29,6 +28,7 @@ from app.engine.summary import (
     summary_from_context_message,
     with_file_tags,
 )
+from app.prompts import load_prompt
 from tests import traces
 from tests.engine.strategies import openai_conversations
 
