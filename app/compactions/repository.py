@@ -284,7 +284,9 @@ class CompactionRepository:
             _RELEASE_SQL, job.session_id, job.tenant_id, job.id, job.lease_owner, job.attempts
         )
 
-    async def claim(self, driver: Driver, owner: str, lease_seconds: float) -> JobRow | None:
+    @staticmethod
+    async def claim(driver: Driver, owner: str, lease_seconds: float) -> JobRow | None:
+        """The next due job of any tenant, leased to ``owner``: the queue is shared."""
         row = await driver.fetchrow(_CLAIM_SQL, owner, lease_seconds)
         return None if row is None else _job(row)
 

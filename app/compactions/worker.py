@@ -145,7 +145,7 @@ class Worker:
     async def run_once(self) -> bool:
         """Claim and run one due job; False when there was none."""
         async with driver_connection(self.engine) as driver:
-            job = await CompactionRepository("").claim(driver, self.name, self.config.lease_seconds)
+            job = await CompactionRepository.claim(driver, self.name, self.config.lease_seconds)
         if job is None:
             return False
         self._claimed_at[job.id] = time.perf_counter()
