@@ -16,7 +16,7 @@ from app.budget.schemas import PruneResult
 from app.compactions import pivot
 from app.compactions.schemas import CompactionStarted
 from app.engine import relief
-from app.engine.budget import Action
+from app.engine.budget import Action, Verdict
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store.session_row import SessionState, Unit
@@ -50,6 +50,7 @@ def relief_wanted(
 class Relieved:
     pruned: PruneResult | None
     compaction: CompactionStarted | None
+    verdict: Verdict  # the session's, after the relief
 
 
 async def relieve(
@@ -58,17 +59,21 @@ async def relieve(
     trigger: relief.Trigger,
     *,
     now: datetime,
+    verdict: Verdict | None = None,
     may_compact: bool = True,
 ) -> Relieved:
     """Prune, then compact, as the policy asks, in ``unit`` (the session locked).
 
-    ``may_compact`` False: a compaction was queued since the context the report
-    is about was served, so that model call has its compaction already.
+    ``verdict``: the session's now, when the caller has it. ``may_compact``
+    False: a compaction was queued since the context the report is about was
+    served, so that model call has its compaction already. The verdict is
+    computed again only after a step that changed the totals.
     """
     state = unit.state
     pruned = None
-    action = sessions.verdict_of(state, config).action
-    step = relief.prune_step(trigger, action, guards_of(state, config))
+    if verdict is None:
+        verdict = sessions.verdict_of(state, config)
+    step = relief.prune_step(trigger, verdict.action, guards_of(state, config))
     if step is not None:
         pruned = await prune_locked(
             unit,
@@ -77,12 +82,14 @@ async def relieve(
             urgent=step.urgent,
             trigger="overflow" if trigger == "overflow" else "auto",
         )
-        action = sessions.verdict_of(state, config).action
+        if pruned.tokens_saved and not pruned.dry_run:
+            verdict = sessions.verdict_of(state, config)
     compaction = None
-    reason = relief.compaction_step(trigger, action, guards_of(state, config))
+    reason = relief.compaction_step(trigger, verdict.action, guards_of(state, config))
     if reason is not None and may_compact:
         if reason == "emergency":
             compaction = await pivot.compact_now(unit, config, now=now)
+            verdict = sessions.verdict_of(state, config)
         else:
             compaction = await pivot.enqueue_locked(unit, config, reason=reason, auto=True)
-    return Relieved(pruned, compaction)
+    return Relieved(pruned, compaction, verdict)

@@ -156,12 +156,13 @@ class BudgetService:
                 relieved = await relieve(
                     unit, config, "usage", now=now, may_compact=not measured.queued_since
                 )
+                overflow = Verdict.model_validate(dataclasses.asdict(relieved.verdict))
                 return UsageResponse(
                     calibration_factor=factor,
                     reported_prompt_tokens=prompt,
                     overhead_tokens=overhead,
                     version=state.version,
-                    overflow=verdict_model(state, config),
+                    overflow=overflow,
                     pruned=relieved.pruned,
                     compaction=relieved.compaction,
                 )

@@ -393,7 +393,9 @@ class AppendService:
         if relieve:
             # The row lock is held (``lock``), and the write above saved the state.
             unit = Unit(driver, self.tenant_id, session_id, session)
-            relieved = await relief.relieve(unit, config, "append", now=datetime.now(UTC))
+            relieved = await relief.relieve(
+                unit, config, "append", now=datetime.now(UTC), verdict=verdict
+            )
             if relieved.pruned is not None:
                 document["pruned"] = relieved.pruned.model_dump(mode="json")
             if relieved.compaction is not None:
@@ -401,7 +403,7 @@ class AppendService:
             document.update(
                 version=session.version,
                 context_tokens=session.context_tokens,
-                overflow=dataclasses.asdict(sessions.verdict_of(session, config)),
+                overflow=dataclasses.asdict(relieved.verdict),
             )
             if batch.idempotency_key:
                 await self.repo.replace_idempotent_response(
