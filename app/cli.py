@@ -30,9 +30,9 @@ def _openapi_document() -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from app.core import migrations
-    from app.core.auth import open_bind_refusal
     from app.core.database import resolve_database_url
     from app.core.server import serve
+    from app.keys.auth import open_bind_refusal
     from app.main import create_app
 
     settings = get_settings()

@@ -15,7 +15,6 @@ from app.compactions.router import router as compactions_router
 from app.compactions.worker import WorkerConfig, WorkerPool
 from app.context.router import router as context_router
 from app.core import metrics
-from app.core.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.core.database import create_engine, resolve_database_url, sessionmaker
 from app.core.errors import BadRequest, invalid
 from app.core.http import install_error_handlers, run_sized
@@ -27,6 +26,7 @@ from app.core.tokenizer import load_encodings
 from app.engine.storable import find_unstorable
 from app.engine.tokens import register_encodings
 from app.health.router import router as health_router
+from app.keys.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.messages.router import router as messages_router
 from app.sessions.router import router as sessions_router
 

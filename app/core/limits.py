@@ -1,4 +1,4 @@
-"""The limits a request meets once its API key is checked (:mod:`app.core.auth` runs
+"""The limits a request meets once its API key is checked (:mod:`app.keys.auth` runs
 first, so a request without a valid key never counts here), shared fairly by tenants:
 
 1. **Admission.** At most ``max_concurrent + max_queued`` requests are in the process

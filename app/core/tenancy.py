@@ -1,4 +1,4 @@
-"""The tenant a request acts for, as resolved by :class:`app.core.auth.AuthMiddleware`."""
+"""The tenant a request acts for, as resolved by :class:`app.keys.auth.AuthMiddleware`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from app.core.errors import Unauthorized
+
+# Whom every request acts for while no API key exists (open mode: app.keys.auth).
+DEFAULT_TENANT = "default"
 
 
 async def get_tenant(request: Request) -> str:

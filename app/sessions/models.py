@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
+from app.core.tenancy import DEFAULT_TENANT
 from app.store.tables import Session
-
-DEFAULT_TENANT = "default"
 
 __all__ = ["DEFAULT_TENANT", "Session"]

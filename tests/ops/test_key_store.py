@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
-from app.core.auth import KeyStore
 from app.core.database import create_engine
 from app.core.errors import Unauthorized
+from app.keys.auth import KeyStore
 from app.main import create_app
 from tests.helpers import key_table_locked
 from tests.ops.conftest import bearer, create_key, revoke_key, settings_with

@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from app.core.auth import is_loopback, open_bind_refusal
 from app.keys import tokens
+from app.keys.auth import is_loopback, open_bind_refusal
 from tests import postgres
 from tests.conftest import TEST_SETTINGS
 from tests.e2e.server import free_port

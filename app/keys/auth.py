@@ -29,9 +29,9 @@ from app.core import metrics
 from app.core.database import driver_connection, unavailable, unavailable_cause
 from app.core.errors import ProblemError, ServiceUnavailable, Unauthorized
 from app.core.http import problem_response
+from app.core.tenancy import DEFAULT_TENANT
 from app.keys import repository, tokens
 from app.keys.repository import KeyRow
-from app.sessions.models import DEFAULT_TENANT
 
 log = logging.getLogger("compactd.auth")
 
