@@ -36,10 +36,10 @@ from app.context.service import ContextService
 from app.core import embedded
 from app.core.database import create_engine
 from app.core.settings import Settings
+from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from app.sessions.models import DEFAULT_TENANT
 from bench import bounds, load, upstream
 from bench.http import Connection
 from tests import traces

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions.repository import CompactionRepository, JobRow
 from app.core.database import driver_connection
-from app.sessions.models import DEFAULT_TENANT
+from app.core.tenancy import DEFAULT_TENANT
 from tests.compactions.helpers import conversation
 from tests.conftest import make_session
 from tests.helpers import append_ok, get_session, history

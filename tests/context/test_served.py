@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 
 from app.core.database import driver_connection
-from app.sessions.models import DEFAULT_TENANT
+from app.core.tenancy import DEFAULT_TENANT
 from app.store.session_row import SessionState, read_state, record_served
 from tests import postgres
 from tests.conftest import make_session
