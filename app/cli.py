@@ -16,6 +16,8 @@ from app.core.observability import configure_logging
 from app.core.settings import get_settings
 
 if TYPE_CHECKING:
+    import asyncpg
+
     from app.keys.repository import KeyRow
 
 T = TypeVar("T")
@@ -66,7 +68,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def _connect(url: str) -> Any:
+async def _connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
     import asyncpg
 
     from app.core.database import driver_bounds_of

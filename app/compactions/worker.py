@@ -492,7 +492,7 @@ class Listener:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            connection: Any = None
+            connection: asyncpg.Connection[asyncpg.Record] | None = None
             try:
                 connection = await asyncpg.connect(self.dsn, **self.bounds)
                 lost = asyncio.Event()
