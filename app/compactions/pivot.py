@@ -355,7 +355,7 @@ async def commit_pivot(
         state.compaction_failures = 0
     if state.active_compaction_id == job_id:
         state.active_compaction_id = None
-    await unit.save(now=now)
+    await unit.save()  # no now: updated_at is the database's clock, as it always was here
     return Committed(
         seq, before, sessions.verdict_of(state, config).estimated_tokens, state.version, continued
     )

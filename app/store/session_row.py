@@ -15,7 +15,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -140,14 +140,20 @@ def set_clause(names: tuple[str, ...], first_param: int) -> str:
 
 
 @lru_cache(maxsize=64)
-def _update_sql(names: tuple[str, ...]) -> str:
-    return f"UPDATE session SET {set_clause(names, 3)} WHERE id = $1 AND tenant_id = $2"
+def _update_sql(names: tuple[str, ...], touched_now: bool) -> str:
+    sets = set_clause(names, 3) if names else ""
+    if touched_now:  # the database's clock: the transaction's start
+        sets = f"{sets}, updated_at = now()" if sets else "updated_at = now()"
+    return f"UPDATE session SET {sets} WHERE id = $1 AND tenant_id = $2"
 
 
 class Unit:
     """A session locked for one transaction: its state read once, changed in
     memory by the use case, and written with :meth:`save` (the columns that
     changed since the last save; with ``updated_at`` whenever the version moved).
+
+    A session that a unit did not read locked is never given one: writing
+    absolute values is safe only because nothing else writes the row meanwhile.
     """
 
     __slots__ = ("_saved", "driver", "session_id", "state", "tenant_id")
@@ -163,26 +169,23 @@ class Unit:
         """Advance the totals by ``event`` (in memory: :meth:`save` writes them)."""
         advance(self.state, event)
 
-    def saved(self) -> None:
-        """The row holds ``state`` already (the append's own statement wrote it)."""
-        self._saved = snapshot(self.state)
-
     async def save(self, *, now: datetime | None = None, last_usage: str | None = None) -> None:
-        """Write what changed; ``last_usage`` (JSON text) too, when given."""
+        """Write what changed; ``last_usage`` (JSON text) too, when given. A new
+        version also sets ``updated_at``: ``now``, or the database's clock."""
         state, saved = self.state, self._saved
         names = [n for n in WRITTEN_FIELDS if getattr(state, n) != getattr(saved, n)]
         values: list[object] = [getattr(state, n) for n in names]
         if last_usage is not None:
             names.append("last_usage")
             values.append(last_usage)
-        if state.version != saved.version:
+        touched = state.version != saved.version
+        if touched and now is not None:
             names.append("updated_at")
-            values.append(now or datetime.now(UTC))
-        if not names:
+            values.append(now)
+        if not names and not touched:
             return
-        await self.driver.execute(
-            _update_sql(tuple(names)), self.session_id, self.tenant_id, *values
-        )
+        sql = _update_sql(tuple(names), touched and now is None)
+        await self.driver.execute(sql, self.session_id, self.tenant_id, *values)
         self._saved = snapshot(state)
 
 
