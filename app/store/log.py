@@ -400,6 +400,21 @@ class WindowItem(NamedTuple):
     call_id_tokens: int | None
 
 
+def _window_item(r: Record, marks: dict[int, int]) -> WindowItem:
+    seq = r["seq"]
+    return WindowItem(
+        seq,
+        r["role"],
+        r["kind"],
+        r["tool_name"],
+        marks.get(seq, r["tokens"]),
+        seq in marks,
+        r["link_id"],
+        r["is_error"],
+        r["call_id_tokens"],
+    )
+
+
 class PrunedRow(NamedTuple):
     seq: int
     tokens: int  # the placeholder's
@@ -533,20 +548,7 @@ class LogRepository:
             if not rows:
                 break
             marks = await read_marks(driver, self.tenant_id, session_id, rows[-1]["seq"], upper)
-            batch = [
-                WindowItem(
-                    seq=r["seq"],
-                    role=r["role"],
-                    kind=r["kind"],
-                    tool_name=r["tool_name"],
-                    tokens=marks.get(r["seq"], r["tokens"]),
-                    pruned=r["seq"] in marks,
-                    tool_call_id=r["link_id"],
-                    is_error=r["is_error"],
-                    call_id_tokens=r["call_id_tokens"],
-                )
-                for r in rows
-            ]
+            batch = [_window_item(r, marks) for r in rows]
             newest_first.extend(batch)
             if len(batch) < chunk or any(i.pruned or i.kind == "summary" for i in batch):
                 break
