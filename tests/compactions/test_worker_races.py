@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.compactions.pivot import Prepared
 from app.compactions.repository import CompactionRepository
@@ -41,6 +42,10 @@ from tests.compactions.worker_support import (
 from tests.conftest import make_session
 from tests.helpers import append_ok, get_session
 from tests.upstream_server import Hang, Reply, Status, Upstream
+
+# Each race is timed by an upstream call that hangs for a set while: a neighbour test
+# in a parallel run could stretch the steps that must fit inside it.
+pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,8 +24,9 @@ from app.core.settings import Settings
 from tests.postgres import asyncpg_dsn
 from tests.resilience.support import ServeProcess, copies, turn
 
-# A slow tier: `make test` and CI run it, `make test-fast` leaves it out.
-pytestmark = pytest.mark.slow
+# A slow tier: `make test` and CI run it, `make test-fast` leaves it out. Alone in a
+# parallel run: which append the kill catches in flight depends on how fast the others go.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 FREE_SESSIONS = 4
 APPENDS_PER_SESSION = 10
