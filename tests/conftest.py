@@ -32,11 +32,6 @@ TEST_SETTINGS = Settings(
     # Tests that need workers start them (tests/compactions): the rest see queued jobs stay.
     compaction_workers=0,
 )
-# Tests count tokens without an app too. tiktoken's own get_encoding, the reference some
-# tests check the counts against, reads its cache folder: filled once per run.
-register_encodings(load_encodings())
-install_offline_encodings(TEST_SETTINGS.tiktoken_cache_dir)
-
 
 # httpcore asks for sniffio on every request it sends (``import sniffio`` inside
 # current_async_library) and takes asyncio when it is missing, as it is here: anyio 4 and
@@ -51,15 +46,19 @@ _LOCK = pytest.StashKey[parallel.RunLock]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if parallel.is_controller(config):
-        # The workers' one Postgres, ready before they start (tests/parallel.py).
+    if parallel.is_controller(config):  # it runs no test: it starts the workers' Postgres
         with contextlib.ExitStack() as stack:
             kind, url = stack.enter_context(postgres.postgres_server())
             folder = Path(tempfile.mkdtemp(prefix="compactd-run-"))
             stack.callback(shutil.rmtree, folder, ignore_errors=True)
             print(f"[compactd tests] Postgres from {kind}, shared by the workers")
             config.stash[_RUN] = (stack.pop_all(), kind, url, folder)
-    elif (shared := parallel.from_controller(config)) is not None:
+        return
+    # Tests count tokens without an app too. tiktoken's own get_encoding, the reference some
+    # tests check the counts against, reads its cache folder: filled once per run.
+    register_encodings(load_encodings())
+    install_offline_encodings(TEST_SETTINGS.tiktoken_cache_dir)
+    if (shared := parallel.from_controller(config)) is not None:
         worker: str = config.workerinput["workerid"]  # type: ignore[attr-defined]
         postgres.use(postgres.Names(shared["run"], worker))
         config.stash[_LOCK] = parallel.RunLock(Path(shared["folder"]))

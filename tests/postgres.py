@@ -98,7 +98,7 @@ def postgres_server() -> Iterator[tuple[str, str]]:
         with PostgresContainer("postgres:16-alpine", driver="asyncpg") as pg:
             yield "testcontainers", pg.get_connection_url()
         return
-    folder = Path(tempfile.mkdtemp(prefix="compactd-test-pg-"))
+    folder = Path(tempfile.mkdtemp(prefix="compactd-test-pg-", dir=_scratch_parent()))
     try:
         url = embedded.start(folder / "data", cleanup_mode="delete", database="postgres")
         asyncio.run(_throwaway_durability(url))
@@ -107,6 +107,16 @@ def postgres_server() -> Iterator[tuple[str, str]]:
         if (folder / "data").exists():
             embedded.stop(folder / "data")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _scratch_parent() -> str | None:
+    """Where the embedded server's folder goes: in memory (/dev/shm) when it has room,
+    else the temporary folder. Each test's copy of the template creates and then
+    removes some 300 files: 150 ms on this machine's disk, 8 ms in memory."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 4 << 30:
+        return shm
+    return None
 
 
 async def _throwaway_durability(admin_url: str) -> None:
