@@ -178,7 +178,19 @@ class Clones:
         if not ahead:
             await asyncio.gather(*self._drops)
         made, self._next = self._next, None
-        url = await made if made is not None else await clone(self.admin_url)
+        url = None
+        if made is not None:
+            try:
+                url = await made
+            except (OSError, asyncpg.PostgresError):
+                # The copy made ahead failed. The usual cause: this worker then waited
+                # on the run's lock (an ``alone`` module elsewhere) past the connect's
+                # bound, and its event loop, standing still meanwhile, timed it out as
+                # soon as it ran again. A copy made now is as good; one the failed
+                # attempt may have left is dropped with the run's at the worker's end.
+                url = None
+        if url is None:
+            url = await clone(self.admin_url)
         if ahead:
             self._next = asyncio.create_task(clone(self.admin_url))
         return url
