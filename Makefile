@@ -26,10 +26,13 @@ run: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL in var/ unless DAT
 
 # The tests run on pytest-xdist workers, one more than there are CPUs, that share one
 # Postgres; a module at a time goes to the first free worker, the slow tests first and
-# each on its own (tests/parallel.py). Bytecode is cached here even where the
-# environment says not to (PYTHONDONTWRITEBYTECODE): each worker, and each `compactd`
-# process a test starts, would compile the app again, some 3 s of CPU apiece.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder
+# each on its own (tests/parallel.py). A worker that dies ends the run, failed: xdist
+# 3.8 would replace it and then, with --dist loadfile, wait for ever (pytest-xdist#1363).
+# Bytecode is cached here even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): each worker, and each `compactd` process a test starts,
+# would compile the app again, some 3 s of CPU apiece.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n auto --dist loadfile \
+	--no-loadscope-reorder --max-worker-restart=0
 
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite against a real PostgreSQL, in parallel
