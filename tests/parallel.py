@@ -12,12 +12,13 @@
   together and in their order, as in a serial run, except that each slow test (a trace
   replay takes a minute or more) is a unit of its own. The slow ones go first, to
   whichever worker is free; the quick modules fill in around them; the modules with
-  ``alone`` tests come last, when no long test is left for them to wait for.
+  ``alone`` tests come last.
 * **A lock for the tests that must run alone** (marked ``alone``): a test whose timing
   windows a neighbour would squeeze (a step that must fit while an upstream call hangs,
   a kill that must catch some appends in flight) holds the lock exclusively, from the
   first such test of its module to the last, and every other test holds it shared, so
-  it runs while no other test of the run does, as in a serial run.
+  it runs while no other test of the run does, as in a serial run. It waits for the
+  other workers to finish what they were handed, and they wait only while it runs.
 
 A run without xdist (``pytest`` alone, ``-n 0``) uses none of this: its one process
 starts the Postgres itself and takes no lock.
@@ -52,17 +53,18 @@ def from_controller(config: Any) -> dict[str, str] | None:
 
 
 class RunLock:
-    """A readers-writer lock between the processes of one run, from ``flock`` on two
-    files in ``folder``: the room (shared by ordinary tests, exclusive for ``alone``
-    ones) and a turnstile in front of it. Every taker passes the turnstile, and a writer
-    holds it while it waits for the room to empty, so the other workers' next tests
-    queue behind it instead of overtaking it for ever. The kernel drops the locks of a
-    process that dies."""
+    """A readers-writer lock between the processes of one run: ``flock`` on one file,
+    shared by ordinary tests, exclusive for ``alone`` ones. A waiting writer does not
+    hold the readers back (no turnstile): the other workers go on with the tests already
+    handed to them, so none stands idle behind an ``alone`` test that waits for a long
+    one to end, and the writer gets the lock once they are through. That wait is
+    bounded, since the ``alone`` modules are handed out last (:func:`in_run_order`): by
+    then nothing else is left to hand out. The kernel drops the lock of a process that
+    dies."""
 
     def __init__(self, folder: Path) -> None:
-        self.turnstile = folder / "turnstile.lock"
-        self.room = folder / "room.lock"
-        self._held: int | None = None  # the room's file descriptor while held
+        self.path = folder / "run.lock"
+        self._held: int | None = None  # the file descriptor while held
         self.exclusive = False
 
     @property
@@ -71,21 +73,17 @@ class RunLock:
 
     def take(self, *, exclusive: bool) -> None:
         assert self._held is None
-        turnstile = os.open(self.turnstile, os.O_RDWR | os.O_CREAT, 0o600)
-        room = os.open(self.room, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(turnstile, fcntl.LOCK_EX)
-            fcntl.flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         except BaseException:
-            os.close(room)
+            os.close(fd)
             raise
-        finally:
-            os.close(turnstile)  # closing the file releases its lock
-        self._held, self.exclusive = room, exclusive
+        self._held, self.exclusive = fd, exclusive
 
     def release(self) -> None:
         if self._held is not None:
-            os.close(self._held)
+            os.close(self._held)  # closing the file releases its lock
             self._held = None
 
 
