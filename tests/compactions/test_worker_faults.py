@@ -312,6 +312,8 @@ async def test_retryable_fault_then_success(
     await assert_api_answers(client, sid)
 
 
+# Alone in a parallel run: the retry's answer must come within the same 0.5 s deadline.
+@pytest.mark.alone
 @pytest.mark.parametrize("fault", [Hang(10), Drip(interval=0.1, chunk=8)], ids=["hang", "drip"])
 async def test_slow_upstream_times_out_and_is_retried(
     app: Any, client: httpx.AsyncClient, upstream: Upstream, fault: Any
