@@ -31,7 +31,7 @@ def upgrade() -> None:
         sa.Column("tokens", sa.Integer(), nullable=False),
         # No foreign key: a mark is written only for an entry read in the same
         # transaction, under the session's row lock, and deleting a session
-        # deletes its marks (app.sessions.repository). A key check per mark was
+        # deletes its marks (app.store.session_row). A key check per mark was
         # most of the cost of a large prune (seconds against the entry table when
         # its statistics lagged, tens of ms against the session).
         sa.PrimaryKeyConstraint("session_id", "tenant_id", "seq", name="prune_mark_pkey"),
