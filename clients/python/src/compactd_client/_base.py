@@ -1,0 +1,134 @@
+"""What the sync and the async client share: configuration, headers, the retry rule and
+the proxy helpers. Only the sending (and the sleeping between attempts) differs."""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+SESSION_HEADER = "X-Compactd-Session"
+Provider = Literal["openai", "anthropic"]
+
+# Failures where the request may not have arrived, or its answer was lost: worth another
+# attempt. (A bad URL or an unsupported scheme is not.)
+RETRYABLE_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+class SupportsModelDump(Protocol):
+    """A provider SDK's pydantic object, such as ``response.usage``."""
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+def as_dict(value: Mapping[str, Any] | SupportsModelDump) -> dict[str, Any]:
+    """The object's fields as the SDK returns them, untouched."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value.model_dump()
+
+
+def drop_none(**fields: Any) -> dict[str, Any]:
+    """The fields that were given (None means "not given": the server's default)."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def path(template: str, *ids: str) -> str:
+    """``template`` with each ``{}`` replaced by an id, quoted so that it stays one segment."""
+    return template.format(*(quote(str(i), safe="") for i in ids))
+
+
+def retry_after_seconds(headers: httpx.Headers) -> float | None:
+    """``Retry-After`` in seconds, from either of its forms (seconds, or an HTTP date)."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class BaseClient:
+    """Configuration and the retry rule, the same for both clients."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        *,
+        api_key: str | None,
+        max_retries: int,
+        backoff: float,
+        max_backoff: float,
+        max_retry_after: float,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("COMPACTD_URL") or DEFAULT_URL).rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("COMPACTD_API_KEY")
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+
+    # The proxy: used by the provider SDKs, not by this client.
+
+    def proxy_base_url(self, provider: Provider) -> str:
+        """The ``base_url`` to give the provider's SDK: ``OpenAI(base_url=...)`` (which
+        adds ``/chat/completions``) or ``Anthropic(base_url=...)`` (which adds
+        ``/v1/messages``)."""
+        if provider == "openai":
+            return f"{self.base_url}/proxy/openai/v1"
+        if provider == "anthropic":
+            return f"{self.base_url}/proxy/anthropic"
+        raise ValueError(f"unknown provider {provider!r}: openai or anthropic")
+
+    def proxy_headers(self, session_id: str) -> dict[str, str]:
+        """The headers to add to the SDK's requests (``default_headers=...``): the session
+        the conversation is stored in (created on first use with the request's model)."""
+        return {SESSION_HEADER: session_id}
+
+    # Requests
+
+    def _headers(
+        self, method: str, idempotency_key: str | None, if_match: int | str | None
+    ) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        if method == "POST":
+            # One key per logical call, reused by every retry: the server stores a
+            # retried append once and answers it with the first answer.
+            headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
+        if if_match is not None:
+            headers["If-Match"] = f'"{if_match}"' if isinstance(if_match, int) else if_match
+        return headers
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``, or None when the failure is
+        final: not retryable, retries spent, or a ``Retry-After`` longer than we wait."""
+        if attempt >= self.max_retries:
+            return None
+        if response is not None and not (
+            response.status_code == 429 or response.status_code >= 500
+        ):
+            return None
+        # Capped exponential backoff with jitter; the server's Retry-After is a floor.
+        delay = min(self.max_backoff, self.backoff * 2.0**attempt) * random.uniform(0.5, 1.0)
+        wanted = retry_after_seconds(response.headers) if response is not None else None
+        if wanted is not None:
+            if wanted > self.max_retry_after:
+                return None
+            delay = max(delay, wanted)
+        return delay
