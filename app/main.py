@@ -16,6 +16,7 @@ from app.compactions.worker import WorkerConfig, WorkerPool
 from app.context.router import router as context_router
 from app.core import metrics
 from app.core.database import create_engine, resolve_database_url, sessionmaker
+from app.core.docs import install_docs
 from app.core.errors import BadRequest, invalid
 from app.core.http import install_error_handlers, run_sized
 from app.core.limits import LimitMiddleware, Limits
@@ -116,8 +117,12 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         ),
         lifespan=lifespan,
         dependencies=[Depends(reject_unstorable_text)],
+        # /docs and /redoc come from install_docs: the bundled assets, not a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
+    install_docs(app)
     install_error_handlers(app)
     install_problem_openapi(app, document_bearer_auth)
     # Outermost last: request id and log -> API key -> limits (admission, the body and
