@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Response
 
 from app.budget.schemas import (
+    USAGE_EXAMPLES,
     ProviderError,
     ProviderErrorVerdict,
     PruneRequest,
@@ -23,13 +26,21 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["budget"])
 
 @router.post("/usage", responses=problems(404, 413, 422))
 async def report_usage(
-    session_id: SessionIdPath, body: UsageReport, engine: EngineDep, tenant: TenantDep
+    session_id: SessionIdPath,
+    body: Annotated[UsageReport, Body(openapi_examples=USAGE_EXAMPLES)],
+    engine: EngineDep,
+    tenant: TenantDep,
 ) -> UsageResponse:
     """Report the provider's usage for the last model call, right after it,
     before or after appending its reply: the report is about the context that
     call sent (``context_version``, else the last one GET /context served).
     Calibrates the estimate, gives the new verdict, and prunes when the verdict
-    asks for it (``prune.auto``)."""
+    asks for it (``prune.auto``).
+
+    The body is the native figures, or the provider's usage object or whole
+    response exactly as its SDK returns it (``resp.usage.model_dump()``,
+    ``resp.model_dump()``: OpenAI chat completions and Responses, Anthropic
+    Messages, Gemini); see ``UsageReport``."""
     return await BudgetService(engine, tenant).usage(checked_id(session_id), body)
 
 

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from app.compactions.schemas import CompactionStarted
+from app.engine import provider_usage
+from app.engine.provider_usage import UsageFormat
 from app.sessions.schemas import Strict
 
 # No prompt is larger than this; anything above is a client bug, not a usage figure.
-MAX_REPORTED_TOKENS = 100_000_000
+MAX_REPORTED_TOKENS = provider_usage.MAX_TOKENS
 TokenFigure = Field(0, ge=0, le=MAX_REPORTED_TOKENS)
 
 
@@ -26,14 +37,119 @@ class Verdict(BaseModel):
     action: Literal["none", "prune", "compact", "emergency"]
 
 
+# What a usage report says besides the figures, whatever shape the figures come in.
+USAGE_CONTROL_FIELDS = ("context_version", "tools", "tools_tokens")
+
+USAGE_EXAMPLES: dict[str, dict[str, Any]] = {
+    "native": {
+        "summary": "Native figures",
+        "value": {"input_tokens": 1834, "output_tokens": 212, "cache_read_tokens": 12000},
+    },
+    "openai_chat": {
+        "summary": "OpenAI chat completions usage (resp.usage.model_dump())",
+        "value": {
+            "prompt_tokens": 13834,
+            "completion_tokens": 212,
+            "total_tokens": 14046,
+            "prompt_tokens_details": {"cached_tokens": 12000, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 64},
+            "finish_reason": "tool_calls",
+        },
+    },
+    "openai_responses": {
+        "summary": "OpenAI Responses usage",
+        "value": {
+            "input_tokens": 13834,
+            "input_tokens_details": {"cached_tokens": 12000},
+            "output_tokens": 212,
+            "output_tokens_details": {"reasoning_tokens": 64},
+            "total_tokens": 14046,
+        },
+    },
+    "anthropic": {
+        "summary": "Anthropic Messages usage, with the stop reason",
+        "value": {
+            "input_tokens": 1834,
+            "output_tokens": 212,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 12000,
+            "service_tier": "standard",
+            "stop_reason": "end_turn",
+        },
+    },
+    "gemini": {
+        "summary": "Gemini usageMetadata (REST names; the SDK's snake_case too)",
+        "value": {
+            "promptTokenCount": 13834,
+            "cachedContentTokenCount": 12000,
+            "candidatesTokenCount": 212,
+            "thoughtsTokenCount": 40,
+            "totalTokenCount": 14086,
+            "finishReason": "STOP",
+        },
+    },
+    "whole_response": {
+        "summary": "A whole Anthropic Message (resp.model_dump()): usage and stop_reason read",
+        "value": {
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": [{"type": "text", "text": "Done."}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1834, "output_tokens": 212, "cache_read_input_tokens": 0},
+            "context_version": 42,
+        },
+    },
+}
+
+
 class UsageReport(Strict):
     """The usage the provider reported for the last model call.
 
     Send it right after the call, before appending the reply: the prompt it
-    measures is then exactly the context the session holds. The prompt size is
-    ``input_tokens + cache_read_tokens + cache_write_tokens`` (Anthropic's
-    figures as they come; for OpenAI, whose ``prompt_tokens`` already include
-    cached tokens, send ``prompt_tokens`` as ``input_tokens`` and no cache figures).
+    measures is then exactly the context the session holds.
+
+    **The figures come in any of these shapes**, renamed nothing:
+
+    - *native*: ``input_tokens`` (uncached), ``output_tokens``,
+      ``cache_read_tokens``, ``cache_write_tokens``; the prompt is their sum;
+    - *OpenAI chat completions* ``usage`` as the SDK's ``model_dump()`` or the API
+      gives it (``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
+      ``prompt_tokens_details``...): the prompt is ``prompt_tokens``, which
+      includes ``prompt_tokens_details.cached_tokens``;
+    - *OpenAI Responses* ``usage`` (``input_tokens``, ``input_tokens_details``,
+      ``output_tokens``, ``output_tokens_details``, ``total_tokens``): the prompt
+      is ``input_tokens``, cached tokens included;
+    - *Anthropic Messages* ``usage`` (``input_tokens``, ``output_tokens``,
+      ``cache_creation_input_tokens``, ``cache_read_input_tokens``,
+      ``cache_creation``, ``server_tool_use``, ``service_tier``...): the prompt is
+      input + cache read + cache creation;
+    - *Gemini* ``usageMetadata`` (``promptTokenCount``, ``candidatesTokenCount``,
+      ``cachedContentTokenCount``, ``thoughtsTokenCount``,
+      ``toolUsePromptTokenCount``, ``totalTokenCount``... or the google-genai
+      SDK's snake_case names): the prompt is ``promptTokenCount`` (cached content
+      included; tool-use prompt tokens are not part of it);
+    - a *whole response* as the SDK returns it (``resp.model_dump()``): an OpenAI
+      ``ChatCompletion``, a Responses ``Response``, an Anthropic ``Message`` or a
+      Gemini ``GenerateContentResponse``: only its usage and its stop reason are
+      read.
+
+    The stop reason goes under the provider's name: ``finish_reason``,
+    ``stop_reason`` or ``finishReason`` (a whole response's own is read from it;
+    for a Responses ``Response``, ``status`` completed is ``stop`` and incomplete
+    at ``max_output_tokens`` is ``length``). ``context_version``, ``tools`` and
+    ``tools_tokens`` may go beside any shape.
+
+    **Unknown fields**: the native body is closed (a field it does not have is a
+    422 naming it). A provider's usage object is open: its documented fields are
+    read, nested ``*_details`` objects are free-form, and a field it does not
+    document (one a newer SDK adds) is ignored, unless its name is a near miss of
+    a known one (``cache_read_input_token``, ``cacheReadInputTokens``), which is a
+    422 naming it. Two shapes mixed, negative or non-integer figures, cached
+    tokens beyond the prompt and two different stop reasons are 422s naming the
+    fields. The answer's ``usage_format`` says which shape was read.
     """
 
     model_config = ConfigDict(
@@ -42,6 +158,9 @@ class UsageReport(Strict):
             "examples": [{"input_tokens": 1834, "output_tokens": 212, "cache_read_tokens": 12000}]
         },
     )
+
+    # Which shape the figures came in (see usage_format).
+    _usage_format: UsageFormat = PrivateAttr("native")
 
     input_tokens: int = Field(ge=0, le=MAX_REPORTED_TOKENS)
     output_tokens: int = TokenFigure
@@ -74,8 +193,38 @@ class UsageReport(Strict):
         None,
         max_length=2000,
         description="The tool schemas sent with each request, counted here when "
-        "tools_tokens is not given.",
+        "tools_tokens is not given. (A whole Responses `Response` carries its own "
+        "`tools`: they are these.)",
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _provider_native(
+        cls, data: Any, handler: ModelWrapValidatorHandler[UsageReport]
+    ) -> UsageReport:
+        """A provider's usage object or whole response, read as the native figures
+        (:func:`app.engine.provider_usage.read_usage`)."""
+        if not isinstance(data, Mapping):
+            return handler(data)
+        try:
+            read = provider_usage.read_usage(data, passthrough=USAGE_CONTROL_FIELDS)
+        except provider_usage.UsageError as exc:
+            if exc.native:
+                # The native body: the field validators name every bad field.
+                return handler(data)
+            raise PydanticCustomError(
+                "field_error", "{detail}", {"field": exc.field, "detail": exc.detail}
+            ) from None
+        native = {k: data[k] for k in USAGE_CONTROL_FIELDS if k in data}
+        native.update(read.native())
+        report = handler(native)
+        report._usage_format = read.format
+        return report
+
+    @property
+    def usage_format(self) -> UsageFormat:
+        """Which shape the figures came in."""
+        return self._usage_format
 
 
 class PrunedEntry(BaseModel):
@@ -107,6 +256,11 @@ class PruneResult(BaseModel):
 
 
 class UsageResponse(BaseModel):
+    usage_format: UsageFormat = Field(
+        "native",
+        description="Which shape the report's figures were read as: native, openai_chat, "
+        "openai_responses, anthropic or gemini.",
+    )
     calibration_factor: float
     reported_prompt_tokens: int | None = Field(
         description="The estimate's exact base: this report's prompt (null when a stale "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime
 
+import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.budget.prune import prune_locked
@@ -123,7 +124,9 @@ class BudgetService:
                 # The prompt just measured is the context the call sent, plus what each
                 # request adds: compare like with like, uncalibrated.
                 counted = measured.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
-                usage_json = report.model_dump_json(exclude={"tools"})
+                usage_json = orjson.dumps(
+                    {**report.model_dump(exclude={"tools"}), "usage_format": report.usage_format}
+                ).decode()
                 stale = measured_before_pivot(state, measured, prompt, counted)
                 if measured.served:
                     # This report measured the served context: the next one without
@@ -137,6 +140,7 @@ class BudgetService:
                     unit.apply(ledger.StaleUsageReported(overhead))
                     await unit.save(now=now, last_usage=usage_json)
                     return UsageResponse(
+                        usage_format=report.usage_format,
                         calibration_factor=state.calibration_factor,
                         reported_prompt_tokens=state.reported_prompt_tokens,
                         overhead_tokens=overhead,
@@ -158,6 +162,7 @@ class BudgetService:
                 )
                 overflow = Verdict.model_validate(dataclasses.asdict(relieved.verdict))
                 return UsageResponse(
+                    usage_format=report.usage_format,
                     calibration_factor=factor,
                     reported_prompt_tokens=prompt,
                     overhead_tokens=overhead,

@@ -84,6 +84,11 @@ def install_error_handlers(app: FastAPI) -> None:
                 )
                 loc = ("body",)
             field = _field(loc[1:] if loc[:1] == ("body",) and len(loc) > 1 else loc)
+            named = (e.get("ctx") or {}).get("field")
+            if e.get("type") == "field_error" and isinstance(named, str):
+                # A model-wide validator that refused one field names it (a
+                # provider's usage object, read whole: app.budget.schemas).
+                field = named if field == "body" else f"{field}.{named}"
             errors.append({"field": field, "detail": msg})
         detail = "; ".join(f"{x['field']}: {x['detail']}" for x in errors)
         extensions: dict[str, Any] = {"errors": errors}
