@@ -1,0 +1,341 @@
+"""The Python client (clients/python) against a real compactd over HTTP: every method
+of both clients, the answers they type, the problems they raise, and the API key.
+
+One scenario drives every method; it runs once with :class:`AsyncCompactd` and once
+with :class:`Compactd` (each call of which is wrapped in a coroutine, see
+:class:`Awaited`). Each run records the requests its client sent and checks that
+they reached every operation of the API but the proxy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, cast
+
+import asyncpg
+import httpx
+import pytest
+from compactd_client import (
+    AsyncCompactd,
+    Compactd,
+    CompactdConnectionError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PreconditionFailedError,
+    ProblemError,
+)
+
+from app.cli import _openapi_document
+from app.core.settings import Settings
+from app.keys import repository
+from app.main import create_app
+from tests import postgres
+from tests.e2e.server import free_port, running
+from tests.upstream_server import Hang, Upstream
+
+# Nothing automatic: every prune and compaction in the scenario is asked for.
+MANUAL = {
+    "compaction": {"auto": False, "keep_recent_tokens": 10},
+    "prune": {"auto": False, "protect_tokens": 0, "minimum_tokens": 0, "protect_turns": 1},
+}
+FILE = "".join(f"def handler_{i}(request):\n    return respond(request, {i})\n" for i in range(120))
+# A long answer: what a compaction summarizes (pruning takes the tool outputs).
+ANSWER = " ".join(f"Handler {i} validates its request, then calls respond." for i in range(60))
+
+
+def turn(n: int) -> list[dict[str, Any]]:
+    """A user asks, the assistant reads a file with a tool, then answers."""
+    call = f"call_{n}"
+    return [
+        {"role": "user", "content": f"What does module_{n}.py do?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": json.dumps({"path": f"m{n}"})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": FILE},
+        {"role": "assistant", "content": f"module_{n}.py defines 120 request handlers. " + ANSWER},
+    ]
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a coding agent."},
+    *turn(1),
+    *turn(2),
+    *turn(3),
+    {"role": "user", "content": "Which module should I refactor first?"},
+]
+
+
+class Awaited:
+    """The sync client's methods as coroutines, so one scenario drives both clients:
+    each call runs the sync method as it is (blocking this test's loop, which serves
+    nothing; compactd runs in its own thread)."""
+
+    def __init__(self, client: Compactd) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._client, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return method(*args, **kwargs)
+
+        return call
+
+
+def operations() -> set[tuple[str, str]]:
+    """The API's operations (method, path template), as the app documents them now,
+    but the proxy's (the provider SDKs call those)."""
+    spec = json.loads(_openapi_document())
+    return {
+        (method.upper(), route)
+        for route, item in spec["paths"].items()
+        for method in item
+        if not route.startswith("/proxy/")
+    }
+
+
+def reached(sent: list[httpx.Request]) -> set[tuple[str, str]]:
+    """The operations ``sent`` reached: each request's path matched to a template."""
+    templates = [
+        (method, route, re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", route) + "$"))
+        for method, route in operations()
+    ]
+    return {
+        (method, route)
+        for request in sent
+        for method, route, pattern in templates
+        if request.method == method and pattern.match(request.url.path)
+    }
+
+
+async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
+    """Every method once at least, each answer checked against what was asked."""
+    assert (await api.healthz())["status"] == "ok"
+    assert (await api.readyz())["status"] == "ready"
+    assert "compactd_http_requests" in await api.metrics()
+
+    created = await api.create_session(
+        "gpt-4o", id=name, config=MANUAL, metadata={"suite": name, "step": "created"}
+    )
+    sid = created["id"]
+    assert sid == name
+    assert created["entry_count"] == 0
+    assert created["config"]["compaction"]["auto"] is False
+    assert (await api.get_session(sid))["metadata"] == {"suite": name, "step": "created"}
+    other = await api.create_session("claude-sonnet-4-5", metadata={"suite": name})
+    page = await api.list_sessions(metadata={"suite": name, "step": "created"})
+    assert [s["id"] for s in page["sessions"]] == [sid]
+    first = await api.list_sessions(limit=1, metadata={"suite": name})
+    assert first["next_cursor"] is not None
+    rest = await api.list_sessions(cursor=first["next_cursor"], metadata={"suite": name})
+    assert {s["id"] for s in first["sessions"] + rest["sessions"]} == {sid, other["id"]}
+
+    patched = await api.update_session(
+        sid, {"metadata": {"suite": name, "step": "patched"}}, if_match=created["version"]
+    )
+    assert patched["metadata"]["step"] == "patched"
+
+    appended = await api.append_messages(sid, CONVERSATION, if_match=patched["version"])
+    assert [e["role"] for e in appended["entries"]] == [m["role"] for m in CONVERSATION]
+    assert appended["overflow"]["action"] == "none"
+    head = await api.list_messages(sid, limit=3)
+    assert [e["message"] for e in head["entries"]] == CONVERSATION[:3]
+    assert head["next_after_seq"] is not None
+    tail = await api.list_messages(sid, after_seq=head["next_after_seq"], format="anthropic")
+    assert len(head["entries"]) + len(tail["entries"]) == len(CONVERSATION)
+    assert tail["entries"][0]["message"]["content"][0]["type"] == "tool_result"
+
+    context = await api.get_context(sid)
+    assert context["messages"] == CONVERSATION
+    assert context["state"] == "ok"
+    anthropic = await api.get_context(sid, format="anthropic")
+    assert anthropic["system"] is not None
+    assert anthropic["system"][0]["text"] == "You are a coding agent."
+    verdict = await api.get_overflow(sid)
+    assert verdict["usable_tokens"] == created["usable_tokens"]
+
+    prompt = context["tokens"]["estimated"] + 40
+    usage = await api.report_usage(
+        sid,
+        {"input_tokens": prompt, "output_tokens": 30},
+        context_version=context["version"],
+        finish_reason="stop",
+    )
+    assert usage["reported_prompt_tokens"] == prompt
+    assert (await api.get_session(sid))["usage_count"] == 1
+
+    dry = await api.prune(sid, dry_run=True)
+    assert dry["dry_run"] is True
+    assert {p["tool_name"] for p in dry["pruned"]} == {"read_file"}
+    pruned = await api.prune(sid, protect_turns=1)
+    assert pruned["tokens_saved"] > 0
+    assert [p["seq"] for p in pruned["pruned"]] == [p["seq"] for p in dry["pruned"]]
+
+    refused = await api.report_provider_error(
+        other["id"], "prompt is too long: 208310 tokens > 200000 maximum", status=400
+    )
+    assert refused["overflow"] is True
+    assert refused["provider"] == "anthropic"
+    assert refused["limit_tokens"] == 200_000
+
+    job = await api.request_compaction(sid, summarizer="extractive", wait=60)
+    assert job["status"] == "succeeded", job
+    assert job["summarizer_used"] == "extractive"
+    assert (await api.get_compaction(sid, job["id"]))["summary"] == job["summary"]
+    listed = await api.list_compactions(sid, limit=5)
+    assert [c["id"] for c in listed["compactions"]] == [job["id"]]
+    source = await api.compaction_source(sid, job["id"], limit=1000)
+    assert source["entries"]
+    assert source["entries"][0]["message"] == CONVERSATION[1]
+    paged = await api.compaction_source(sid, job["id"], after_seq=0, limit=1, format="anthropic")
+    assert len(paged["entries"]) == 1
+
+    # A compaction that waits on a summarizer that does not answer, cancelled meanwhile.
+    upstream.script([Hang(20)])
+    await api.append_messages(sid, turn(4))
+    slow = await api.request_compaction(sid, summarizer="llm", instructions="Focus on module 4.")
+    assert slow["status"] in ("queued", "running")
+    cancelled = await api.cancel_compaction(sid, slow["id"])
+    assert cancelled["id"] == slow["id"]
+    assert cancelled["cancel_requested"] is True
+
+    await api.delete_session(other["id"])
+    with pytest.raises(NotFoundError):
+        await api.get_session(other["id"])
+
+
+async def test_the_async_client_covers_every_operation(
+    compactd_url: str, upstream: Upstream
+) -> None:
+    sent: list[httpx.Request] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(request)
+
+    async with (
+        httpx.AsyncClient(timeout=90, event_hooks={"request": [record]}) as http,
+        AsyncCompactd(compactd_url, http_client=http) as api,
+    ):
+        await scenario(api, upstream, "async-client")
+    assert reached(sent) == operations()
+
+
+async def test_the_sync_client_covers_every_operation(
+    compactd_url: str, upstream: Upstream
+) -> None:
+    sent: list[httpx.Request] = []
+    with (
+        httpx.Client(timeout=90, event_hooks={"request": [sent.append]}) as http,
+        Compactd(compactd_url, http_client=http) as api,
+    ):
+        await scenario(cast(AsyncCompactd, Awaited(api)), upstream, "sync-client")
+    assert reached(sent) == operations()
+
+
+def test_problems_surface_as_typed_errors(compactd_url: str) -> None:
+    with Compactd(compactd_url) as api:
+        with pytest.raises(NotFoundError) as missing:
+            api.get_session("no-such-session")
+        assert missing.value.status == 404
+        assert missing.value.type.endswith("/not-found")
+        assert missing.value.title == "Not found"
+        assert "no-such-session" in (missing.value.detail or "")
+
+        with pytest.raises(InvalidRequestError) as invalid:
+            api.create_session("gpt-4o", context_window=1000, max_output_tokens=2000)
+        assert invalid.value.status == 422
+        assert invalid.value.errors, invalid.value.body
+        assert all({"field", "detail"} <= set(e) for e in invalid.value.errors)
+
+        api.create_session("gpt-4o", id="taken")
+        with pytest.raises(ConflictError) as taken:
+            api.create_session("gpt-4o", id="taken")
+        assert taken.value.status == 409
+
+        with pytest.raises(PreconditionFailedError) as stale:
+            api.append_messages("taken", [{"role": "user", "content": "hi"}], if_match=99)
+        assert stale.value.body["current_version"] == 1
+        assert api.get_session("taken")["entry_count"] == 0
+
+        with pytest.raises(InvalidRequestError) as bad:
+            api.append_messages("taken", [{"role": "wizard", "content": "hi"}])
+        assert any("role" in e["field"] for e in bad.value.errors), bad.value.errors
+        assert isinstance(bad.value, ProblemError)
+
+
+async def test_the_async_client_raises_the_same_problems(compactd_url: str) -> None:
+    async with AsyncCompactd(compactd_url) as api:
+        with pytest.raises(NotFoundError) as missing:
+            await api.get_compaction("nobody", "00000000-0000-0000-0000-000000000000")
+        assert missing.value.status == 404
+        with pytest.raises(InvalidRequestError) as invalid:
+            await api.list_messages("nobody", limit=0)
+        assert [e["field"] for e in invalid.value.errors] == ["query.limit"]
+
+
+def test_a_server_that_is_not_there_is_a_connection_error() -> None:
+    with (
+        Compactd(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.01) as api,
+        pytest.raises(CompactdConnectionError) as failed,
+    ):
+        api.healthz()
+    assert isinstance(failed.value.__cause__, httpx.ConnectError)
+
+
+def test_the_proxy_helpers_name_the_sdks_base_urls_and_the_session_header() -> None:
+    api = Compactd("http://compactd.internal:8080/")
+    assert api.proxy_base_url("openai") == "http://compactd.internal:8080/proxy/openai/v1"
+    assert api.proxy_base_url("anthropic") == "http://compactd.internal:8080/proxy/anthropic"
+    assert api.proxy_headers("agent-7") == {"X-Compactd-Session": "agent-7"}
+    with pytest.raises(ValueError, match="gemini"):
+        api.proxy_base_url("gemini")  # type: ignore[arg-type]
+
+
+def test_the_url_and_key_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTD_URL", "http://10.0.0.5:9000")
+    monkeypatch.setenv("COMPACTD_API_KEY", "cpd_from_env")
+    api = Compactd()
+    assert api.base_url == "http://10.0.0.5:9000"
+    assert api.api_key == "cpd_from_env"
+    monkeypatch.delenv("COMPACTD_URL")
+    assert Compactd().base_url == "http://127.0.0.1:8080"
+
+
+@pytest.fixture
+def keyed_url(db_url: str, settings: Settings) -> Iterator[tuple[str, str]]:
+    """A compactd that has an API key (so it wants one), and that key."""
+
+    async def create_key() -> str:
+        conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+        try:
+            _, token = await repository.create(conn, "team-a", "client tests")
+            return token
+        finally:
+            await conn.close()
+
+    token = asyncio.run(create_key())
+    update = {"auth_cache_seconds": 0.0}
+    with running(create_app(settings.model_copy(update=update), database_url=db_url)) as base:
+        yield base, token
+
+
+def test_the_api_key_is_sent_as_a_bearer_token(keyed_url: tuple[str, str]) -> None:
+    base, token = keyed_url
+    with Compactd(base, api_key=token) as api:
+        session = api.create_session("gpt-4o", id="keyed")
+        assert api.get_session("keyed")["id"] == session["id"]
+    with Compactd(base, api_key="") as anonymous, pytest.raises(ProblemError) as refused:
+        anonymous.get_session("keyed")
+    assert refused.value.status == 401

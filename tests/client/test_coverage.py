@@ -1,0 +1,127 @@
+"""The client cannot fall behind the API: every operation of the OpenAPI document (the
+committed one and the app's own) has a method in both clients, and every parameter and
+top-level body field of that operation is a parameter of the method."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import pytest
+from compactd_client import AsyncCompactd, Compactd
+from compactd_client.types import SessionChanges
+
+from app.cli import _openapi_document
+
+COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
+
+# Each operation, and the client method that covers it. The proxy's operations are
+# called by the provider SDKs, pointed at the URL this helper gives them.
+COVERED: dict[tuple[str, str], str] = {
+    ("GET", "/healthz"): "healthz",
+    ("GET", "/readyz"): "readyz",
+    ("GET", "/metrics"): "metrics",
+    ("POST", "/v1/sessions"): "create_session",
+    ("GET", "/v1/sessions"): "list_sessions",
+    ("GET", "/v1/sessions/{session_id}"): "get_session",
+    ("PATCH", "/v1/sessions/{session_id}"): "update_session",
+    ("DELETE", "/v1/sessions/{session_id}"): "delete_session",
+    ("POST", "/v1/sessions/{session_id}/messages"): "append_messages",
+    ("GET", "/v1/sessions/{session_id}/messages"): "list_messages",
+    ("GET", "/v1/sessions/{session_id}/context"): "get_context",
+    ("GET", "/v1/sessions/{session_id}/overflow"): "get_overflow",
+    ("POST", "/v1/sessions/{session_id}/usage"): "report_usage",
+    ("POST", "/v1/sessions/{session_id}/prune"): "prune",
+    ("POST", "/v1/sessions/{session_id}/overflow-errors"): "report_provider_error",
+    ("POST", "/v1/sessions/{session_id}/compactions"): "request_compaction",
+    ("GET", "/v1/sessions/{session_id}/compactions"): "list_compactions",
+    ("GET", "/v1/sessions/{session_id}/compactions/{compaction_id}"): "get_compaction",
+    ("POST", "/v1/sessions/{session_id}/compactions/{compaction_id}/cancel"): "cancel_compaction",
+    ("GET", "/v1/sessions/{session_id}/compactions/{compaction_id}/source"): "compaction_source",
+    ("POST", "/proxy/openai/v1/chat/completions"): "proxy_base_url",
+    ("POST", "/proxy/anthropic/v1/messages"): "proxy_base_url",
+}
+PROXY = {op for op, name in COVERED.items() if name == "proxy_base_url"}
+
+# Where an operation's fields go other than as the method's parameters of the same name.
+HEADERS = {"idempotency-key": "idempotency_key", "if-match": "if_match"}
+BODY_IN: dict[str, set[str]] = {
+    # PATCH takes the changes as a dict: the keys present change.
+    "update_session": set(get_type_hints(SessionChanges)),
+}
+# The body is a provider's usage object (or compactd's own figures) passed as it is.
+BODY_AS_IS = {"report_usage": "usage"}
+
+
+def spec_of(source: str) -> dict[str, Any]:
+    if source == "committed":
+        doc: dict[str, Any] = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    else:
+        doc = json.loads(_openapi_document())
+    return doc
+
+
+def operations(spec: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (method.upper(), route): op
+        for route, item in spec["paths"].items()
+        for method, op in item.items()
+    }
+
+
+def body_fields(spec: dict[str, Any], schema: dict[str, Any]) -> set[str]:
+    """The top-level properties of a body schema, through $ref and unions."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return body_fields(spec, spec["components"]["schemas"][name])
+    fields = set(schema.get("properties", {}))
+    for key in ("anyOf", "oneOf", "allOf"):
+        for part in schema.get(key, []):
+            fields |= body_fields(spec, part)
+    return fields
+
+
+@pytest.mark.parametrize("source", ["committed", "app"])
+def test_every_operation_has_a_client_method(source: str) -> None:
+    missing = sorted(set(operations(spec_of(source))) - set(COVERED))
+    assert not missing, (
+        f"operations the client does not cover (add them, and to COVERED): {missing}"
+    )
+
+
+def test_the_table_names_no_operation_that_is_gone() -> None:
+    known = set(operations(spec_of("committed"))) | set(operations(spec_of("app")))
+    assert set(COVERED) - PROXY <= known
+
+
+@pytest.mark.parametrize("name", sorted(set(COVERED.values())))
+def test_both_clients_have_the_method_with_the_same_parameters(name: str) -> None:
+    sync, async_ = getattr(Compactd, name), getattr(AsyncCompactd, name)
+    assert inspect.signature(sync) == inspect.signature(async_)
+    if name != "proxy_base_url":
+        assert inspect.iscoroutinefunction(async_)
+        assert not inspect.iscoroutinefunction(sync)
+
+
+@pytest.mark.parametrize("source", ["committed", "app"])
+def test_every_parameter_and_body_field_is_a_method_parameter(source: str) -> None:
+    spec = spec_of(source)
+    gaps: list[str] = []
+    for op, operation in operations(spec).items():
+        if op in PROXY or op not in COVERED:
+            continue
+        name = COVERED[op]
+        accepted = set(inspect.signature(getattr(Compactd, name)).parameters)
+        for param in operation.get("parameters", []):
+            wanted = HEADERS.get(param["name"].lower(), param["name"])
+            if wanted not in accepted:
+                gaps.append(f"{name}: {param['in']} parameter {param['name']}")
+        body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+        if body is None or BODY_AS_IS.get(name) in accepted:
+            continue
+        for field in sorted(body_fields(spec, body["schema"])):
+            if field not in BODY_IN.get(name, accepted):
+                gaps.append(f"{name}: body field {field}")
+    assert not gaps, f"fields of the API the client cannot send: {gaps}"
