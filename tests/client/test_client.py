@@ -28,6 +28,8 @@ from compactd_client import (
     PreconditionFailedError,
     ProblemError,
 )
+from openai.types import CompletionUsage
+from openai.types.completion_usage import PromptTokensDetails
 
 from app.cli import _openapi_document
 from app.core.settings import Settings
@@ -174,7 +176,25 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
         finish_reason="stop",
     )
     assert usage["reported_prompt_tokens"] == prompt
-    assert (await api.get_session(sid))["usage_count"] == 1
+    assert usage["usage_format"] == "native"
+    # The SDK's own usage object, as the model call returned it.
+    sdk_usage = CompletionUsage(
+        prompt_tokens=prompt + 60,
+        completion_tokens=25,
+        total_tokens=prompt + 85,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=prompt),
+    )
+    native = await api.report_usage(sid, sdk_usage, finish_reason="tool_calls")
+    assert native["usage_format"] == "openai_chat"
+    assert native["reported_prompt_tokens"] == prompt + 60
+    anthropic_usage = {"input_tokens": 50, "output_tokens": 9, "cache_read_input_tokens": prompt}
+    from_dict = await api.report_usage(sid, anthropic_usage, finish_reason="end_turn")
+    assert from_dict["usage_format"] == "anthropic"
+    assert from_dict["reported_prompt_tokens"] == prompt + 50
+    after = await api.get_session(sid)
+    assert after["usage_count"] == 3
+    assert after["last_usage"] is not None
+    assert after["last_usage"]["finish_reason"] == "end_turn"
 
     dry = await api.prune(sid, dry_run=True)
     assert dry["dry_run"] is True

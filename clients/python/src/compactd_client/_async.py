@@ -254,8 +254,10 @@ class AsyncCompactd(BaseClient):
         tools_tokens: int | None = None,
         idempotency_key: str | None = None,
     ) -> t.UsageResult:
-        """Report a model call's usage: the SDK's usage object as it returns it (or its
-        dict), or compactd's own ``input_tokens``/``output_tokens``/... figures."""
+        """Report a model call's usage, right after the call: the provider SDK's usage
+        object as it returns it (``response.usage``, or its dict), the whole response
+        (its usage and stop reason are read), or compactd's own figures
+        (``input_tokens``, ``output_tokens``, ``cache_read_tokens``...)."""
         body = as_dict(usage) | drop_none(
             finish_reason=finish_reason,
             context_version=context_version,

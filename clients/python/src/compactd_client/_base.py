@@ -26,14 +26,14 @@ RETRYABLE_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProt
 class SupportsModelDump(Protocol):
     """A provider SDK's pydantic object, such as ``response.usage``."""
 
-    def model_dump(self) -> dict[str, Any]: ...
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
 
 
 def as_dict(value: Mapping[str, Any] | SupportsModelDump) -> dict[str, Any]:
     """The object's fields as the SDK returns them, untouched."""
     if isinstance(value, Mapping):
         return dict(value)
-    return value.model_dump()
+    return value.model_dump(mode="json")
 
 
 def drop_none(**fields: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelle
 CompactionReason = Literal["manual", "threshold", "overflow", "emergency"]
 Strategy = Literal["structured", "narrative"]
 Summarizer = Literal["llm", "extractive"]
+UsageFormat = Literal["native", "openai_chat", "openai_responses", "anthropic", "gemini"]
 
 
 class Health(TypedDict):
@@ -172,6 +173,7 @@ class UsageResult(TypedDict):
     pruned: PruneResult | None
     compaction: CompactionStarted | None
     stale: bool
+    usage_format: UsageFormat
 
 
 class Recovery(TypedDict):
