@@ -13,7 +13,7 @@ from app.compactions.service import CompactionService
 from app.core.database import DbDep, EngineDep
 from app.core.openapi import link, problems
 from app.core.tenancy import TenantDep
-from app.history.schemas import Format
+from app.history.schemas import FormatQuery
 from app.sessions.router import SessionIdPath, checked_id
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/compactions", tags=["compactions"])
@@ -103,7 +103,7 @@ async def compaction_source(
     engine: EngineDep,
     db: DbDep,
     tenant: TenantDep,
-    format: Annotated[Format, Query()] = "openai",
+    format: FormatQuery = "openai",
     after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> SourcePage:

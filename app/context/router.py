@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 
 from app.budget.schemas import Verdict
 from app.budget.service import verdict_model
@@ -13,7 +11,7 @@ from app.context.service import ContextService
 from app.core.database import DbDep, EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
-from app.history.schemas import Format
+from app.history.schemas import FormatQuery
 from app.sessions.router import SessionIdPath, checked_id
 from app.sessions.service import SessionService
 
@@ -25,7 +23,7 @@ async def get_context(
     session_id: SessionIdPath,
     engine: EngineDep,
     tenant: TenantDep,
-    format: Annotated[Format, Query()] = "openai",
+    format: FormatQuery = "openai",
 ) -> Response:
     """The messages to send to the model now, with their token figures."""
     body = await ContextService(engine, tenant).build(checked_id(session_id), format)

@@ -88,6 +88,41 @@ def _result_content(content: Any, path: str) -> list[Part]:
     return parts
 
 
+def parse_system(raw: Any, path: str = "system") -> Entry | None:
+    """A request's top-level ``system`` as one system entry: a string, or a list
+    of text blocks whose other keys (``cache_control``, ``citations``) are kept
+    for the stored history, never shown to the model. None when it holds no
+    block (an empty string or list)."""
+    if isinstance(raw, str):
+        if not raw:
+            return None
+        return Entry(role="system", parts=[{"type": "text", "text": raw}], content_form="string")
+    if not isinstance(raw, list):
+        raise InvalidMessage(
+            path, f"must be a string or a list of text blocks, got {_type_name(raw)}"
+        )
+    parts: list[Part] = []
+    for i, block in enumerate(raw):
+        bpath = f"{path}[{i}]"
+        if not isinstance(block, dict):
+            raise InvalidMessage(bpath, f"must be an object, got {_type_name(block)}")
+        if block.get("type") != "text":
+            raise InvalidMessage(
+                f"{bpath}.type", f"system blocks must be text blocks, got {block.get('type')!r}"
+            )
+        text = _string(block.get("text"), f"{bpath}.text")
+        parts.append(
+            _with_extra({"type": "text", "text": text}, block, frozenset({"type", "text"}))
+        )
+    return Entry(role="system", parts=parts, content_form="parts") if parts else None
+
+
+def system_texts(parts: list[Part]) -> list[str]:
+    """What makes two system prompts the same: their text blocks' texts, in
+    order (a string is one block; ``cache_control`` and other keys do not count)."""
+    return [p["text"] for p in parts if p.get("type") == "text"]
+
+
 def parse_message(raw: Any, path: str) -> list[Entry]:
     """One Anthropic message to one or more entries (tool results become tool entries)."""
     if not isinstance(raw, dict):

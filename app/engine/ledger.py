@@ -111,9 +111,18 @@ class Added:
 @dataclass(frozen=True, slots=True)
 class Appended:
     """An append stored ``entries`` after the last one, in order. They join the
-    window (they are messages, after the pivot), so they add to the context."""
+    window (they are messages, after the pivot), so they add to the context.
+
+    ``overhead_tokens``: what each request adds besides the stored messages (the
+    tool schemas the append's request carried), when the append says; None
+    leaves the overhead as it was."""
 
     entries: tuple[Added, ...]
+    overhead_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.overhead_tokens is not None:
+            _not_negative("overhead_tokens", self.overhead_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,11 +240,12 @@ def apply(totals: Totals, event: Event) -> Totals:
     replace = dataclasses.replace
     version = totals.version + 1
     match event:
-        case Appended(entries):
+        case Appended(entries, overhead):
             tokens = sum(e.tokens for e in entries)
             return replace(
                 totals,
                 version=version,
+                overhead_tokens=totals.overhead_tokens if overhead is None else overhead,
                 next_seq=totals.next_seq + len(entries),
                 entry_count=totals.entry_count + len(entries),
                 stored_tokens=totals.stored_tokens + tokens,

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Query
 from pydantic import BaseModel, Field
 
 Format = Literal["openai", "anthropic"]
+
+FORMAT_DESCRIPTION = (
+    "The wire format: openai (chat completions messages) or anthropic (Messages API "
+    "blocks). Every route with a format takes it as this query parameter."
+)
+# ``?format=`` on every route that reads or writes messages in a wire format.
+FormatQuery = Annotated[Format, Query(description=FORMAT_DESCRIPTION)]
 
 
 class HistoryEntry(BaseModel):

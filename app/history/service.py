@@ -38,7 +38,12 @@ def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
             "role": entry.role,
             "content": entry.text()
             if entry.content_form == "string"
-            else [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"],
+            else [
+                # A top-level system's blocks keep their cache_control and the like.
+                {"type": "text", "text": p["text"], **p.get("extra", {})}
+                for p in entry.parts
+                if p["type"] == "text"
+            ],
         }
     _, msgs = anthropic_format.render_messages([entry], for_history=True)
     return msgs[0] if msgs else {"role": entry.role, "content": []}

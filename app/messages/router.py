@@ -12,7 +12,7 @@ from app.core.http import run_sized
 from app.core.openapi import problems
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
-from app.history.schemas import Format, HistoryPage
+from app.history.schemas import FORMAT_DESCRIPTION, Format, FormatQuery, HistoryPage
 from app.history.service import HistoryService
 from app.messages.schemas import AppendRequest, AppendResponse
 from app.messages.service import AppendService, check_batch_size, oversized_arguments
@@ -33,7 +33,8 @@ async def batch_in_bounds(request: Request, settings: SettingsDep) -> None:
     if not isinstance(messages, list):
         return
     check_batch_size(len(messages), settings.max_batch_messages)
-    if body.get("format", "openai") == "openai":
+    fmt = request.query_params.get("format") or body.get("format", "openai")
+    if fmt == "openai":
         size = len(await request.body())
         found = await run_sized(size, oversized_arguments, messages, settings.max_json_items)
         if found:
@@ -53,6 +54,13 @@ async def append_messages(
     body: AppendRequest,
     engine: EngineDep,
     tenant: TenantDep,
+    format: Annotated[
+        Format | None,
+        Query(
+            description=FORMAT_DESCRIPTION + " On an append, the body's `format` says the "
+            "same (openai when neither does); given both, they must agree."
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -63,13 +71,20 @@ async def append_messages(
     ] = None,
     if_match: IfMatch = None,
 ) -> Response:
-    """Append a batch of messages atomically; each is counted once, here."""
+    """Append a batch of messages atomically; each is counted once, here.
+
+    The body may be the agent's provider request as it has it: its top-level
+    ``system`` is stored as a system entry before the messages (once: not
+    again while it is unchanged), its ``tools`` become the session's overhead,
+    and its other request fields (model, max_tokens, temperature...) are
+    ignored; see ``AppendRequest``."""
     document, version, replayed = await AppendService(engine, tenant).append(
         checked_id(session_id),
         body,
         idempotency_key=idempotency_key,
         if_match=if_match,
         body_bytes=len(await request.body()),
+        query_format=format,
     )
     # The service wrote the JSON itself (it is also the idempotency record); the
     # response model above documents it.
@@ -86,7 +101,7 @@ async def list_messages(
     tenant: TenantDep,
     after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    format: Annotated[Format, Query()] = "openai",
+    format: FormatQuery = "openai",
 ) -> HistoryPage:
     """The whole stored history by seq, including pruned and compacted entries."""
     return await HistoryService(db, tenant).history(

@@ -22,11 +22,20 @@ from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.core.http import run_sized
-from app.engine import anthropic_format, catalog, ledger, openai_format, tokens, truncate, view
+from app.engine import (
+    anthropic_format,
+    catalog,
+    ledger,
+    openai_format,
+    provider_usage,
+    tokens,
+    truncate,
+    view,
+)
 from app.engine.model import Entry, InvalidMessage
 from app.engine.storable import MAX_JSON_DEPTH, find_oversized
 from app.history.schemas import Format
-from app.messages.schemas import AppendRequest, StoredEntry
+from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest, StoredEntry
 from app.sessions import service as sessions
 from app.sessions.schemas import TruncateConfig
 from app.store.log import (
@@ -38,6 +47,9 @@ from app.store.log import (
     StoredCall,
 )
 from app.store.session_row import Unit, advance
+
+# No prompt is larger than this (the usage report's bound on its figures).
+MAX_OVERHEAD_TOKENS = provider_usage.MAX_TOKENS
 
 # Call ids are a btree key, and Postgres refuses index rows over ~2.7 kB; real
 # providers use ids of a few dozen characters.
@@ -128,11 +140,52 @@ def oversized_arguments(messages: list[Any], max_items: int) -> tuple[str, str] 
     return None
 
 
-def request_hash(body: AppendRequest) -> str:
-    raw = orjson.dumps(
-        {"format": body.format, "messages": body.messages}, option=orjson.OPT_SORT_KEYS
-    )
+def request_hash(body: AppendRequest, overhead_tokens: int | None = None) -> str:
+    """What an idempotency key is bound to: what the append stores. The ignored
+    request fields are not in it; ``system``, ``tools`` and an overhead given to
+    the service are, when present (a body without them hashes as before them)."""
+    doc: dict[str, Any] = {"format": body.format, "messages": body.messages}
+    if body.system is not None:
+        doc["system"] = body.system
+    if body.tools is not None:
+        doc["tools"] = body.tools
+    if overhead_tokens is not None:
+        doc["overhead_tokens"] = overhead_tokens
+    raw = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(raw).hexdigest()
+
+
+def resolve_format(body: AppendRequest, query_format: Format | None) -> AppendRequest:
+    """The body with its format as the ``?format=`` query parameter says, when
+    given; a body that says another one is refused, naming both."""
+    if query_format is None or query_format == body.format:
+        return body
+    if "format" in body.model_fields_set:
+        raise invalid(
+            "format",
+            f"the query parameter format={query_format!r} and the body's format "
+            f"{body.format!r} differ; give one, or the same in both",
+        )
+    return body.model_copy(update={"format": query_format})
+
+
+def check_request_fields(body: AppendRequest) -> None:
+    """A field the append does not have is refused unless it is one of the
+    provider request's fields that do not bear on the history."""
+    ignored = IGNORED_REQUEST_FIELDS[body.format]
+    for name in body.model_extra or {}:
+        if name not in ignored:
+            other = "anthropic" if body.format == "openai" else "openai"
+            hint = (
+                f" (it is a field of an {other} request: is format {other}?)"
+                if name in IGNORED_REQUEST_FIELDS[other]
+                else ""
+            )
+            raise invalid(
+                name,
+                f"unknown field{hint}; an append has messages, format, system and tools, and "
+                f"ignores the {body.format} request's fields that do not bear on the history",
+            )
 
 
 def looked_up_ids(entries: list[Entry]) -> list[str]:
@@ -261,14 +314,24 @@ class AppendService:
         idempotency_key: str | None,
         if_match: str | None,
         body_bytes: int = 0,
+        query_format: Format | None = None,
+        overhead_tokens: int | None = None,
     ) -> tuple[bytes, int, bool]:
         """Store a batch atomically.
 
         Returns the ``AppendResponse`` document as JSON bytes, the session's
         version after it, and whether it is the replay of an earlier append.
         ``body_bytes`` (the request's size) says whether parsing it is worth a thread.
+        ``query_format``: the route's ``?format=`` (it must agree with the body's).
+        ``overhead_tokens``: what each request adds besides the stored messages
+        (a proxy's tool schemas and unstored system prompt), set as the
+        session's overhead; it wins over the body's ``tools``. None: the body's
+        ``tools`` say, or the overhead stays as it was.
         """
-        batch = await run_sized(body_bytes, _Batch, body, idempotency_key)
+        if overhead_tokens is not None and not 0 <= overhead_tokens <= MAX_OVERHEAD_TOKENS:
+            raise invalid("overhead_tokens", f"must be between 0 and {MAX_OVERHEAD_TOKENS:,}")
+        body = resolve_format(body, query_format)
+        batch = await run_sized(body_bytes, _Batch, body, idempotency_key, overhead_tokens)
         # Appends to one session in this process take turns here, before they
         # hold a connection: they would only lose races to each other in the
         # database. Other processes are still ordered by the version check.
@@ -302,7 +365,12 @@ class AppendService:
         those of the append and its prune together, never another request's.
         """
         read = await self.repo.read_for_append(
-            driver, session_id, batch.looked_up, batch.idempotency_key, lock=lock
+            driver,
+            session_id,
+            batch.looked_up,
+            batch.idempotency_key,
+            lock=lock,
+            system=batch.system is not None,
         )
         if read is None:
             raise NotFound(f"session {session_id!r} does not exist")
@@ -319,12 +387,25 @@ class AppendService:
         sessions.check_if_match(if_match, session.version)
         config = sessions.effective_config(session.config)
         encoding = catalog.lookup(session.model).encoding
-        first_seq = session.next_seq
+        rows: list[EntryRow] = []
+        stored: list[dict[str, Any]] = []
+        system = batch.system
+        if system is not None and (
+            read.system_parts is not None
+            and anthropic_format.system_texts(read.system_parts)
+            == anthropic_format.system_texts(system.parts)
+        ):
+            system = None  # the session holds this system prompt already
+        if system is not None:
+            row = batch.system_row(session.next_seq, encoding)
+            rows.append(row)
+            stored.append(
+                {"id": str(row.id), "seq": row.seq, "role": row.role, "tokens": row.tokens}
+            )
+        first_seq = session.next_seq + len(rows)
         linking = link_batch(batch.entries, read.calls, first_seq)
 
         every_shown = await batch.show_all(encoding, config.truncate, linking.view_ids)
-        rows: list[EntryRow] = []
-        stored: list[dict[str, Any]] = []
         for offset, entry in enumerate(batch.entries):
             seq = first_seq + offset
             entry_id = uuid.uuid4()
@@ -358,7 +439,11 @@ class AppendService:
 
         read_version = session.version
         advance(
-            session, ledger.Appended(tuple(ledger.Added(r.tokens, r.role == "tool") for r in rows))
+            session,
+            ledger.Appended(
+                tuple(ledger.Added(r.tokens, r.role == "tool") for r in rows),
+                batch.overhead(encoding),
+            ),
         )
         verdict = sessions.verdict_of(session, config)
         relieve = relief.relief_wanted("append", verdict.action, session, config)
@@ -452,18 +537,68 @@ class _Batch:
     their JSON columns, and what the model is shown of each (which depends on
     the session's encoding and truncation config, read with the session)."""
 
-    def __init__(self, body: AppendRequest, idempotency_key: str | None) -> None:
+    def __init__(
+        self, body: AppendRequest, idempotency_key: str | None, overhead_tokens: int | None = None
+    ) -> None:
+        check_request_fields(body)
         self.format = body.format
         self.entries = parse_batch(body.messages, body.format)
+        try:
+            self.system = (
+                None if body.system is None else anthropic_format.parse_system(body.system)
+            )
+        except InvalidMessage as exc:
+            raise invalid(exc.path, exc.detail) from None
+        self.tools = body.tools
+        self.overhead_tokens = overhead_tokens
+        self._system_row: dict[tuple[int, str], EntryRow] = {}
         self.looked_up = looked_up_ids(self.entries)
         # An empty key is no key (the route refuses one; this keeps the record consistent).
         self.idempotency_key = idempotency_key or None
-        self.digest = request_hash(body) if self.idempotency_key else None
+        self.digest = request_hash(body, overhead_tokens) if self.idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
         # About the bytes there are to count (the content as JSON).
         self.size = sum(map(len, self.parts))
         self._shown: dict[tuple[Any, ...], _Shown] = {}
+
+    def overhead(self, encoding: tokens.EncodingName) -> int | None:
+        """The session's overhead after this append: the service's figure, else
+        the request's tools counted; None leaves it as it was."""
+        if self.overhead_tokens is not None:
+            return self.overhead_tokens
+        if self.tools is not None:
+            return tokens.count_tools(self.tools, encoding)
+        return None
+
+    def system_row(self, seq: int, encoding: tokens.EncodingName) -> EntryRow:
+        """The request's system prompt as the entry at ``seq`` (kept between attempts)."""
+        key = (seq, encoding)
+        if key not in self._system_row:
+            entry = self.system
+            assert entry is not None
+            shown = _show(entry, encoding, None, 0)
+            self._system_row[key] = EntryRow(
+                seq=seq,
+                id=uuid.uuid4(),
+                role=entry.role,
+                parts=_json(entry.parts),
+                tool_call_id=None,
+                tool_name=None,
+                is_error=False,
+                name=None,
+                content_form=entry.content_form,
+                extra=None,
+                tokens=shown.tokens,
+                call_ids=None,
+                view_openai=shown.view_openai,
+                view_anthropic=shown.view_anthropic,
+                omitted_lines=None,
+                omitted_bytes=None,
+                view_call_id=None,
+                call_id_tokens=None,
+            )
+        return self._system_row[key]
 
     async def show_all(
         self,

@@ -36,6 +36,8 @@ class AppendRead:
     session: SessionState
     calls: dict[str, StoredCall]
     idempotency: tuple[str, str] | None  # request hash, response (JSON text)
+    # The parts of the session's latest system entry, when asked for (None: none).
+    system_parts: list[dict[str, Any]] | None = None
 
 
 class EntryRow(NamedTuple):
@@ -136,6 +138,18 @@ LEFT JOIN idempotency_record AS i
 WHERE s.id = $1 AND s.tenant_id = $2
 """
 
+# The same, with the parts of the session's latest system entry: an append that
+# carries a top-level system prompt stores it only when it differs.
+_READ_WITH_SYSTEM_SQL = _READ_SQL.replace(
+    "    i.request_hash,",
+    """    (SELECT e.parts FROM entry AS e
+        WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.role = 'system'
+            AND e.kind = 'message'
+        ORDER BY e.seq DESC LIMIT 1) AS system_parts,
+    i.request_hash,""",
+)
+assert _READ_WITH_SYSTEM_SQL != _READ_SQL
+
 _LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 
 # Postgres types of each row kind's fields, in field order: the write passes one
@@ -150,8 +164,8 @@ assert len(_ENTRY_TYPES) == len(EntryRow._fields)
 assert len(_CALL_TYPES) == len(CallRow._fields)
 assert len(_ANSWER_TYPES) == len(Answer._fields)
 
-# $1-$14 are scalars (see write_append); the row arrays follow from $15.
-_ENTRY_ARG = 15
+# $1-$15 are scalars (see write_append); the row arrays follow from $16.
+_ENTRY_ARG = 16
 _CALL_ARG = _ENTRY_ARG + len(_ENTRY_TYPES)
 _ANSWER_ARG = _CALL_ARG + len(_CALL_TYPES)
 
@@ -165,7 +179,8 @@ def _columns(rows: list[Any], fields: tuple[str, ...]) -> list[list[Any]]:
     return [[row[i] for row in rows] for i in range(len(fields))]
 
 
-# What an append advances on the session, as $6-$11.
+# What an append advances on the session, as $6-$12 (the overhead as it was,
+# unless the append's request set it).
 _ADVANCED = (
     "next_seq",
     "entry_count",
@@ -173,6 +188,7 @@ _ADVANCED = (
     "context_tokens",
     "context_tool_tokens",
     "version",
+    "overhead_tokens",
 )
 
 # Everything hangs on the session update, which applies only at the version the
@@ -208,8 +224,8 @@ WITH advanced AS (
 ), idempotency AS (
     INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code,
         response)
-    SELECT $1, $2, $12::varchar, $13::varchar, 201, $14::jsonb
-    FROM advanced WHERE $12::varchar IS NOT NULL
+    SELECT $1, $2, $13::varchar, $14::varchar, 201, $15::jsonb
+    FROM advanced WHERE $13::varchar IS NOT NULL
 )
 SELECT count(*) FROM advanced
 """
@@ -472,6 +488,7 @@ class LogRepository:
         idempotency_key: str | None,
         *,
         lock: bool,
+        system: bool = False,
     ) -> AppendRead | None:
         """What an append checks; ``lock`` first locks the session row, inside the
         caller's transaction, so that the write that follows cannot lose a race.
@@ -480,11 +497,16 @@ class LogRepository:
         the append before it committed (its idempotency record, its answered
         calls), and under READ COMMITTED only a statement begun after the wait
         does; a ``FOR UPDATE`` on the read itself refreshes the session row alone.
+        ``system``: read the parts of the session's latest system entry too.
         """
         if lock:
             await driver.execute(_LOCK_SQL, session_id, self.tenant_id)
         row = await driver.fetchrow(
-            _READ_SQL, session_id, self.tenant_id, call_ids, idempotency_key
+            _READ_WITH_SYSTEM_SQL if system else _READ_SQL,
+            session_id,
+            self.tenant_id,
+            call_ids,
+            idempotency_key,
         )
         if row is None:
             return None
@@ -492,7 +514,10 @@ class LogRepository:
         calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4]) for c in row["calls"] or ()}
         request_hash = row["request_hash"]
         record = (request_hash, row["response"]) if request_hash is not None else None
-        return AppendRead(state_of(row), calls, record)
+        system_parts = row["system_parts"] if system else None
+        if isinstance(system_parts, str):
+            system_parts = orjson.loads(system_parts)
+        return AppendRead(state_of(row), calls, record, system_parts)
 
     async def write_append(self, driver: Driver, write: AppendWrite) -> bool:
         """Insert the entries, their calls and the answers, advance the session's
@@ -512,6 +537,7 @@ class LogRepository:
             totals.context_tokens,
             totals.context_tool_tokens,
             totals.version,
+            totals.overhead_tokens,
             write.idempotency_key,
             write.request_hash,
             write.response,
