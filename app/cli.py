@@ -31,31 +31,137 @@ def _openapi_document() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from app.core.startup import StartupError
+
+    try:
+        return _serve(args)
+    except StartupError as exc:
+        print(f"compactd: {exc}", file=sys.stderr)
+        return 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Bind the port, start or reach the database, migrate, then serve; each slow step
+    is logged as it starts, and the way it fails is one line (StartupError)."""
+    from app import __version__
     from app.core import migrations
     from app.core.database import resolve_database_url
     from app.core.server import serve
-    from app.keys.auth import open_bind_refusal
+    from app.core.startup import (
+        StartupError,
+        StartupFacts,
+        banner,
+        base_url,
+        database_place,
+        database_problem,
+        first_line,
+        is_terminal,
+        listening_socket,
+        quiet_uvicorn_startup,
+        step,
+    )
+    from app.keys.auth import is_loopback, open_bind_refusal
     from app.main import create_app
 
     settings = get_settings()
     host = args.host or settings.host
     port = args.port or settings.port
-    url = resolve_database_url(settings)
-    if not args.no_migrate:
-        migrations.upgrade(url)
-    refusal = open_bind_refusal(
-        host, _run(_keys_exist(url)), args.insecure_no_auth or settings.insecure_no_auth
+    # First, so that a busy port is said before the database starts.
+    sock = listening_socket(host, port)
+    try:
+        if settings.database_url:
+            url = resolve_database_url(settings)
+            database = f"PostgreSQL at {database_place(url)} (DATABASE_URL)"
+        else:
+            first = not (settings.data_dir / "PG_VERSION").exists()
+            doing = "creating and starting" if first else "starting"
+            with step(f"{doing} the embedded PostgreSQL in {settings.data_dir}"):
+                try:
+                    url = resolve_database_url(settings)
+                except Exception as exc:
+                    raise StartupError(
+                        f"the embedded PostgreSQL did not start in {settings.data_dir}: "
+                        f"{first_line(exc)} (set COMPACTD_DATA_DIR to a writable folder, "
+                        "or DATABASE_URL to a PostgreSQL of yours)"
+                    ) from None
+            database = f"embedded PostgreSQL, data in {settings.data_dir}"
+        try:
+            before, _ = _run(_database_state(url))
+            if args.no_migrate:
+                at = before
+            else:
+                with step("applying the database migrations"):
+                    migrations.upgrade(url)
+                at = migrations.head_revision()
+            keyed = _run(_database_state(url))[1]
+        except Exception as exc:
+            raise StartupError(
+                database_problem(exc, url, settings.db_connect_timeout_seconds)
+            ) from None
+        head = migrations.head_revision()
+        if at != head:
+            state = f"at {at or 'none'}, behind the code's {head}: run `compactd migrate`"
+        elif before != at:
+            state = f"at {at} (applied now, from {before or 'an empty database'})"
+        else:
+            state = f"at {at}, up to date"
+        refusal = open_bind_refusal(host, keyed, args.insecure_no_auth or settings.insecure_no_auth)
+        if refusal:
+            print(f"compactd: {refusal}", file=sys.stderr)
+            return 2
+        app = create_app(settings, database_url=url)
+    except BaseException:
+        sock.close()
+        raise
+    facts = StartupFacts(
+        __version__, host, port, database, state, keyed=keyed, loopback=is_loopback(host)
     )
-    if refusal:
-        print(f"compactd: {refusal}", file=sys.stderr)
-        return 2
-    app = create_app(settings, database_url=url)
+    terminal = is_terminal()
+    if terminal:
+        quiet_uvicorn_startup()
+
+    def started() -> None:
+        if terminal:
+            print(banner(facts), file=sys.stderr, flush=True)
+        else:
+            log = logging.getLogger("compactd.serve")
+            log.info(
+                "serving",
+                extra={
+                    "url": base_url(host, port),
+                    "database": database,
+                    "migrations": state,
+                    "keyed": keyed,
+                },
+            )
+
     # uvicorn re-raises the SIGTERM it caught once it has shut down; with the default
     # handler that kills the process before atexit runs, and an embedded PostgreSQL
     # would outlive it. Exiting through SystemExit runs atexit (which stops it).
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    serve(app, settings, host, port)
+    serve(app, settings, host, port, sock=sock, on_started=started)
     return 0
+
+
+async def _database_state(url: str) -> tuple[str | None, bool]:
+    """The database's migration revision (None: not migrated) and whether any API key
+    exists. Connecting is bounded as the service's connections are."""
+    import asyncpg
+
+    from app.keys import repository
+
+    conn = await _connect(url)
+    try:
+        try:
+            revision = await conn.fetchval("SELECT version_num FROM alembic_version")
+        except asyncpg.UndefinedTableError:
+            return None, False
+        try:
+            return revision, await repository.any_exist(conn)
+        except asyncpg.UndefinedTableError:
+            return revision, False  # not migrated that far yet (serve --no-migrate)
+    finally:
+        await conn.close()
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
@@ -76,20 +182,6 @@ async def _connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
     # Bounded as the service's connections are: a hung database fails the command.
     bounds = driver_bounds_of(get_settings())
     return await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1), **bounds)
-
-
-async def _keys_exist(url: str) -> bool:
-    import asyncpg
-
-    from app.keys import repository
-
-    conn = await _connect(url)
-    try:
-        return await repository.any_exist(conn)
-    except asyncpg.UndefinedTableError:
-        return False  # not migrated yet (serve --no-migrate): no keys
-    finally:
-        await conn.close()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

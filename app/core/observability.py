@@ -13,7 +13,7 @@ import re
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -68,13 +68,53 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+class TextFormatter(logging.Formatter):
+    """For people at a terminal: the time, the level when it is not info, the message,
+    then what the call passed in ``extra`` as ``key=value``; a request's line reads
+    ``POST /v1/sessions -> 201 (4.2 ms)``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = {
+            key: value
+            for key, value in record.__dict__.items()
+            if key not in _RESERVED and not key.startswith("_") and value is not None
+        }
+        message = record.getMessage()
+        if record.name == log.name and message == "request" and "status" in extras:
+            message = (
+                f"{extras.pop('method', '')} {extras.pop('path', '')} -> "
+                f"{extras.pop('status')} ({extras.pop('duration_ms', '?')} ms)"
+            )
+            for dropped in ("route", "request_id", "tenant"):
+                extras.pop(dropped, None)
+        parts = [time.strftime("%H:%M:%S", time.localtime(record.created))]
+        if record.levelno != logging.INFO:
+            parts.append(record.levelname)
+        parts.append(message)
+        parts += [f"{key}={value}" for key, value in extras.items()]
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def resolve_log_format(fmt: str, stream: TextIO | None = None) -> str:
+    """``auto``: plain text when ``stream`` (stderr) is a terminal, JSON lines otherwise
+    (containers, log shippers and the tests read those)."""
+    if fmt != "auto":
+        return fmt
+    stream = stream or sys.stderr
+    return "text" if stream.isatty() else "json"
+
+
 def configure_logging(level: str, fmt: str = "json") -> None:
-    """The root logger writes to stderr, as JSON lines (or plain text for people)."""
+    """The root logger writes to stderr, as JSON lines or plain text for people
+    (``auto``: text on a terminal, see :func:`resolve_log_format`)."""
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
+    if resolve_log_format(fmt) == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

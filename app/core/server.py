@@ -37,6 +37,7 @@ import gc
 import logging
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import orjson
@@ -257,26 +258,45 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 
 class _ServeServer(uvicorn.Server):
-    """uvicorn's server, which freezes the collector's view of the heap once started."""
+    """uvicorn's server, which freezes the collector's view of the heap once started
+    and then calls ``on_started``."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_started = on_started
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if not self.started:
+            return  # the app's start-up failed: uvicorn exits
         # Everything built so far lives as long as the process: keep it out of the
         # collector's full passes, which otherwise rescan it every few requests
         # that allocate much (a large prune paused ~70 ms on them).
         gc.collect()
         gc.freeze()
+        if self.on_started is not None:
+            self.on_started()
 
 
-def serve(app: ASGIApp, settings: Settings, host: str, port: int) -> None:
+def serve(
+    app: ASGIApp,
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    sock: socket.socket | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> None:
     """Serve ``app`` until a signal stops it, as ``uvicorn.run(app, ...)`` with
     :func:`uvicorn_options` would (exit status 3 if it failed to start), and freeze the
-    collector's view of the heap once the app's start-up is done."""
+    collector's view of the heap once the app's start-up is done. ``sock``: a socket
+    bound to ``host:port`` already (see :func:`app.core.startup.listening_socket`);
+    ``on_started`` is called once the server listens."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=settings.log_level, **uvicorn_options(settings)
     )
-    server = _ServeServer(config)
+    server = _ServeServer(config, on_started)
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     if not server.started:
         sys.exit(STARTUP_FAILURE)

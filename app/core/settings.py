@@ -37,8 +37,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="The least severe log level written."
     )
-    log_format: Literal["json", "text"] = Field(
-        default="json", description="json: one JSON object a line; text: for people."
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="json: one JSON object a line; text: for people; auto: text when "
+        "stderr is a terminal, else json.",
     )
     insecure_no_auth: bool = Field(
         default=False,
