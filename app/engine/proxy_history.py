@@ -1,0 +1,254 @@
+"""Which of a proxied request's messages are new: its history matched against the stored one.
+
+An agent behind the proxy re-sends its whole history on every call. compactd stores each
+message once, so on every call it must find where the stored history ends in the
+request, and check that everything before that point is what it stored. Comparing the
+messages themselves would read the whole stored history on every call; instead each
+stored message entry has a digest of its *canonical form*, and the session keeps a
+running chain of them (``chain = sha256(chain || digest)``). A request matches when the
+chain of its first N entries equals the stored chain over N entries: one comparison,
+whatever the history's length.
+
+The canonical form is what an SDK keeps when it sends a message back, and only that:
+the role, the name, the tool call id a result answers, whether it is an error, the text
+(a string and a list holding one text block are the same; empty text is nothing), tool
+calls with their arguments as sorted JSON, images. Left out: keys the stored history
+keeps but SDKs add or drop (``refusal``, ``annotations``, ``audio``, ``function_call``
+as null, ``cache_control``, ``citations``...), key order, and reasoning (thinking blocks,
+``reasoning_content``), which providers ask agents to drop from earlier turns.
+
+Hashing every re-sent message on every call would still cost CPU in proportion to the
+history, so there is a faster path first: the raw digest of the request's messages as the
+agent serialized them (compact JSON, in its key order) up to a point of the previous call.
+When the new request's messages up to that point serialize to the same bytes (the agent
+sends its history back untouched, as agents do), only the messages after it are parsed
+and hashed. The point stops :data:`RAW_TAIL_MESSAGES` short of the end of the previous
+request, where agents move their cache markers.
+
+Pure: the caller reads the stored chain, and writes the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.engine.model import Entry
+
+DIGEST_BYTES = 32
+EMPTY_CHAIN = bytes(DIGEST_BYTES)
+# Messages at the end of a request that the next call's raw fast path hashes again as
+# canonical forms: agents move prompt-cache markers on their last messages.
+RAW_TAIL_MESSAGES = 4
+
+ParseMessage = Callable[[Any, str], list[Entry]]
+"""A format's parser: one wire message to its entries (raises ``InvalidMessage``)."""
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        return orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return arguments.strip()
+
+
+def canonical(entry: Entry) -> bytes:
+    """The entry as SDKs send it back (see the module's docstring), as JSON bytes."""
+    parts: list[Any] = []
+    for part in entry.parts:
+        kind = part["type"]
+        if kind == "text":
+            if part["text"]:
+                parts.append(["text", part["text"]])
+        elif kind == "tool_call":
+            parts.append(["call", part["id"], part["name"], _arguments(part["arguments"])])
+        elif kind == "image":
+            parts.append(["image", part.get("url"), part.get("media_type"), part.get("data")])
+        elif kind != "reasoning":
+            parts.append([kind, {k: v for k, v in part.items() if k != "extra"}])
+    return orjson.dumps(
+        [entry.role, entry.name, entry.tool_call_id, entry.is_error, parts],
+        option=orjson.OPT_SORT_KEYS,
+    )
+
+
+def digest(entry: Entry) -> bytes:
+    return hashlib.sha256(canonical(entry)).digest()
+
+
+def extend(chain: bytes, digests: Iterable[bytes]) -> bytes:
+    """The chain after the entries with these digests."""
+    for d in digests:
+        chain = hashlib.sha256(chain + d).digest()
+    return chain
+
+
+class RawDigest:
+    """A digest of a list of messages as compact JSON, extended a slice at a time: the
+    digest after ``add(a); add(b)`` is the one of ``a + b``."""
+
+    __slots__ = ("_hash", "count")
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(b"[", digest_size=DIGEST_BYTES)
+        self.count = 0
+
+    def add(self, messages: Sequence[Any]) -> None:
+        if not messages:
+            return
+        inner = orjson.dumps(messages)[1:-1]
+        if self.count:
+            self._hash.update(b",")
+        self._hash.update(inner)
+        self.count += len(messages)
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
+def raw_digest(messages: Sequence[Any]) -> bytes:
+    raw = RawDigest()
+    raw.add(messages)
+    return raw.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What is known of a session's stored history: the chain over its first
+    ``entry_count`` message entries and, from the previous call, the raw digest of that
+    request's first ``raw_count`` messages, which made ``raw_entry_count`` entries whose
+    chain is ``raw_chain``."""
+
+    entry_count: int = 0
+    chain: bytes = EMPTY_CHAIN
+    raw_count: int = 0
+    raw_digest: bytes | None = None
+    raw_entry_count: int = 0
+    raw_chain: bytes = EMPTY_CHAIN
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """After ``messages`` of the request's messages: its ``entries`` entries, and their chain."""
+
+    messages: int
+    entries: int
+    chain: bytes
+
+
+@dataclass(slots=True)
+class Matched:
+    """The request extends the stored history: its messages from ``new_from`` on are new."""
+
+    new_from: int
+    # From the first message hashed (the raw fast path skips a prefix) to the last.
+    boundaries: list[Boundary]
+    fast: bool  # whether the raw fast path skipped a prefix
+    raw: RawDigest = field(repr=False)
+
+    @property
+    def end(self) -> Boundary:
+        """The chain over all the request's entries: the stored one once the new are stored."""
+        return self.boundaries[-1]
+
+    def boundary(self, messages: int) -> Boundary:
+        """The boundary after ``messages`` messages (at least the first one hashed)."""
+        first = self.boundaries[0].messages
+        return self.boundaries[max(messages, first) - first]
+
+
+@dataclass(frozen=True, slots=True)
+class Diverged:
+    """The request's history is not the stored one (``stored_entries`` message entries)
+    followed by new messages: ``shorter``, the request ended before the stored history
+    did; ``inside_message``, the stored history ends inside that request message (which
+    cannot be stored in part); else an entry differs."""
+
+    stored_entries: int
+    shorter: bool = False
+    inside_message: int | None = None
+
+
+def match(
+    messages: Sequence[Any], known: Known, parse: ParseMessage, offset: int = 0
+) -> Matched | Diverged:
+    """Where the stored history ends in ``messages`` (the request's history, its system
+    prompt left out: ``offset`` messages before it in the request), or that it does not.
+    Parses and hashes only what the raw fast path cannot skip; raises what ``parse``
+    raises for a message it parses."""
+    start, count, chain = 0, 0, EMPTY_CHAIN
+    raw = RawDigest()
+    fast = False
+    if (
+        known.raw_digest is not None
+        and 0 < known.raw_count <= len(messages)
+        and known.raw_entry_count <= known.entry_count
+    ):
+        raw.add(messages[: known.raw_count])
+        if raw.digest() == known.raw_digest:
+            start, count, chain = known.raw_count, known.raw_entry_count, known.raw_chain
+            fast = True
+        else:
+            raw = RawDigest()
+    boundaries = [Boundary(start, count, chain)]
+    new_from = start if count == known.entry_count else None
+    if new_from is not None and chain != known.chain:
+        return Diverged(known.entry_count)
+    for i in range(start, len(messages)):
+        entries = parse(messages[i], f"messages[{i + offset}]")
+        for entry in entries:
+            chain = hashlib.sha256(chain + digest(entry)).digest()
+            count += 1
+            if count == known.entry_count and chain != known.chain:
+                return Diverged(known.entry_count)
+            if count > known.entry_count and new_from is None:
+                return Diverged(known.entry_count, inside_message=i)
+        boundaries.append(Boundary(i + 1, count, chain))
+        if count == known.entry_count:
+            new_from = i + 1
+    if new_from is None:
+        return Diverged(known.entry_count, shorter=True)
+    return Matched(new_from, boundaries, fast, raw)
+
+
+def raw_point(matched: Matched, total: int) -> int:
+    """Where the next call's raw fast path should stop: :data:`RAW_TAIL_MESSAGES` short
+    of the end, never before the first message this call hashed."""
+    return max(matched.boundaries[0].messages, total - RAW_TAIL_MESSAGES)
+
+
+def raw_known(matched: Matched, messages: Sequence[Any], entry_count: int, chain: bytes) -> Known:
+    """What to keep after the call: the stored chain (``entry_count`` entries, the new
+    messages and the reply stored) and the raw digest of ``messages`` (the request's
+    history, all of it stored) up to :func:`raw_point`."""
+    point = raw_point(matched, len(messages))
+    matched.raw.add(messages[matched.raw.count : point])
+    at = matched.boundary(point)
+    return Known(
+        entry_count=entry_count,
+        chain=chain,
+        raw_count=point,
+        raw_digest=matched.raw.digest() if point else None,
+        raw_entry_count=at.entries,
+        raw_chain=at.chain,
+    )
+
+
+def first_difference(
+    messages: Sequence[Any], parse: ParseMessage, stored: Sequence[bytes], offset: int = 0
+) -> tuple[int, int]:
+    """Where the request's history first differs from the stored one: the index of the
+    first request message whose entries are not the stored ones (``len(messages)`` when
+    the request is a strict prefix of the stored history), and the index of the stored
+    entry it differs at (``len(stored)`` when the request goes on past it)."""
+    at = 0
+    for i, raw in enumerate(messages):
+        for entry in parse(raw, f"messages[{i + offset}]"):
+            if at >= len(stored) or digest(entry) != stored[at]:
+                return i, at
+            at += 1
+    return len(messages), at
