@@ -32,14 +32,15 @@ gemini             prompt = ``promptTokenCount`` (cached content included):
 =================  ==========================================================
 
 Which shape a body is comes from the fields only its shape has (its
-*markers*): ``prompt_tokens``/``completion_tokens`` (and their details) for
-OpenAI chat; ``input_tokens_details`` (else ``total_tokens`` beside
-``input_tokens``) for Responses; ``cache_creation_input_tokens``,
-``cache_read_input_tokens``, ``cache_creation``, ``server_tool_use``,
-``service_tier``, ``inference_geo`` or ``speed`` for Anthropic (an SDK dump or
-an API body always has some); any Gemini count; ``cache_read_tokens`` or
-``cache_write_tokens`` for native. None of them: the native body (Anthropic's
-bare ``input_tokens``/``output_tokens`` mean the same).
+*markers*): ``prompt_tokens``, ``completion_tokens`` or
+``completion_tokens_details`` for OpenAI chat; ``input_tokens_details`` (else
+``total_tokens`` beside ``input_tokens``) for Responses;
+``cache_creation_input_tokens``, ``cache_read_input_tokens``,
+``cache_creation``, ``server_tool_use``, ``service_tier``, ``inference_geo`` or
+``speed`` for Anthropic (an SDK dump or an API body always has some); any
+Gemini field but ``prompt_tokens_details`` (OpenAI chat's name too);
+``cache_read_tokens`` or ``cache_write_tokens`` for native. None of them: the
+native body (Anthropic's bare ``input_tokens``/``output_tokens`` mean the same).
 
 A whole response is read too, its usage and its stop reason only: an OpenAI
 ``ChatCompletion`` (``usage``, ``choices[0].finish_reason``), a Responses
@@ -90,10 +91,12 @@ class UsageError(ValueError):
     (``prompt_tokens_details.cached_tokens``, ``usage.input_tokens``; ``body``
     for the body itself)."""
 
-    def __init__(self, field: str, detail: str) -> None:
+    def __init__(self, field: str, detail: str, *, native: bool = False) -> None:
         super().__init__(f"{field}: {detail}")
         self.field = field
         self.detail = detail
+        # The body was read as the native report (no provider's shape recognised).
+        self.native = native
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,12 +200,10 @@ FIELDS: dict[UsageFormat, frozenset[str]] = {
 # The fields that say which shape a body is: each belongs to one shape only.
 MARKERS: dict[UsageFormat, frozenset[str]] = {
     "native": frozenset({"cache_read_tokens", "cache_write_tokens"}),
-    "openai_chat": frozenset(
-        {"prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"}
-    ),
+    # (prompt_tokens_details is the google-genai SDK's name too: it marks neither.)
+    "openai_chat": frozenset({"prompt_tokens", "completion_tokens", "completion_tokens_details"}),
     "openai_responses": frozenset({"input_tokens_details"}),
     "anthropic": FIELDS["anthropic"] - {"input_tokens", "output_tokens", "output_tokens_details"},
-    # snake_case prompt_tokens_details is OpenAI chat's name too.
     "gemini": FIELDS["gemini"] - {"prompt_tokens_details"},
 }
 
@@ -214,7 +215,7 @@ _NESTED_FIGURES = {
     "audio_tokens": "prompt_tokens_details.audio_tokens",
 }
 
-_KNOWN = sorted(
+_KNOWN = frozenset(
     {*NATIVE_FIELDS, *REASON_FIELDS, *(f for fields in FIELDS.values() for f in fields)}
 )
 
@@ -223,7 +224,7 @@ def _squash(name: str) -> str:
     return name.replace("_", "").lower()
 
 
-_SQUASHED = {_squash(name): name for name in _KNOWN}
+_SQUASHED = {_squash(name): name for name in sorted(_KNOWN)}
 _NEAR_MISS_CUTOFF = 0.88
 
 
@@ -231,6 +232,8 @@ def near_miss(name: str) -> str | None:
     """The known field ``name`` looks like a slip of, if any: another case or
     separators (``cacheReadInputTokens``), a letter or two off
     (``cache_read_input_token``), or a nested figure at the top level."""
+    if name in _KNOWN:
+        return None
     if name in _NESTED_FIGURES:
         return _NESTED_FIGURES[name]
     squashed = _squash(name)
@@ -244,7 +247,7 @@ def near_miss(name: str) -> str | None:
 
 
 def _path(prefix: str, name: str) -> str:
-    return f"{prefix}{name}"
+    return f"{prefix}{name or chr(34) * 2}"  # an empty key shown as ""
 
 
 def _type_name(value: Any) -> str:
@@ -554,9 +557,13 @@ def read_usage(payload: Mapping[str, Any], *, passthrough: Collection[str] = ())
         return _read_response(payload, usage_keys, kind)
     body = {k: v for k, v in payload.items() if k not in passthrough}
     fmt = shape_of(body)
-    _check_fields(fmt, body, "")
-    figures = _figures(fmt, body, "")
-    reason, _ = _top_reason(body)
+    try:
+        _check_fields(fmt, body, "")
+        figures = _figures(fmt, body, "")
+        reason, _ = _top_reason(body)
+    except UsageError as exc:
+        exc.native = fmt == "native"
+        raise
     return ReadUsage(fmt, *figures, finish_reason=reason)
 
 

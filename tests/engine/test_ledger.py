@@ -130,7 +130,9 @@ def draw_append(data: st.DataObject, store: Store) -> Appended:
         )
     ]
     store.entries.extend(new)
-    return Appended(tuple(Added(r.tokens, r.role == "tool") for r in new))
+    # An append whose request carried tools sets the overhead; most do not.
+    overhead = data.draw(st.none() | TOKENS, label="append overhead")
+    return Appended(tuple(Added(r.tokens, r.role == "tool") for r in new), overhead)
 
 
 def draw_prune(data: st.DataObject, store: Store) -> Pruned | PruneChecked:
@@ -255,6 +257,9 @@ def check_step(before: Totals, event: Event, after: Totals) -> None:
     elif isinstance(event, StaleUsageReported):
         assert after.usage_count == before.usage_count + 1
         expected.update(overhead_tokens=event.overhead_tokens)
+    elif isinstance(event, Appended) and event.overhead_tokens is not None:
+        assert after.usage_count == before.usage_count
+        expected.update(overhead_tokens=event.overhead_tokens)
     else:
         assert after.usage_count == before.usage_count
     assert now == expected
@@ -346,6 +351,23 @@ def test_a_pivot_forgets_the_report_and_the_check_but_not_the_calibration() -> N
     assert (moved.calibration_factor, moved.overhead_tokens, moved.usage_count) == (1.1, 300, 1)
 
 
+def test_an_append_sets_the_overhead_only_when_its_request_said() -> None:
+    totals = apply(Totals(), Appended((Added(100),), 700))
+    assert (totals.overhead_tokens, totals.version, totals.context_tokens) == (700, 2, 100)
+    kept = apply(totals, Appended((Added(5),)))
+    assert (kept.overhead_tokens, kept.version) == (700, 3)
+    cleared = apply(kept, Appended((Added(5),), 0))
+    assert cleared.overhead_tokens == 0
+    assert changed(kept, cleared) == {
+        "version": 4,
+        "next_seq": 4,
+        "entry_count": 3,
+        "stored_tokens": 110,
+        "context_tokens": 110,
+        "overhead_tokens": 0,
+    }
+
+
 def test_totals_of_reads_a_row_by_column_name() -> None:
     row = {name: getattr(Totals(), name) for name in TOTALS_FIELDS}
     row.update(pinned_seqs=[1, 4], summary_seq=9, model="gpt-4o")  # extra columns are ignored
@@ -361,6 +383,7 @@ def test_totals_of_reads_a_row_by_column_name() -> None:
         lambda: UsageReported(1.0, -1, 0, 0),
         lambda: StaleUsageReported(-5),
         lambda: PivotMoved((10, -1), 1, 1, (), 0, 0),
+        lambda: Appended((Added(1),), -1),
     ],
 )
 def test_negative_counts_are_refused(make: Callable[[], object]) -> None:
