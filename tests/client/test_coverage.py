@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints, is_typeddict
 
 import pytest
 from compactd_client import AsyncCompactd, Compactd
@@ -125,3 +125,73 @@ def test_every_parameter_and_body_field_is_a_method_parameter(source: str) -> No
             if field not in BODY_IN.get(name, accepted):
                 gaps.append(f"{name}: body field {field}")
     assert not gaps, f"fields of the API the client cannot send: {gaps}"
+
+
+def typed_dict_in(annotation: Any) -> Any:
+    """The TypedDict an annotation holds (``X``, ``X | None``, ``list[X]``), if any."""
+    if is_typeddict(annotation):
+        return annotation
+    for arg in get_args(annotation):
+        found = typed_dict_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def schema_ref(spec: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The component a property's schema names (through nullable unions and arrays)."""
+    if "$ref" in schema:
+        found: dict[str, Any] = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+        return found
+    parts = [*schema.get("anyOf", []), *schema.get("allOf", [])]
+    if "items" in schema:
+        parts.append(schema["items"])
+    for part in parts:
+        ref = schema_ref(spec, part)
+        if ref is not None:
+            return ref
+    return None
+
+
+def shape_gaps(
+    spec: dict[str, Any], typed: Any, schema: dict[str, Any], where: str, *, both_ways: bool
+) -> list[str]:
+    """Where the TypedDict lacks a field of the response schema (and, ``both_ways``, has
+    one it does not), recursively."""
+    hints = get_type_hints(typed)
+    properties: dict[str, Any] = schema.get("properties", {})
+    gaps = [
+        f"{where}.{name}: not in the client's {typed.__name__}"
+        for name in properties.keys() - hints.keys()
+    ]
+    if both_ways:
+        gaps += [f"{where}.{name}: not in the API's answer" for name in hints - properties.keys()]
+    for name in hints.keys() & properties.keys():
+        inner, ref = typed_dict_in(hints[name]), schema_ref(spec, properties[name])
+        if inner is not None and ref is not None:
+            gaps += shape_gaps(spec, inner, ref, f"{where}.{name}", both_ways=both_ways)
+    return gaps
+
+
+@pytest.mark.parametrize("source", ["committed", "app"])
+def test_the_typed_answers_have_the_fields_the_api_answers_with(source: str) -> None:
+    spec = spec_of(source)
+    gaps: list[str] = []
+    checked = 0
+    for op, operation in operations(spec).items():
+        if op in PROXY or op not in COVERED:
+            continue
+        returned = get_type_hints(getattr(Compactd, COVERED[op]))["return"]
+        typed = typed_dict_in(returned)
+        ok = next(v for k, v in operation["responses"].items() if k.startswith("2"))
+        body = ok.get("content", {}).get("application/json", {}).get("schema")
+        if typed is None or body is None:
+            continue
+        component = schema_ref(spec, body)
+        assert component is not None, op
+        # The committed document may lag behind the app (it is regenerated when the API
+        # changes): a field the client already reads may not be in it yet.
+        gaps += shape_gaps(spec, typed, component, COVERED[op], both_ways=source == "app")
+        checked += 1
+    assert checked >= 15
+    assert not gaps, gaps
