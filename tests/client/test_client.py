@@ -319,6 +319,11 @@ def test_the_proxy_helpers_name_the_sdks_base_urls_and_the_session_header() -> N
     assert api.proxy_base_url("openai") == "http://compactd.internal:8080/proxy/openai/v1"
     assert api.proxy_base_url("anthropic") == "http://compactd.internal:8080/proxy/anthropic"
     assert api.proxy_headers("agent-7") == {"X-Compactd-Session": "agent-7"}
+    keyed = Compactd("http://compactd.internal:8080", api_key="cpd_abc")
+    assert keyed.proxy_headers("agent-7") == {
+        "X-Compactd-Session": "agent-7",
+        "X-Compactd-Key": "cpd_abc",
+    }
     with pytest.raises(ValueError, match="gemini"):
         api.proxy_base_url("gemini")  # type: ignore[arg-type]
 

@@ -2,7 +2,7 @@
 (:class:`AsyncCompactd`), with retries that store a retried append once."""
 
 from compactd_client._async import AsyncCompactd
-from compactd_client._base import DEFAULT_URL, SESSION_HEADER
+from compactd_client._base import DEFAULT_URL, KEY_HEADER, SESSION_HEADER
 from compactd_client._sync import Compactd
 from compactd_client.errors import (
     CompactdConnectionError,
@@ -16,6 +16,7 @@ from compactd_client.errors import (
 
 __all__ = [
     "DEFAULT_URL",
+    "KEY_HEADER",
     "SESSION_HEADER",
     "AsyncCompactd",
     "Compactd",

@@ -16,6 +16,7 @@ import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 SESSION_HEADER = "X-Compactd-Session"
+KEY_HEADER = "X-Compactd-Key"  # on the proxy, whose Authorization is the provider's
 Provider = Literal["openai", "anthropic"]
 
 # Failures where the request may not have arrived, or its answer was lost: worth another
@@ -96,8 +97,12 @@ class BaseClient:
 
     def proxy_headers(self, session_id: str) -> dict[str, str]:
         """The headers to add to the SDK's requests (``default_headers=...``): the session
-        the conversation is stored in (created on first use with the request's model)."""
-        return {SESSION_HEADER: session_id}
+        the conversation is stored in (created on first use with the request's model),
+        and compactd's API key if there is one (the SDK's own key is the provider's)."""
+        headers = {SESSION_HEADER: session_id}
+        if self.api_key:
+            headers[KEY_HEADER] = self.api_key
+        return headers
 
     # Requests
 
