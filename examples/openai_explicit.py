@@ -1,0 +1,139 @@
+"""A small coding agent on the OpenAI SDK that keeps its history in compactd, called
+explicitly through compactd_client. Each step: append what is new, read the context
+compactd builds (it fits the model's window however long the task runs), call the
+model with it, report the usage the SDK returned, and append the reply.
+
+    OPENAI_API_KEY=sk-... python examples/openai_explicit.py "What does this project do?"
+
+The SDK calls the provider itself (OPENAI_BASE_URL, else OpenAI's API). Settings:
+OPENAI_MODEL (default gpt-4.1-mini), COMPACTD_URL (default http://127.0.0.1:8080),
+COMPACTD_API_KEY (when compactd has keys), COMPACTD_SESSION (default: a new one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+from compactd_client import Compactd
+from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
+MODEL = os.environ.get("OPENAI_MODEL", "gpt-4.1-mini")
+MAX_STEPS = 20
+ROOT = Path.cwd().resolve()
+SYSTEM = (
+    "You are a coding agent working in the current directory. Use list_files and "
+    "read_file to look at the code before you answer, then answer briefly."
+)
+
+
+def inside(path: str) -> Path:
+    """``path`` under the working directory, or an error."""
+    target = (ROOT / path).resolve()
+    if not target.is_relative_to(ROOT):
+        raise ValueError(f"{path} is outside {ROOT}")
+    return target
+
+
+def list_files(path: str = ".") -> str:
+    entries = sorted(inside(path).iterdir())
+    return "\n".join(p.name + "/" * p.is_dir() for p in entries if not p.name.startswith("."))
+
+
+def read_file(path: str) -> str:
+    return inside(path).read_text(encoding="utf-8", errors="replace")[:20_000]
+
+
+def run_tool(name: str, arguments: str) -> str:
+    """The tool's output, or the error the model should see."""
+    try:
+        args = json.loads(arguments or "{}")
+        if name == "list_files":
+            return list_files(**args)
+        if name == "read_file":
+            return read_file(**args)
+        return f"error: no tool named {name}"
+    except (OSError, ValueError, TypeError) as exc:
+        return f"error: {exc}"
+
+
+def path_param(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": description}},
+    }
+
+
+TOOLS: list[ChatCompletionToolParam] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "list_files",
+            "description": "List a folder of the project (default: its root).",
+            "parameters": path_param("A folder, relative to the project root."),
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file of the project.",
+            "parameters": {
+                **path_param("A file, relative to the project root."),
+                "required": ["path"],
+            },
+        },
+    },
+]
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit(f"usage: {sys.argv[0]} TASK")
+    task = " ".join(sys.argv[1:])
+    llm = OpenAI()  # OPENAI_API_KEY, OPENAI_BASE_URL
+    with Compactd() as compactd:  # COMPACTD_URL, COMPACTD_API_KEY
+        session_id = os.environ.get("COMPACTD_SESSION") or f"openai-explicit-{uuid.uuid4().hex[:8]}"
+        compactd.create_session(MODEL, id=session_id)
+        print(f"[compactd session {session_id}]", file=sys.stderr)
+        # The system prompt and the tools go with the first append, as in the request.
+        compactd.append_messages(
+            session_id,
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}],
+            tools=TOOLS,
+        )
+        for _ in range(MAX_STEPS):
+            context = compactd.get_context(session_id)
+            response = llm.chat.completions.create(
+                model=MODEL,
+                messages=cast(list[ChatCompletionMessageParam], context["messages"]),
+                tools=TOOLS,
+            )
+            choice = response.choices[0]
+            if response.usage is not None:
+                compactd.report_usage(
+                    session_id,
+                    response.usage,
+                    finish_reason=choice.finish_reason,
+                    context_version=context["version"],
+                )
+            calls = [c for c in choice.message.tool_calls or [] if c.type == "function"]
+            new = [choice.message.model_dump(exclude_none=True)]
+            for call in calls:
+                print(f"> {call.function.name}({call.function.arguments})", file=sys.stderr)
+                output = run_tool(call.function.name, call.function.arguments)
+                new.append({"role": "tool", "tool_call_id": call.id, "content": output})
+            compactd.append_messages(session_id, new)
+            if not calls:
+                print(choice.message.content)
+                return
+    sys.exit(f"no answer after {MAX_STEPS} steps")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""A small coding agent on the OpenAI SDK whose history compactd keeps through its
+proxy. It is a plain OpenAI agent loop: the only change is the SDK's base URL
+(compactd's proxy) and one header naming the session. compactd stores what the agent
+sends and receives, and sends the provider a context that fits the model's window.
+
+    OPENAI_API_KEY=sk-... python examples/openai_proxy.py "What does this project do?"
+
+The key passes through compactd to the provider compactd is configured with
+(COMPACTD_PROXY_OPENAI_URL, default OpenAI's API). Settings: OPENAI_MODEL (default
+gpt-4.1-mini), COMPACTD_URL (default http://127.0.0.1:8080), COMPACTD_SESSION (default:
+a new one), COMPACTD_API_KEY (when compactd has keys: sent as X-Compactd-Key).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
+COMPACTD_URL = os.environ.get("COMPACTD_URL", "http://127.0.0.1:8080").rstrip("/")
+MODEL = os.environ.get("OPENAI_MODEL", "gpt-4.1-mini")
+MAX_STEPS = 20
+ROOT = Path.cwd().resolve()
+SYSTEM = (
+    "You are a coding agent working in the current directory. Use list_files and "
+    "read_file to look at the code before you answer, then answer briefly."
+)
+
+
+def inside(path: str) -> Path:
+    """``path`` under the working directory, or an error."""
+    target = (ROOT / path).resolve()
+    if not target.is_relative_to(ROOT):
+        raise ValueError(f"{path} is outside {ROOT}")
+    return target
+
+
+def list_files(path: str = ".") -> str:
+    entries = sorted(inside(path).iterdir())
+    return "\n".join(p.name + "/" * p.is_dir() for p in entries if not p.name.startswith("."))
+
+
+def read_file(path: str) -> str:
+    return inside(path).read_text(encoding="utf-8", errors="replace")[:20_000]
+
+
+def run_tool(name: str, arguments: str) -> str:
+    """The tool's output, or the error the model should see."""
+    try:
+        args = json.loads(arguments or "{}")
+        if name == "list_files":
+            return list_files(**args)
+        if name == "read_file":
+            return read_file(**args)
+        return f"error: no tool named {name}"
+    except (OSError, ValueError, TypeError) as exc:
+        return f"error: {exc}"
+
+
+def path_param(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": description}},
+    }
+
+
+TOOLS: list[ChatCompletionToolParam] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "list_files",
+            "description": "List a folder of the project (default: its root).",
+            "parameters": path_param("A folder, relative to the project root."),
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file of the project.",
+            "parameters": {
+                **path_param("A file, relative to the project root."),
+                "required": ["path"],
+            },
+        },
+    },
+]
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit(f"usage: {sys.argv[0]} TASK")
+    task = " ".join(sys.argv[1:])
+    session_id = os.environ.get("COMPACTD_SESSION") or f"openai-proxy-{uuid.uuid4().hex[:8]}"
+    print(f"[compactd session {session_id}]", file=sys.stderr)
+    headers = {"X-Compactd-Session": session_id}
+    if os.environ.get("COMPACTD_API_KEY"):  # a compactd with keys wants one
+        headers["X-Compactd-Key"] = os.environ["COMPACTD_API_KEY"]
+    llm = OpenAI(  # OPENAI_API_KEY
+        base_url=f"{COMPACTD_URL}/proxy/openai/v1",
+        default_headers=headers,
+    )
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": task},
+    ]
+    for _ in range(MAX_STEPS):
+        response = llm.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        message = response.choices[0].message
+        messages.append(cast(ChatCompletionMessageParam, message.model_dump(exclude_none=True)))
+        calls = [c for c in message.tool_calls or [] if c.type == "function"]
+        if not calls:
+            print(message.content)
+            return
+        for call in calls:
+            print(f"> {call.function.name}({call.function.arguments})", file=sys.stderr)
+            output = run_tool(call.function.name, call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+    sys.exit(f"no answer after {MAX_STEPS} steps")
+
+
+if __name__ == "__main__":
+    main()
