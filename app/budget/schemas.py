@@ -210,8 +210,11 @@ class UsageReport(Strict):
             read = provider_usage.read_usage(data, passthrough=USAGE_CONTROL_FIELDS)
         except provider_usage.UsageError as exc:
             if exc.native:
-                # The native body: the field validators name every bad field.
-                return handler(data)
+                # The native body: the field validators name every bad field they
+                # see (the stop reason's other names aside); what they let pass
+                # (two stop reasons) is the mapping's to name.
+                plain = {k: v for k, v in data.items() if k not in provider_usage.REASON_ALIASES}
+                handler(plain)
             raise PydanticCustomError(
                 "field_error", "{detail}", {"field": exc.field, "detail": exc.detail}
             ) from None

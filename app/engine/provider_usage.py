@@ -141,7 +141,8 @@ NATIVE_FIELDS = frozenset(
     {"input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"}
 )
 # The stop reason under each provider's name, at the top level of a usage body.
-REASON_FIELDS = ("finish_reason", "stop_reason", "finishReason")
+REASON_ALIASES = ("stop_reason", "finishReason")  # the native report's is finish_reason
+REASON_FIELDS = ("finish_reason", *REASON_ALIASES)
 
 _GEMINI_PAIRS = (
     ("promptTokenCount", "prompt_token_count"),
@@ -302,8 +303,7 @@ def _within(prompt: int, prompt_field: str, parts: list[tuple[int, str]]) -> Non
     if sum(n for n, _ in parts) > prompt:
         named = " + ".join(f"{f} ({n:,})" for n, f in parts if n)
         raise UsageError(
-            parts[0][1] if len(parts) == 1 else " and ".join(f for _, f in parts),
-            f"{named} is more than {prompt_field} ({prompt:,}), which includes them",
+            parts[0][1], f"{named} is more than {prompt_field} ({prompt:,}), which includes them"
         )
 
 
@@ -311,8 +311,8 @@ def _gemini_get(obj: Mapping[str, Any], camel: str, snake: str, prefix: str) -> 
     """A Gemini field under its REST (camelCase) or SDK (snake_case) name."""
     if camel in obj and snake in obj:
         raise UsageError(
-            f"{_path(prefix, camel)} and {_path(prefix, snake)}",
-            "the same figure is given twice (the REST and the SDK name)",
+            _path(prefix, snake),
+            f"the same figure as {_path(prefix, camel)}, given twice (the SDK and the REST name)",
         )
     return (snake, obj[snake]) if snake in obj else (camel, obj.get(camel))
 
@@ -392,10 +392,12 @@ def _markers(keys: Collection[str]) -> dict[UsageFormat, list[str]]:
 
 
 def _mixed(found: Mapping[UsageFormat, list[str]]) -> UsageError:
-    fields = [f"{names[0]} ({FORMAT_NAMES[fmt]})" for fmt, names in found.items()]
+    """Named by the first marker found (the native body's first, when it is one
+    of them); the detail names every marker of each shape."""
+    shapes = [f"{', '.join(names)} ({FORMAT_NAMES[fmt]})" for fmt, names in found.items()]
     return UsageError(
-        " and ".join(names[0] for names in found.values()),
-        "two usage shapes are mixed: " + " and ".join(fields) + "; send one provider's object",
+        next(iter(found.values()))[0],
+        "two usage shapes are mixed: " + " and ".join(shapes) + "; send one provider's object",
     )
 
 
@@ -532,7 +534,7 @@ def _top_reason(body: Mapping[str, Any]) -> tuple[str | None, str]:
     distinct = {reason for _, reason in found}
     if len(distinct) > 1:
         raise UsageError(
-            " and ".join(name for name, _ in found),
+            found[-1][0],
             "two different stop reasons: " + ", ".join(f"{n}={r!r}" for n, r in found),
         )
     return (found[0][1], found[0][0]) if found else (None, "")
@@ -573,7 +575,9 @@ def _read_response(
     """A whole response (or a wrapper of a usage object): its usage and its
     reason only."""
     if len(usage_keys) > 1:
-        raise UsageError(" and ".join(usage_keys), "a response has one usage object")
+        raise UsageError(
+            usage_keys[-1], f"a response has one usage object, and {usage_keys[0]} is one"
+        )
     if not usage_keys:
         name = "usageMetadata" if kind == "gemini" else "usage"
         what = FORMAT_NAMES[kind] if kind is not None else "provider"
@@ -608,6 +612,7 @@ def _read_response(
     top, top_where = _top_reason(payload)
     if top is not None and reason is not None and top != reason and top_where != where:
         raise UsageError(
-            f"{top_where} and {where}", f"two different stop reasons: {top!r} and {reason!r}"
+            top_where,
+            f"is {top!r}, but the response's own stop reason ({where}) is {reason!r}",
         )
     return ReadUsage(fmt, *figures, finish_reason=reason or top, whole_response=True)
