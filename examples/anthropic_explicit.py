@@ -6,7 +6,7 @@ model with it, report the usage the SDK returned, and append the reply.
     ANTHROPIC_API_KEY=sk-ant-... python examples/anthropic_explicit.py "What does this project do?"
 
 The SDK calls the provider itself (ANTHROPIC_BASE_URL, else Anthropic's API). Settings:
-ANTHROPIC_MODEL (default claude-sonnet-4-5), COMPACTD_URL (default
+ANTHROPIC_MODEL (default claude-sonnet-4-6), COMPACTD_URL (default
 http://127.0.0.1:8080), COMPACTD_API_KEY (when compactd has keys), COMPACTD_SESSION
 (default: a new one).
 """
@@ -23,7 +23,7 @@ from anthropic import Anthropic, omit
 from anthropic.types import MessageParam, TextBlockParam, ToolParam
 from compactd_client import Compactd
 
-MODEL = os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-5")
+MODEL = os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-6")
 MAX_STEPS = 20
 MAX_TOKENS = 4096
 ROOT = Path.cwd().resolve()
@@ -62,24 +62,21 @@ def run_tool(name: str, args: Any) -> str:
         return f"error: {exc}"
 
 
-def path_schema(description: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"path": {"type": "string", "description": description}},
-    }
-
-
 TOOLS: list[ToolParam] = [
     {
         "name": "list_files",
-        "description": "List a folder of the project (default: its root).",
-        "input_schema": path_schema("A folder, relative to the project root."),
+        "description": "List a folder of the project, one name a line (folders end in /).",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "default": ".", "description": "A folder."}},
+        },
     },
     {
         "name": "read_file",
         "description": "Read a text file of the project.",
         "input_schema": {
-            **path_schema("A file, relative to the project root."),
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "A file."}},
             "required": ["path"],
         },
     },

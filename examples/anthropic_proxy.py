@@ -7,7 +7,7 @@ sends and receives, and sends the provider a context that fits the model's windo
 
 The key passes through compactd to the provider compactd is configured with
 (COMPACTD_PROXY_ANTHROPIC_URL, default Anthropic's API). Settings: ANTHROPIC_MODEL (default
-claude-sonnet-4-5), COMPACTD_URL (default http://127.0.0.1:8080), COMPACTD_SESSION (default:
+claude-sonnet-4-6), COMPACTD_URL (default http://127.0.0.1:8080), COMPACTD_SESSION (default:
 a new one), COMPACTD_API_KEY (when compactd has keys: sent as X-Compactd-Key).
 """
 
@@ -23,7 +23,7 @@ from anthropic import Anthropic
 from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam
 
 COMPACTD_URL = os.environ.get("COMPACTD_URL", "http://127.0.0.1:8080").rstrip("/")
-MODEL = os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-5")
+MODEL = os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-6")
 MAX_STEPS = 20
 MAX_TOKENS = 4096
 ROOT = Path.cwd().resolve()
@@ -62,24 +62,21 @@ def run_tool(name: str, args: Any) -> str:
         return f"error: {exc}"
 
 
-def path_schema(description: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"path": {"type": "string", "description": description}},
-    }
-
-
 TOOLS: list[ToolParam] = [
     {
         "name": "list_files",
-        "description": "List a folder of the project (default: its root).",
-        "input_schema": path_schema("A folder, relative to the project root."),
+        "description": "List a folder of the project, one name a line (folders end in /).",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "default": ".", "description": "A folder."}},
+        },
     },
     {
         "name": "read_file",
         "description": "Read a text file of the project.",
         "input_schema": {
-            **path_schema("A file, relative to the project root."),
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "A file."}},
             "required": ["path"],
         },
     },

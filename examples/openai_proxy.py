@@ -18,7 +18,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
@@ -63,20 +63,18 @@ def run_tool(name: str, arguments: str) -> str:
         return f"error: {exc}"
 
 
-def path_param(description: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"path": {"type": "string", "description": description}},
-    }
-
-
 TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
             "name": "list_files",
-            "description": "List a folder of the project (default: its root).",
-            "parameters": path_param("A folder, relative to the project root."),
+            "description": "List a folder of the project, one name a line (folders end in /).",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "default": ".", "description": "A folder."}
+                },
+            },
         },
     },
     {
@@ -85,7 +83,8 @@ TOOLS: list[ChatCompletionToolParam] = [
             "name": "read_file",
             "description": "Read a text file of the project.",
             "parameters": {
-                **path_param("A file, relative to the project root."),
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "A file."}},
                 "required": ["path"],
             },
         },
