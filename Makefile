@@ -5,24 +5,35 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two stamps: `make run` needs the service's runtime dependencies only; `make install`
+# and `make test` add the dev tools and the Python client (clients/python), and so
+# cover the runtime too.
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-runtime
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "Installing compactd and its runtime dependencies into $(VENV)..."
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]' -e clients/python
+	touch $(STAMP) $(RUN_STAMP)
 
 .PHONY: help
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 .PHONY: install
-install: $(STAMP) ## Create .venv and install the project with its dev tools
+install: $(STAMP) ## Create .venv and install the project with its dev tools and the Python client
 
 .PHONY: run
-run: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL in var/ unless DATABASE_URL is set)
-	$(BIN)/compactd serve
+run: $(RUN_STAMP) ## Serve on 127.0.0.1:8080, or PORT= (embedded PostgreSQL in var/ unless DATABASE_URL is set)
+	$(BIN)/compactd serve $(if $(PORT),--port $(PORT))
 
 # The tests run on pytest-xdist workers, one more than there are CPUs, that share one
 # Postgres; a module at a time goes to the first free worker, the slow tests first and
