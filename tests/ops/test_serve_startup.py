@@ -26,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from app import __version__
 from app.core.observability import JsonFormatter, TextFormatter, resolve_log_format
 from app.core.startup import StartupFacts, banner, database_place
 from tests.conftest import TEST_SETTINGS
@@ -228,7 +229,7 @@ def test_on_a_terminal_make_run_says_where_everything_is() -> None:
         print(text)
         assert f"creating and starting the embedded PostgreSQL in {data}…" in text
         assert "applying the database migrations…" in text
-        assert f"compactd 0.1.0 is serving on http://127.0.0.1:{port}" in text
+        assert f"compactd {__version__} is serving on http://127.0.0.1:{port}" in text
         assert f"database    embedded PostgreSQL, data in {data}" in text
         assert "(applied now, from an empty database)" in text
         assert "open: no API keys exist, so it serves this machine only (loopback)" in text
