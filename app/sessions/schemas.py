@@ -149,6 +149,12 @@ class SessionOut(BaseModel):
     stored_tokens: int
     context_tokens: int
     calibration_factor: float
+    overhead_tokens: int = Field(
+        0,
+        description="Tokens each request adds besides the stored messages (the tool schemas): "
+        "set by an append's `tools` or a usage report's `tools`/`tools_tokens`, added to "
+        "every estimate made without a usage report's exact base.",
+    )
     last_usage: dict[str, Any] | None
     usage_count: int = Field(description="Usage reports received.")
     pruned_tokens: int = Field(description="Tokens pruning has taken out of the context.")

@@ -153,6 +153,7 @@ def to_schema(session: Session) -> SessionOut:
         stored_tokens=session.stored_tokens,
         context_tokens=session.context_tokens,
         calibration_factor=session.calibration_factor,
+        overhead_tokens=session.overhead_tokens,
         last_usage=session.last_usage,
         usage_count=session.usage_count,
         pruned_tokens=session.pruned_tokens,
