@@ -144,6 +144,19 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
     rest = await api.list_sessions(cursor=first["next_cursor"], metadata={"suite": name})
     assert {s["id"] for s in first["sessions"] + rest["sessions"]} == {sid, other["id"]}
 
+    # An Anthropic request as the agent has it: its system prompt and tools beside.
+    tools = [{"name": "read_file", "input_schema": {"type": "object", "properties": {}}}]
+    await api.append_messages(
+        other["id"],
+        [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        format="anthropic",
+        system="Be brief.",
+        tools=tools,
+    )
+    assert (await api.get_session(other["id"]))["overhead_tokens"] > 0
+    other_context = await api.get_context(other["id"], format="anthropic")
+    assert other_context["system"] == [{"type": "text", "text": "Be brief."}]
+
     patched = await api.update_session(
         sid, {"metadata": {"suite": name, "step": "patched"}}, if_match=created["version"]
     )
@@ -262,6 +275,21 @@ async def test_the_sync_client_covers_every_operation(
     ):
         await scenario(cast(AsyncCompactd, Awaited(api)), upstream, "sync-client")
     assert reached(sent) == operations()
+
+
+def test_a_compaction_may_wait_longer_than_the_clients_timeout(
+    compactd_url: str, upstream: Upstream
+) -> None:
+    """``wait`` holds the answer until the compaction is done: the request's read
+    timeout makes room for it (no retry here: a timeout would be an error)."""
+    upstream.script([Hang(2)])  # the summarizer answers after 2 s
+    with Compactd(compactd_url) as setup:
+        sid = setup.create_session("gpt-4o", config=MANUAL)["id"]
+        setup.append_messages(sid, CONVERSATION)
+    with Compactd(compactd_url, timeout=1.0, max_retries=0) as api:
+        job = api.request_compaction(sid, summarizer="llm", wait=60)
+    assert job["status"] == "succeeded", job
+    assert job["summarizer_used"] == "llm"
 
 
 def test_problems_surface_as_typed_errors(compactd_url: str) -> None:

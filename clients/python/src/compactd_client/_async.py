@@ -75,14 +75,16 @@ class AsyncCompactd(BaseClient):
         json: Any = None,
         idempotency_key: str | None = None,
         if_match: int | str | None = None,
+        wait: float | None = None,
     ) -> httpx.Response:
         headers = self._headers(method, idempotency_key, if_match)
+        timeout = self._timeout(self._http.timeout, wait)
         url = self.base_url + url_path
         attempt = 0
         while True:
             try:
                 response = await self._http.request(
-                    method, url, params=params, json=json, headers=headers
+                    method, url, params=params, json=json, headers=headers, timeout=timeout
                 )
             except RETRYABLE_ERRORS as exc:
                 delay = self._delay(attempt, None)
@@ -351,6 +353,7 @@ class AsyncCompactd(BaseClient):
                 path("/v1/sessions/{}/compactions", session_id),
                 json=body,
                 idempotency_key=idempotency_key,
+                wait=wait,
             ),
         )
 

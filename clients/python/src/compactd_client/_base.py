@@ -120,6 +120,19 @@ class BaseClient:
             headers["If-Match"] = f'"{if_match}"' if isinstance(if_match, int) else if_match
         return headers
 
+    def _timeout(self, http_timeout: httpx.Timeout, wait: float | None) -> httpx.Timeout:
+        """The timeout of a request the server may hold ``wait`` seconds (a compaction
+        asked to wait for its result): the client's, with time for the wait."""
+        read = http_timeout.read
+        if not wait or read is None:
+            return http_timeout
+        return httpx.Timeout(
+            connect=http_timeout.connect,
+            read=max(read, wait + 30.0),
+            write=http_timeout.write,
+            pool=http_timeout.pool,
+        )
+
     def _delay(self, attempt: int, response: httpx.Response | None) -> float | None:
         """Seconds to wait before attempt ``attempt + 1``, or None when the failure is
         final: not retryable, retries spent, or a ``Retry-After`` longer than we wait."""

@@ -39,6 +39,7 @@ class Session(TypedDict):
     entry_count: int
     stored_tokens: int
     context_tokens: int
+    overhead_tokens: int
     calibration_factor: float
     last_usage: dict[str, Any] | None
     usage_count: int
