@@ -14,7 +14,6 @@ _MESSAGE_KEYS = frozenset(
     {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
 )
 _TOOL_CALL_KEYS = frozenset({"id", "type", "function"})
-_NULLABLE_KEYS = ("name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
 def _split_extra(obj: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
@@ -116,9 +115,6 @@ def parse_message(raw: Any, path: str) -> Entry:
             f"unknown role {role!r}; expected one of system, developer, user, assistant, tool",
         )
     extra = _split_extra(raw, _MESSAGE_KEYS)
-    # A known key sent as null (an SDK's model_dump() sends every field:
-    # ChatCompletionMessage's tool_calls=None) is given back as it was sent.
-    extra.update((key, None) for key in _NULLABLE_KEYS if key in raw and raw[key] is None)
     name = raw.get("name")
     if name is not None:
         _string(name, f"{path}.name")
