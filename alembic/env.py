@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import app.compactions.models
 import app.keys.models
+import app.proxy.models
 import app.store.tables  # noqa: F401  (registers the tables)
 from alembic import context
 from app.core.database import Base

@@ -29,6 +29,9 @@ from app.engine.tokens import register_encodings
 from app.health.router import router as health_router
 from app.keys.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.messages.router import router as messages_router
+from app.proxy.errors import ProviderErrorShape
+from app.proxy.forward import ProxyClient
+from app.proxy.router import router as proxy_router
 from app.sessions.router import router as sessions_router
 
 
@@ -37,6 +40,8 @@ async def reject_unstorable_text(request: Request) -> None:
     so are integers beyond 64 bits and numbers that are not finite, which the JSON encoder
     cannot write, and arrays or objects nested too deep or over ``max_json_items`` (before
     the body's validation walks them: a million bad items once took minutes to answer)."""
+    if request.url.path.startswith("/proxy/"):
+        return  # the proxy checks the messages it stores (its bodies carry whole histories)
     for name, value in request.query_params.multi_items():
         found = find_unstorable(value, name)
         if found:
@@ -82,6 +87,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         app.state.engine = engine
         app.state.sessionmaker = sessionmaker(engine)
         app.state.keys = KeyStore(engine, settings.auth_cache_seconds)
+        app.state.proxy = ProxyClient(settings)
         app.state.metrics = metrics.app_registry(engine)
         http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0),
@@ -104,6 +110,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         finally:
             await workers.close()
             await http.aclose()
+            await app.state.proxy.aclose()
             await engine.dispose()
 
     app = FastAPI(
@@ -130,6 +137,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     # takes a place that a tenant's request could have.
     app.add_middleware(LimitMiddleware, limits=Limits.from_settings(settings))
     app.add_middleware(AuthMiddleware)
+    app.add_middleware(ProviderErrorShape)  # the proxy's errors in its provider's shape
     app.add_middleware(RequestLogMiddleware)
     for router in (
         health_router,
@@ -138,6 +146,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         context_router,
         budget_router,
         compactions_router,
+        proxy_router,
     ):
         app.include_router(router)
     return app

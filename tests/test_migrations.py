@@ -20,6 +20,7 @@ TABLES = {
     "prune_mark",
     "compaction",
     "api_key",
+    "proxy_history",
 }
 
 

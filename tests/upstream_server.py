@@ -10,23 +10,40 @@ Routes, under the test's ``upstream.url`` (``http://127.0.0.1:PORT/<id>/v1``):
 * ``POST /chat/completions`` answers in the OpenAI chat-completions shape;
 * ``POST /messages`` answers in the Anthropic Messages shape.
 
+A request with ``"stream": true`` gets its answer as server-sent events, exactly as
+each API streams it: OpenAI ``chat.completion.chunk`` objects (``delta`` content and
+``tool_calls``, the usage-only chunk when ``stream_options.include_usage`` asks for it,
+``data: [DONE]``); Anthropic ``message_start``, ``content_block_start``, ``ping``,
+``content_block_delta`` (``text_delta``, ``input_json_delta``), ``content_block_stop``,
+``message_delta`` and ``message_stop``.
+
 Requests are first checked as the real APIs do (JSON with ``model`` and
 ``messages``; Anthropic's ``anthropic-version`` header and ``max_tokens``; the key
-when ``upstream.api_key`` is set), and refused with a 400 or 401 in the API's error
-shape without consuming the script. Otherwise each request takes the next scripted
-action (:class:`Reply`, :class:`Status`, :class:`Empty`, :class:`Garbage`,
-:class:`Hang`, :class:`Drip`, :class:`Close`); when the script is spent, it gets a deterministic
-summary built from the request (:func:`default_summary`).
+when ``upstream.api_key`` is set; the prompt's size when ``upstream.context_limit`` is
+set, refused with the API's own context-overflow error), and refused with a 400 or 401
+in the API's error shape without consuming the script. Otherwise each request takes the
+next scripted action (:class:`Reply`, :class:`ToolCalls`, :class:`Status`,
+:class:`Empty`, :class:`Garbage`, :class:`Hang`, :class:`Drip`, :class:`Close`,
+:class:`BreakStream`); when the script is spent, it gets a deterministic summary built
+from the request (:func:`default_summary`), or, with ``upstream.behaviour = "agent"``,
+the demo's agent-like answer (:func:`agent_action`).
 
 Register the fixtures in ``tests/conftest.py``::
 
     from tests.upstream_server import upstream_fixture, upstream_server_fixture  # noqa: F401
 
 and take ``upstream: Upstream`` in a test.
+
+**Demo mode.** ``python -m tests.upstream_server --port 8900`` serves the agent-like
+script on its own, without a key, at ``http://127.0.0.1:8900/v1`` (OpenAI base URL)
+and ``http://127.0.0.1:8900`` (Anthropic base URL), streaming too: to a request that
+offers tools and whose last message is not a tool result, a call of its first tool
+with arguments made from the tool's schema; otherwise a short text answer.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import itertools
@@ -40,13 +57,17 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import orjson
-import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the demo mode needs only the service's dependencies
+    pytest = None  # type: ignore[assignment]
 
 # Scripted actions
 
@@ -110,7 +131,26 @@ class Close:
     connection: the client sees the peer close mid-response."""
 
 
-Action: TypeAlias = Reply | Status | Empty | Garbage | Hang | Drip | Close
+@dataclass(frozen=True, slots=True)
+class ToolCalls:
+    """200 with tool calls: ``calls`` are ``(name, arguments)`` pairs, made in parallel
+    when there are several, after ``text`` if given. ``usage`` as for :class:`Reply`."""
+
+    calls: tuple[tuple[str, Mapping[str, Any]], ...]
+    text: str | None = None
+    usage: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakStream:
+    """A streamed answer (``then``, by default a short text) cut off after ``events`` of
+    its events: the connection drops before the stream's end."""
+
+    events: int = 3
+    then: Reply | ToolCalls | None = None
+
+
+Action: TypeAlias = Reply | ToolCalls | Status | Empty | Garbage | Hang | Drip | Close | BreakStream
 
 
 # Real error bodies, for Status(...)
@@ -204,13 +244,20 @@ class RecordedRequest:
 class Upstream:
     """One test's view of the upstream server: its URL, script and record."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, keep: int | None = None) -> None:
         self.url = url
         #: When set, requests must carry it (Bearer or ``x-api-key``) or get a 401.
         self.api_key: str | None = None
+        #: When the script is spent: "summary" (:func:`default_summary`) or "agent"
+        #: (:func:`agent_action`, the demo's script).
+        self.behaviour: str = "summary"
+        #: When set, a request whose prompt is larger (:func:`prompt_tokens`) gets the
+        #: API's context-overflow error, as a model with that window would answer.
+        self.context_limit: int | None = None
         self._lock = threading.Condition()
         self._script: deque[Action] = deque()
-        self._requests: list[RecordedRequest] = []
+        # ``keep``: the demo server remembers its last requests only.
+        self._requests: deque[RecordedRequest] = deque(maxlen=keep)
 
     def script(self, actions: Iterable[Action]) -> None:
         """Queue ``actions``, one per request in arrival order, after any queued."""
@@ -254,6 +301,8 @@ class UpstreamServer:
         self._lock = threading.Lock()
         self._upstreams: dict[str, Upstream] = {}
         self._ids = itertools.count(1)
+        #: What the routes without a test prefix (``/v1/...``) play: the demo's upstream.
+        self.default: Upstream | None = None
 
     def new(self) -> Upstream:
         key = f"t{next(self._ids)}"
@@ -309,18 +358,74 @@ def _json_response(
     )
 
 
-def _reply(api: str, body: dict[str, Any], reply: Reply) -> Response:
-    model = reply.model or str(body.get("model"))
-    prompt_chars = len(_prompt_text(body)) + len(str(body.get("system", "")))
-    input_tokens, output_tokens = max(1, prompt_chars // 4), max(1, len(reply.text) // 4)
-    if api == "openai":
-        usage = reply.usage or {
-            "prompt_tokens": input_tokens,
-            "completion_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens,
-        }
-        return _json_response(
-            {
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's size as this server counts it (about four characters a token, of
+    the messages, system prompt and tools as JSON): another tokenizer than
+    compactd's, as a real provider's is."""
+    sized = [body.get("messages"), body.get("system"), body.get("tools")]
+    return max(1, len(orjson.dumps(sized)) // 4)
+
+
+def _ids(body: dict[str, Any], prefix: str, count: int) -> list[str]:
+    """Tool call ids, unique to the request (its history) and the call's position."""
+    seed = hashlib.sha256(orjson.dumps(body.get("messages"))).hexdigest()
+    return [
+        f"{prefix}{hashlib.sha256(f'{seed}:{i}'.encode()).hexdigest()[:20]}" for i in range(count)
+    ]
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One answer, in either API's shape, whole or streamed."""
+
+    api: str
+    body: dict[str, Any]
+    text: str | None
+    calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    usage: Mapping[str, Any] | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def call_ids(self) -> list[str]:
+        return _ids(self.body, "call_" if self.api == "openai" else "toolu_", len(self.calls))
+
+    def default_usage(self) -> dict[str, Any]:
+        output = max(1, len(orjson.dumps([self.text, [dict(a) for _, a in self.calls]])) // 4)
+        prompt = prompt_tokens(self.body)
+        if self.api == "openai":
+            return {
+                "prompt_tokens": prompt,
+                "completion_tokens": output,
+                "total_tokens": prompt + output,
+            }
+        return {"input_tokens": prompt, "output_tokens": output}
+
+    def whole(self) -> dict[str, Any]:
+        model = self.model or str(self.body.get("model"))
+        usage = dict(self.usage or self.default_usage())
+        ids = self.call_ids
+        if self.api == "openai":
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": self.text,
+                "refusal": None,
+                "annotations": [],
+            }
+            if self.calls:
+                message["tool_calls"] = [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+                    }
+                    for call_id, (name, args) in zip(ids, self.calls, strict=True)
+                ]
+            return {
                 "id": "chatcmpl-upstream-test",
                 "object": "chat.completion",
                 "created": int(time.time()),
@@ -328,28 +433,154 @@ def _reply(api: str, body: dict[str, Any], reply: Reply) -> Response:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": reply.text, "refusal": None},
+                        "message": message,
                         "logprobs": None,
-                        "finish_reason": reply.finish_reason or "stop",
+                        "finish_reason": self.finish_reason
+                        or ("tool_calls" if self.calls else "stop"),
                     }
                 ],
-                "usage": dict(usage),
+                "usage": usage,
+                "service_tier": "default",
+                "system_fingerprint": "fp_upstream_test",
             }
-        )
-    usage = reply.usage or {"input_tokens": input_tokens, "output_tokens": output_tokens}
-    content = [{"type": "text", "text": reply.text}] if reply.text else []
-    return _json_response(
-        {
+        content: list[dict[str, Any]] = [{"type": "text", "text": self.text}] if self.text else []
+        content += [
+            {"type": "tool_use", "id": call_id, "name": name, "input": dict(args)}
+            for call_id, (name, args) in zip(ids, self.calls, strict=True)
+        ]
+        return {
             "id": "msg_upstream_test",
             "type": "message",
             "role": "assistant",
             "model": model,
             "content": content,
-            "stop_reason": reply.finish_reason or "end_turn",
+            "stop_reason": self.finish_reason or ("tool_use" if self.calls else "end_turn"),
             "stop_sequence": None,
-            "usage": dict(usage),
+            "usage": usage,
         }
-    )
+
+    def events(self) -> list[bytes]:
+        """The answer as the API streams it, one server-sent event each."""
+        return self._openai_events() if self.api == "openai" else self._anthropic_events()
+
+    def _openai_events(self) -> list[bytes]:
+        whole = self.whole()
+        options = self.body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        base = {
+            "id": "chatcmpl-upstream-test",
+            "object": "chat.completion.chunk",
+            "created": whole["created"],
+            "model": whole["model"],
+            "service_tier": "default",
+            "system_fingerprint": whole["system_fingerprint"],
+        }
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            data: dict[str, Any] = {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if include_usage:
+                data["usage"] = None
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        out: list[bytes] = []
+        calls = whole["choices"][0]["message"].get("tool_calls") or []
+        if self.text:
+            out.append(chunk({"role": "assistant", "content": "", "refusal": None}))
+            out.extend(chunk({"content": piece}) for piece in _pieces(self.text, 12))
+        for i, call in enumerate(calls):
+            head = {
+                "index": i,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            if i == 0 and not self.text:
+                out.append(chunk({"role": "assistant", "content": None, "tool_calls": [head]}))
+            else:
+                out.append(chunk({"tool_calls": [head]}))
+            out.extend(
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+                for piece in _pieces(call["function"]["arguments"], 8)
+            )
+        if not out:
+            out.append(chunk({"role": "assistant", "content": "", "refusal": None}))
+        out.append(chunk({}, whole["choices"][0]["finish_reason"]))
+        if include_usage:
+            out.append(
+                b"data: " + orjson.dumps({**base, "choices": [], "usage": whole["usage"]}) + b"\n\n"
+            )
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+    def _anthropic_events(self) -> list[bytes]:
+        whole = self.whole()
+
+        def event(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+        usage = whole["usage"]
+        start_usage = {
+            "input_tokens": usage.get("input_tokens", 0),
+            "cache_creation_input_tokens": usage.get("cache_creation_input_tokens", 0),
+            "cache_read_input_tokens": usage.get("cache_read_input_tokens", 0),
+            "output_tokens": 1,
+        }
+        message = {**whole, "content": [], "stop_reason": None, "usage": start_usage}
+        out = [event("message_start", {"type": "message_start", "message": message})]
+        for index, block in enumerate(whole["content"]):
+            if block["type"] == "text":
+                start: dict[str, Any] = {"type": "text", "text": ""}
+                deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"], 12)]
+            else:
+                start = {**block, "input": {}}
+                arguments = orjson.dumps(block["input"]).decode()
+                deltas = [{"type": "input_json_delta", "partial_json": ""}] + [
+                    {"type": "input_json_delta", "partial_json": p} for p in _pieces(arguments, 8)
+                ]
+            out.append(
+                event(
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": start},
+                )
+            )
+            if index == 0:
+                out.append(event("ping", {"type": "ping"}))
+            out.extend(
+                event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": d},
+                )
+                for d in deltas
+            )
+            out.append(event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        out.append(
+            event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": whole["stop_reason"], "stop_sequence": None},
+                    "usage": {"output_tokens": usage.get("output_tokens", 0)},
+                },
+            )
+        )
+        out.append(event("message_stop", {"type": "message_stop"}))
+        return out
+
+    def response(self, cut_after: int | None = None) -> Response:
+        if self.body.get("stream") is not True:
+            return _json_response(self.whole())
+        return _StreamResponse(self.events(), cut_after)
+
+
+def _reply(api: str, body: dict[str, Any], reply: Reply) -> Response:
+    return _Answer(
+        api, body, reply.text, (), reply.usage, reply.model, reply.finish_reason
+    ).response()
 
 
 class _DropConnection(Exception):
@@ -363,6 +594,28 @@ class _CutResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": partial, "more_body": True})
         raise _DropConnection
+
+
+class _StreamResponse(Response):
+    """Server-sent events, each sent as it is made; ``cut_after`` drops the connection
+    after that many of them."""
+
+    def __init__(self, events: list[bytes], cut_after: int | None = None) -> None:
+        self.events, self.cut_after = events, cut_after
+        self.status_code = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for i, data in enumerate(self.events):
+            if self.cut_after is not None and i >= self.cut_after:
+                raise _DropConnection
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            await asyncio.sleep(0)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class _DripResponse(Response):
@@ -403,13 +656,28 @@ async def _wait(request: Request, seconds: float) -> None:
 
 
 async def _perform(
-    api: str, request: Request, body: dict[str, Any], action: Action | None
+    api: str,
+    request: Request,
+    body: dict[str, Any],
+    action: Action | None,
+    behaviour: str = "summary",
 ) -> Response:
     match action:
+        case None if behaviour == "agent":
+            return await _perform(api, request, body, agent_action(api, body))
         case None:
             return _reply(api, body, Reply(default_summary(_prompt_text(body))))
         case Reply():
             return _reply(api, body, action)
+        case ToolCalls(calls=calls, text=text, usage=usage):
+            return _Answer(api, body, text, calls, usage).response()
+        case BreakStream(events=events, then=then):
+            then = then or Reply("This answer will not arrive whole.")
+            if isinstance(then, Reply):
+                answer = _Answer(api, body, then.text, (), then.usage)
+            else:
+                answer = _Answer(api, body, then.text, then.calls, then.usage)
+            return answer.response(cut_after=events)
         case Status(code=code, body=payload, headers=headers):
             if payload is None:
                 payload = error_body(api, code)
@@ -450,14 +718,127 @@ def _invalid(api: str, request: Request, body: Any, upstream: Upstream) -> Respo
         return _json_response(error_body(api, 400, "model and messages are required."), 400)
     if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
         return _json_response(error_body(api, 400, "max_tokens: Field required"), 400)
+    limit = upstream.context_limit
+    if limit is not None and (size := prompt_tokens(body)) > limit:
+        if api == "openai":
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"messages resulted in {size} tokens. Please reduce the length of the messages."
+            )
+            overflow = error_body(api, 400, message)
+            overflow["error"].update(param="messages", code="context_length_exceeded")
+            return _json_response(overflow, 400)
+        message = f"prompt is too long: {size} tokens > {limit} maximum"
+        return _json_response(error_body(api, 400, message), 400)
     return None
+
+
+# The demo's agent-like script
+
+_PLAUSIBLE_STRINGS = {
+    "path": "README.md",
+    "file": "README.md",
+    "filename": "README.md",
+    "file_path": "README.md",
+    "command": "ls -la",
+    "cmd": "ls -la",
+    "query": "context window",
+    "q": "context window",
+    "pattern": "TODO",
+    "url": "https://example.com",
+    "city": "Paris",
+    "location": "Paris",
+    "language": "python",
+    "text": "hello",
+    "content": "hello",
+}
+
+
+def plausible(schema: Any, name: str = "value") -> Any:
+    """A value for a JSON schema: its default or first example or enum value, else one
+    made from its type (and, for a string, its property's name)."""
+    if not isinstance(schema, dict):
+        return f"example {name}"
+    if "default" in schema:
+        return schema["default"]
+    for key in ("examples", "enum"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return schema[key][0]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return plausible(schema[key][0], name)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        wanted = schema.get("required") or list(properties)
+        return {key: plausible(properties.get(key), key) for key in wanted if isinstance(key, str)}
+    if kind == "array":
+        return [plausible(schema["items"], name)] if isinstance(schema.get("items"), dict) else []
+    if kind == "integer":
+        return int(schema.get("minimum", 1))
+    if kind == "number":
+        return float(schema.get("minimum", 1.0))
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return _PLAUSIBLE_STRINGS.get(name.lower(), f"example {name}")
+
+
+def _first_tool(api: str, tools: Any) -> tuple[str, Any] | None:
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    tool: dict[str, Any] = tools[0]
+    if api == "openai":
+        fn: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        name, schema = fn.get("name"), fn.get("parameters")
+    else:
+        name, schema = tool.get("name"), tool.get("input_schema")
+    return (name, schema) if isinstance(name, str) and name else None
+
+
+def _last_is_tool_result(api: str, messages: list[Any]) -> bool:
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict):
+        return False
+    if api == "openai":
+        return last.get("role") == "tool"
+    content = last.get("content")
+    return (
+        last.get("role") == "user"
+        and isinstance(content, list)
+        and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    )
+
+
+def agent_action(api: str, body: dict[str, Any]) -> Reply | ToolCalls:
+    """The demo's script: a call of the first tool offered, with arguments made from
+    its schema, unless the last message is a tool result (or no tool is offered): then
+    a short text answer."""
+    messages = body.get("messages") or []
+    tool = _first_tool(api, body.get("tools"))
+    if tool is not None and not _last_is_tool_result(api, messages):
+        name, schema = tool
+        arguments = plausible(schema if isinstance(schema, dict) else {"type": "object"})
+        return ToolCalls(((name, arguments if isinstance(arguments, dict) else {}),))
+    if _last_is_tool_result(api, messages):
+        return Reply(
+            f"The tool answered ({len(orjson.dumps(messages[-1]))} bytes). "
+            "That is all I needed: the task is done."
+        )
+    return Reply(f"Hello from the scripted model: I read {len(messages)} messages.")
 
 
 def make_app(server: UpstreamServer) -> Starlette:
     """The Starlette app behind :class:`UpstreamServer`."""
 
     async def handle(request: Request) -> Response:
-        upstream = server.get(request.path_params["key"])
+        key = request.path_params.get("key")
+        upstream = server.default if key is None else server.get(key)
         if upstream is None:
             return _json_response({"error": {"message": "no such test upstream"}}, 404)
         api = "openai" if request.url.path.endswith("/chat/completions") else "anthropic"
@@ -466,7 +847,7 @@ def make_app(server: UpstreamServer) -> Starlette:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
-        prefix = f"/{request.path_params['key']}"
+        prefix = "" if key is None else f"/{key}"
         upstream._record(
             RecordedRequest(
                 path=request.url.path.removeprefix(prefix),
@@ -479,12 +860,14 @@ def make_app(server: UpstreamServer) -> Starlette:
         refusal = _invalid(api, request, body, upstream)
         if refusal is not None:
             return refusal
-        return await _perform(api, request, body, upstream._next())
+        return await _perform(api, request, body, upstream._next(), upstream.behaviour)
 
     return Starlette(
         routes=[
             Route("/{key}/v1/chat/completions", handle, methods=["POST"]),
             Route("/{key}/v1/messages", handle, methods=["POST"]),
+            Route("/v1/chat/completions", handle, methods=["POST"]),
+            Route("/v1/messages", handle, methods=["POST"]),
         ]
     )
 
@@ -504,36 +887,67 @@ def _listening_socket() -> socket.socket:
     return sock
 
 
-@pytest.fixture(scope="session", name="upstream_server")
-def upstream_server_fixture() -> Iterator[UpstreamServer]:
-    """The shared upstream server, started once per test session."""
-    sock = _listening_socket()
-    port = sock.getsockname()[1]
-    server = UpstreamServer(f"http://127.0.0.1:{port}")
-    config = uvicorn.Config(
-        make_app(server), log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+if pytest is not None:
+
+    @pytest.fixture(scope="session", name="upstream_server")
+    def upstream_server_fixture() -> Iterator[UpstreamServer]:
+        """The shared upstream server, started once per test session."""
+        sock = _listening_socket()
+        port = sock.getsockname()[1]
+        server = UpstreamServer(f"http://127.0.0.1:{port}")
+        config = uvicorn.Config(
+            make_app(server), log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+        )
+        logging.getLogger("uvicorn.error").addFilter(_QUIET_DROP)
+        runner = uvicorn.Server(config)
+        thread = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not runner.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the upstream test server did not start")
+            time.sleep(0.005)
+        try:
+            yield server
+        finally:
+            runner.should_exit = runner.force_exit = True
+            thread.join(timeout=10)
+            sock.close()
+            logging.getLogger("uvicorn.error").removeFilter(_QUIET_DROP)
+
+    @pytest.fixture(name="upstream")
+    def upstream_fixture(upstream_server: UpstreamServer) -> Iterator[Upstream]:
+        """This test's upstream LLM: ``upstream.url`` is the ``base_url`` to call."""
+        upstream = upstream_server.new()
+        yield upstream
+        upstream_server.drop(upstream)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Demo mode: the agent-like script on its own (see the module's docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.upstream_server",
+        description="A scripted LLM upstream for demos without an API key: OpenAI chat "
+        "completions and Anthropic Messages, whole or streamed. It calls the first tool a "
+        "request offers, then answers in text once it has the tool's result.",
     )
-    logging.getLogger("uvicorn.error").addFilter(_QUIET_DROP)
-    runner = uvicorn.Server(config)
-    thread = threading.Thread(target=runner.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not runner.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the upstream test server did not start")
-        time.sleep(0.005)
-    try:
-        yield server
-    finally:
-        runner.should_exit = runner.force_exit = True
-        thread.join(timeout=10)
-        sock.close()
-        logging.getLogger("uvicorn.error").removeFilter(_QUIET_DROP)
+    parser.add_argument("--port", type=int, default=8900, help="port to listen on (8900)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    args = parser.parse_args(argv)
+    root = f"http://{args.host}:{args.port}"
+    server = UpstreamServer(root)
+    server.default = Upstream(f"{root}/v1", keep=100)
+    server.default.behaviour = "agent"
+    print(
+        f"scripted upstream on {root}\n"
+        f"  OpenAI:    base_url={root}/v1  (POST /v1/chat/completions)\n"
+        f"  Anthropic: base_url={root}     (POST /v1/messages)\n"
+        "  any API key is accepted; Ctrl-C stops it",
+        flush=True,
+    )
+    uvicorn.run(make_app(server), host=args.host, port=args.port, log_level="info")
+    return 0
 
 
-@pytest.fixture(name="upstream")
-def upstream_fixture(upstream_server: UpstreamServer) -> Iterator[Upstream]:
-    """This test's upstream LLM: ``upstream.url`` is the ``base_url`` to call."""
-    upstream = upstream_server.new()
-    yield upstream
-    upstream_server.drop(upstream)
+if __name__ == "__main__":
+    raise SystemExit(main())

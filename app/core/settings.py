@@ -192,6 +192,27 @@ class Settings(BaseSettings):
     )
     upstream_timeout_seconds: float = Field(default=120.0, gt=0)
     upstream_max_output_tokens: int = Field(default=4096, ge=256, le=200_000)
+    proxy_openai_url: str = Field(
+        default="https://api.openai.com/v1",
+        description="Where POST /proxy/openai/v1/chat/completions sends its calls (an "
+        "OpenAI-compatible API base: .../chat/completions is appended).",
+    )
+    proxy_anthropic_url: str = Field(
+        default="https://api.anthropic.com",
+        description="Where POST /proxy/anthropic/v1/messages sends its calls (/v1/messages "
+        "is appended).",
+    )
+    proxy_timeout_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="The proxy's upstream read timeout: how long the model may stay silent, "
+        "before its answer or between two pieces of a stream (a long reply or a thinking "
+        "model can take minutes). Sending the request gets as long; connecting, "
+        "proxy_connect_timeout_seconds.",
+    )
+    proxy_connect_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="How long connecting to the proxy's upstream may take."
+    )
     worker_metrics_port: int | None = Field(
         default=None,
         ge=1,

@@ -1,10 +1,12 @@
-"""Who a request acts for: API keys on ``/v1``, and the rule for running without them.
+"""Who a request acts for: API keys on ``/v1`` and ``/proxy``, and the rule for running
+without them.
 
-Every ``/v1`` request must carry ``Authorization: Bearer <key>`` once any key exists
-(revoked keys count, so revoking the last key locks everyone out rather than
-opening the service). With no key at all the service is open and every request
-acts for the default tenant; ``compactd serve`` allows that only on a loopback
-address, unless told ``--insecure-no-auth``.
+Every ``/v1`` request must carry ``Authorization: Bearer <key>`` once any key exists,
+and every ``/proxy`` request ``X-Compactd-Key: <key>`` (its Authorization is the
+provider's, passed upstream). Revoked keys count, so revoking the last key locks
+everyone out rather than opening the service. With no key at all the service is open
+and every request acts for the default tenant; ``compactd serve`` allows that only on
+a loopback address, unless told ``--insecure-no-auth``.
 
 The keys are known from one read of the whole key table (it is small), kept for
 ``auth_cache_seconds``: a revocation (made by the CLI, in another process) takes effect
@@ -190,18 +192,37 @@ class AuthMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith("/v1/"):
+            header = b"authorization"
+        elif path.startswith("/proxy/"):
+            # The proxy's Authorization (or x-api-key) is the provider's: compactd's key
+            # comes in a header of its own, as the bare key or `Bearer <key>`.
+            header = b"x-compactd-key"
+        else:
             await self.app(scope, receive, send)
             return
         store: KeyStore = scope["app"].state.keys
         authorization = None
         for name, value in scope["headers"]:
-            if name == b"authorization":
+            if name == header:
                 authorization = value.decode("latin-1")
                 break
+        if header == b"x-compactd-key" and authorization is not None:
+            key = authorization.strip()
+            authorization = key if key.lower().startswith("bearer ") else f"Bearer {key}"
         try:
             tenant = await store.tenant(authorization)
         except _AuthFailed as failed:
+            if header == b"x-compactd-key" and failed.reason == "missing":
+                failed = _unauthorized(
+                    "missing X-Compactd-Key header: this service has API keys; send one in "
+                    "X-Compactd-Key (Authorization is the provider's key, passed upstream)",
+                    "missing",
+                )
             metrics.AUTH_FAILURES.labels(failed.reason).inc()
             # Never the key itself: its public id at most.
             log.warning(

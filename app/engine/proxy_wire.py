@@ -1,0 +1,224 @@
+"""The proxy's requests and replies in each provider's wire format.
+
+A proxied call is the agent's own request: compactd reads its history and system prompt
+out of it, and sends the provider the same request with the managed context in place of
+the history. Every other field (tools, tool_choice, sampling parameters, max_tokens,
+metadata...) goes upstream as the agent wrote it.
+
+The system prompt is the agent's, not the history's: OpenAI's leading ``system`` and
+``developer`` messages, Anthropic's top-level ``system``. It is neither matched nor
+stored; it goes upstream as sent, and with the tool schemas it is the session's
+overhead (tokens every request carries that no stored entry counts). Agents rebuild it
+on every call (a date, a directory listing), and it must never be summarized away.
+
+Pure: no HTTP, no database.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.engine import anthropic_format, openai_format, tokens
+from app.engine.model import Entry, InvalidMessage
+from app.engine.openai_format import _type_name
+from app.engine.overflow_errors import OverflowMatch
+from app.engine.proxy_history import ParseMessage
+
+Api = Literal["openai", "anthropic"]
+
+
+def _openai_parse(raw: Any, path: str) -> list[Entry]:
+    return [openai_format.parse_message(raw, path)]
+
+
+PARSERS: dict[Api, ParseMessage] = {
+    "openai": _openai_parse,
+    "anthropic": anthropic_format.parse_message,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRequest:
+    """An agent's request, read.
+
+    ``messages`` is its history without the system prompt; ``offset`` is how many
+    messages (OpenAI's leading system ones) come before it in the request's own
+    ``messages``, so that an error can name the agent's index. ``system`` is the system
+    prompt as sent: the leading messages (OpenAI) or the ``system`` field (Anthropic).
+    """
+
+    api: Api
+    body: dict[str, Any]
+    model: str
+    messages: list[Any]
+    offset: int
+    system: Any
+    stream: bool
+    wants_usage: bool  # OpenAI: the agent asked for the usage chunk of a stream
+
+    def path(self, index: int) -> str:
+        """The request's own path of history message ``index``."""
+        return f"messages[{index + self.offset}]"
+
+
+def read_request(api: Api, body: Any) -> ProxyRequest:
+    """The agent's request, or :class:`InvalidMessage` naming the field that makes it
+    unusable. The messages themselves are parsed later, only those that must be."""
+    if not isinstance(body, dict):
+        raise InvalidMessage("body", f"must be a JSON object, got {_type_name(body)}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidMessage("model", "is required: the model's name")
+    if len(model) > 200:
+        raise InvalidMessage("model", f"is {len(model)} characters; at most 200")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidMessage("messages", f"must be a list of messages, got {_type_name(messages)}")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidMessage("stream", f"must be a boolean, got {_type_name(stream)}")
+    if api == "anthropic":
+        system = body.get("system")
+        if system is not None and not isinstance(system, str | list):
+            raise InvalidMessage("system", "must be a string or a list of text blocks")
+        return ProxyRequest(api, body, model, messages, 0, system, stream, False)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise InvalidMessage(
+            "n",
+            "must be 1 through the compactd proxy: it stores one reply per call, and the "
+            "agent's next request must carry that one",
+        )
+    offset = 0
+    while (
+        offset < len(messages)
+        and isinstance(messages[offset], dict)
+        and messages[offset].get("role") in ("system", "developer")
+    ):
+        offset += 1
+    options = body.get("stream_options")
+    wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+    return ProxyRequest(
+        api, body, model, messages[offset:], offset, messages[:offset], stream, wants_usage
+    )
+
+
+def system_text(request: ProxyRequest) -> str:
+    """The system prompt's text (for counting)."""
+    system = request.system
+    if isinstance(system, str):
+        return system
+    texts: list[str] = []
+    for item in system or ():
+        if not isinstance(item, dict):
+            continue
+        content = item.get("content") if request.api == "openai" else item
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, dict) and isinstance(content.get("text"), str):
+            texts.append(content["text"])
+        elif isinstance(content, list):
+            texts.extend(
+                b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+            )
+    return "\n".join(texts)
+
+
+def overhead_tokens(request: ProxyRequest, encoding: tokens.EncodingName) -> int:
+    """What the request adds to every call besides its history: the system prompt
+    (with the framing of a message) and the tool schemas."""
+    total = 0
+    text = system_text(request)
+    if text:
+        total += tokens.MESSAGE_OVERHEAD_TOKENS + tokens.count_text(text, encoding)
+    tools = request.body.get("tools")
+    if isinstance(tools, list):
+        total += tokens.count_tools([t for t in tools if isinstance(t, dict)], encoding)
+    return total
+
+
+def upstream_body(
+    request: ProxyRequest, messages: list[Any], system: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The agent's request with the managed context (``messages``, and for Anthropic the
+    context's own ``system`` blocks, if it has any) in place of its history. A stream
+    asks OpenAI for its usage chunk, which the proxy needs."""
+    body = dict(request.body)
+    if request.api == "openai":
+        body["messages"] = [*request.system, *messages]
+        if request.stream:
+            options = body.get("stream_options")
+            body["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+        return body
+    body["messages"] = messages
+    if system:
+        agent = request.system
+        if isinstance(agent, str):
+            agent = [{"type": "text", "text": agent}] if agent else []
+        body["system"] = [*(agent or []), *system]
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A whole reply: the assistant message to store (as the agent receives it), its
+    finish or stop reason, and the usage the provider reported (its own object)."""
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+
+
+class UnreadableReply(ValueError):
+    """A 200 whose body is not a reply of the API (it is passed on, and not stored)."""
+
+
+def reply_of(api: Api, data: Any) -> Reply:
+    """The reply in a provider's non-streamed response body."""
+    if not isinstance(data, dict):
+        raise UnreadableReply("the body is not a JSON object")
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else None
+    if api == "openai":
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise UnreadableReply("no choices")
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            raise UnreadableReply("choices[0] has no message")
+        reason = choices[0].get("finish_reason")
+        return Reply(message, reason if isinstance(reason, str) else None, usage)
+    content = data.get("content")
+    if not isinstance(content, list):
+        raise UnreadableReply("no content")
+    reason = data.get("stop_reason")
+    return Reply(
+        {"role": "assistant", "content": content},
+        reason if isinstance(reason, str) else None,
+        usage,
+    )
+
+
+# When an overflow error does not say by how much the prompt was too long, the retry
+# must hold at most this share of the context refused.
+UNSTATED_RETRY_SHARE = 0.9
+# When it does, the overshoot is removed with this margin (the provider counts with
+# another tokenizer than compactd's).
+OVERSHOOT_MARGIN = 1.1
+
+
+def retry_target(sent_tokens: int, match: OverflowMatch) -> int:
+    """The most context tokens (as compactd counts them) the retry of a call refused as
+    too long should hold: the refused context less the overshoot the error states (with
+    a margin), else :data:`UNSTATED_RETRY_SHARE` of it."""
+    requested, limit = match.requested_tokens, match.limit_tokens
+    if requested is not None and limit is not None and requested > limit:
+        return max(0, sent_tokens - math.ceil((requested - limit) * OVERSHOOT_MARGIN))
+    return int(sent_tokens * UNSTATED_RETRY_SHARE)

@@ -1,0 +1,114 @@
+"""The proxy's line to the providers: one HTTP client per process, and the headers that
+cross it.
+
+The agent's own headers go upstream as it sent them: its credentials
+(``Authorization``, ``x-api-key``), ``anthropic-version``, ``anthropic-beta``,
+``OpenAI-Organization``, ``OpenAI-Project``, its user agent... They are held in memory
+for the one call and never stored or logged. What does not cross: compactd's own
+headers (``X-Compactd-Session``, ``X-Compactd-Key``), the hop-by-hop headers of one
+connection, and the body's length and encoding (the body sent upstream is another).
+The upstream's answer headers come back the same way; its request id as
+``x-upstream-request-id`` (compactd's own ``X-Request-ID`` names the call here).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from app.core.settings import Settings
+from app.engine.proxy_wire import Api
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED = _HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "accept-encoding",  # the client here negotiates its own, and decodes
+    "expect",
+    "cookie",
+    "x-request-id",
+}
+_NOT_RETURNED = _HOP_BY_HOP | {
+    "content-length",
+    "content-encoding",
+    "date",
+    "server",
+    "set-cookie",
+    "alt-svc",
+    "x-request-id",
+}
+
+
+def upstream_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The agent's headers that go upstream (see the module's docstring)."""
+    out = [("content-type", "application/json")]
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin-1").lower()
+        if name in _NOT_FORWARDED or name.startswith("x-compactd-"):
+            continue
+        out.append((name, raw_value.decode("latin-1")))
+    return out
+
+
+def agent_headers(headers: httpx.Headers) -> dict[str, str]:
+    """The upstream's answer headers that go back to the agent."""
+    out: dict[str, str] = {}
+    for name, value in headers.multi_items():
+        lower = name.lower()
+        if lower in ("x-request-id", "request-id"):
+            out["x-upstream-request-id"] = value
+        if lower not in _NOT_RETURNED:
+            out[lower] = value
+    return out
+
+
+def upstream_url(api: Api, settings: Settings) -> str:
+    if api == "openai":
+        return settings.proxy_openai_url.rstrip("/") + "/chat/completions"
+    return settings.proxy_anthropic_url.rstrip("/") + "/v1/messages"
+
+
+class ProxyClient:
+    """The process's HTTP client for proxied calls, made on the first one (an app that
+    proxies nothing does not pay for its TLS context). Timeouts suit model calls: a
+    short connect, and reads as long as a model may stay silent (per read: a stream may
+    go on for longer, as long as it keeps coming)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._client: httpx.AsyncClient | None = None
+
+    def get(self) -> httpx.AsyncClient:
+        if self._client is None:
+            s = self.settings
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(
+                    s.proxy_timeout_seconds,
+                    connect=s.proxy_connect_timeout_seconds,
+                    pool=s.proxy_connect_timeout_seconds,
+                ),
+                # One connection per call in flight at most: each holds a request slot.
+                limits=httpx.Limits(
+                    max_connections=s.max_concurrent_requests, max_keepalive_connections=32
+                ),
+                follow_redirects=False,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

@@ -1,0 +1,136 @@
+"""The proxy's SQL: what it knows of a session's stored history (``proxy_history``),
+and the message entries stored since (a catch-up read, usually empty)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.core.driver import Driver
+from app.engine.model import Entry
+from app.engine.proxy_history import EMPTY_CHAIN, Known
+
+_KNOWN_SQL = """
+SELECT s.version, p.entry_count, p.last_seq, p.chain, p.raw_count, p.raw_digest,
+    p.raw_entry_count, p.raw_chain
+FROM session AS s
+LEFT JOIN proxy_history AS p ON p.session_id = s.id AND p.tenant_id = s.tenant_id
+WHERE s.id = $1 AND s.tenant_id = $2
+"""
+
+# The agent's history is the session's message entries: a compaction's summary and its
+# "continue" note are compactd's own entries.
+_MESSAGES_SQL = """
+SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form
+FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq > $3 AND kind = 'message'
+ORDER BY seq
+LIMIT $4
+"""
+
+_LAST_MESSAGE_SQL = """
+SELECT max(seq) FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq > $3 AND kind = 'message'
+"""
+
+# Only forward: two processes' calls on one session may finish in either order.
+_SAVE_SQL = """
+INSERT INTO proxy_history AS p (session_id, tenant_id, entry_count, last_seq, chain, raw_count,
+    raw_digest, raw_entry_count, raw_chain)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (session_id, tenant_id) DO UPDATE SET
+    entry_count = EXCLUDED.entry_count, last_seq = EXCLUDED.last_seq, chain = EXCLUDED.chain,
+    raw_count = EXCLUDED.raw_count, raw_digest = EXCLUDED.raw_digest,
+    raw_entry_count = EXCLUDED.raw_entry_count, raw_chain = EXCLUDED.raw_chain,
+    updated_at = now()
+WHERE p.last_seq <= EXCLUDED.last_seq
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class KnownRow:
+    """The session's version, and what the proxy recorded of its history (through
+    ``last_seq``; 0 and the empty chain when nothing was)."""
+
+    version: int
+    known: Known
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    seq: int
+    entry: Entry
+
+
+def _entry(row: Any) -> StoredMessage:
+    parts = row["parts"]
+    if isinstance(parts, str):
+        parts = orjson.loads(parts)
+    return StoredMessage(
+        row["seq"],
+        Entry(
+            role=row["role"],
+            parts=parts or [],
+            tool_call_id=row["tool_call_id"],
+            tool_name=row["tool_name"],
+            is_error=row["is_error"],
+            name=row["name"],
+            content_form=row["content_form"],
+        ),
+    )
+
+
+class ProxyRepository:
+    def __init__(self, tenant_id: str) -> None:
+        self.tenant_id = tenant_id
+
+    async def known(self, driver: Driver, session_id: str) -> KnownRow | None:
+        """None when the session does not exist."""
+        row = await driver.fetchrow(_KNOWN_SQL, session_id, self.tenant_id)
+        if row is None:
+            return None
+        if row["entry_count"] is None:
+            return KnownRow(row["version"], Known(), 0)
+        return KnownRow(
+            row["version"],
+            Known(
+                entry_count=row["entry_count"],
+                chain=bytes(row["chain"]),
+                raw_count=row["raw_count"],
+                raw_digest=None if row["raw_digest"] is None else bytes(row["raw_digest"]),
+                raw_entry_count=row["raw_entry_count"],
+                raw_chain=bytes(row["raw_chain"]),
+            ),
+            row["last_seq"],
+        )
+
+    async def messages_after(
+        self, driver: Driver, session_id: str, seq: int, limit: int
+    ) -> list[StoredMessage]:
+        """The message entries after ``seq``, oldest first, at most ``limit``."""
+        rows = await driver.fetch(_MESSAGES_SQL, session_id, self.tenant_id, seq, limit)
+        return [_entry(r) for r in rows]
+
+    async def last_message_after(self, driver: Driver, session_id: str, seq: int) -> int | None:
+        """The seq of the session's last message entry after ``seq``, if any."""
+        value: int | None = await driver.fetchval(
+            _LAST_MESSAGE_SQL, session_id, self.tenant_id, seq
+        )
+        return value
+
+    async def save(self, driver: Driver, session_id: str, known: Known, last_seq: int) -> None:
+        await driver.execute(
+            _SAVE_SQL,
+            session_id,
+            self.tenant_id,
+            known.entry_count,
+            last_seq,
+            known.chain,
+            known.raw_count,
+            known.raw_digest,
+            known.raw_entry_count,
+            known.raw_chain or EMPTY_CHAIN,
+        )

@@ -1,0 +1,124 @@
+"""HTTP routes of the drop-in proxy: the providers' own endpoints, under ``/proxy``.
+
+``OpenAI(base_url=".../proxy/openai/v1")`` and ``Anthropic(base_url=".../proxy/anthropic")``
+work unmodified with one header added, ``X-Compactd-Session`` (and ``X-Compactd-Key``
+when the service has API keys). See :mod:`app.proxy.service` for what a call does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from app.core.database import EngineDep
+from app.core.settings import SettingsDep
+from app.core.tenancy import TenantDep
+from app.engine.proxy_wire import Api
+from app.proxy.forward import ProxyClient
+from app.proxy.service import SESSION_HEADER, ProxyService
+
+router = APIRouter(prefix="/proxy", tags=["proxy"])
+
+_HEADERS = [
+    {
+        "name": "X-Compactd-Session",
+        "in": "header",
+        "required": True,
+        "description": "The session this call belongs to (created on first use with the "
+        "request's model).",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$"},
+    },
+    {
+        "name": "X-Compactd-Key",
+        "in": "header",
+        "required": False,
+        "description": "A compactd API key, once the service has keys (the Authorization "
+        "and x-api-key headers are the provider's, and go upstream).",
+        "schema": {"type": "string"},
+    },
+]
+
+
+def _spec(provider: str, errors: str) -> dict[str, Any]:
+    return {
+        "parameters": _HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "description": f"The {provider} request, as its SDK sends it.",
+                    }
+                }
+            },
+        },
+        "responses": {
+            "200": {
+                "description": f"The {provider} reply, whole or as server-sent events.",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            "4XX": {
+                "description": "compactd's own errors in the provider's error shape ("
+                + errors
+                + "): a missing X-Compactd-Session (400), a diverged history (409, with "
+                "first_difference); and the upstream's errors, passed through.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+        },
+    }
+
+
+async def _call(api: Api, request: Request, tenant: str, engine: Any, settings: Any) -> Response:
+    client: ProxyClient = request.app.state.proxy
+    answer = await ProxyService(
+        engine=engine,
+        sessionmaker=request.app.state.sessionmaker,
+        http=client.get(),
+        settings=settings,
+        tenant_id=tenant,
+    ).call(
+        api,
+        request.headers.get(SESSION_HEADER),
+        await request.body(),
+        request.scope["headers"],
+    )
+    if answer.stream is not None:
+        return StreamingResponse(
+            answer.stream,
+            status_code=answer.status,
+            headers=answer.headers,
+            media_type=answer.media_type,
+        )
+    return Response(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+@router.post(
+    "/openai/v1/chat/completions",
+    openapi_extra=_spec("OpenAI chat completions", '{"error": {"message", "type", "code"}}'),
+)
+async def openai_chat_completions(
+    request: Request, tenant: TenantDep, engine: EngineDep, settings: SettingsDep
+) -> Response:
+    """An OpenAI-compatible chat completion through compactd: the request's new messages
+    are stored, the session's managed context goes upstream in place of its history, and
+    the reply (whole or streamed) comes back as the upstream sent it, then is stored."""
+    return await _call("openai", request, tenant, engine, settings)
+
+
+@router.post(
+    "/anthropic/v1/messages",
+    openapi_extra=_spec("Anthropic Messages", '{"type": "error", "error": {"type", "message"}}'),
+)
+async def anthropic_messages(
+    request: Request, tenant: TenantDep, engine: EngineDep, settings: SettingsDep
+) -> Response:
+    """An Anthropic-compatible Messages call through compactd: the request's new messages
+    are stored, the session's managed context goes upstream in place of its history, and
+    the reply (whole or streamed) comes back as the upstream sent it, then is stored."""
+    return await _call("anthropic", request, tenant, engine, settings)

@@ -1,0 +1,730 @@
+"""A proxied model call: the agent's request in, the managed context upstream, the reply
+back and into the stored history.
+
+One call, in order:
+
+1. The session named by ``X-Compactd-Session`` (created on first use with the request's
+   model) and what the proxy knows of its stored history (:mod:`app.proxy.repository`).
+2. Matching (:mod:`app.engine.proxy_history`): the request's history must be the stored
+   one followed by new messages. A request that diverges (an edited, dropped or
+   reordered message, or a history shorter than the stored one) is refused with a 409
+   naming the first message that differs; nothing is stored. compactd keeps one linear
+   history per session, and never mixes two.
+3. The new messages are appended (:class:`app.messages.service.AppendService`, with the
+   session's version as ``If-Match``), and the context is read as ``GET /context`` reads
+   it (which records the version served).
+4. The agent's request goes upstream with the context in place of its history and with
+   everything else as sent (:mod:`app.engine.proxy_wire`). No database connection is
+   held meanwhile.
+5. The reply comes back whole, or as the provider streams it, event for event. A
+   provider's context-overflow error is relieved (the provider-error path of
+   :mod:`app.budget`: prune, and an emergency compaction when that is not enough) and
+   the call retried once, only if the context is now smaller; any other error passes
+   through with its status and body.
+6. Once the reply is complete: its usage is reported (with the stop reason and the
+   context version sent), the reply stored, and the proxy's record of the history
+   moved on. A stream that breaks off, or carries an error, stores nothing; its end
+   (``data: [DONE]``, ``message_stop``) reaches the agent only once the reply is stored,
+   so the agent's next call always finds it.
+
+Calls on one session are served one at a time in a process (:class:`_Turns`): the
+second waits for the first to end, then is matched against the history the first left
+(so a second call that does not carry the first one's reply diverges, 409). Across
+processes, appends carry the session's version (``If-Match``), and a reply is stored
+only if no message was stored after the call's own; otherwise it is left out, and the
+agent's next call, which carries it, stores it as its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from app.budget.schemas import ProviderError, UsageReport
+from app.budget.service import BudgetService
+from app.compactions import pivot
+from app.compactions.service import CompactionService
+from app.context.service import ContextService
+from app.core import metrics
+from app.core.database import driver_connection
+from app.core.errors import (
+    BadRequest,
+    Conflict,
+    PreconditionFailed,
+    ProblemError,
+    UnprocessableContent,
+)
+from app.core.http import run_sized
+from app.core.settings import Settings
+from app.engine import catalog, overflow_errors, provider_usage
+from app.engine.model import Entry, InvalidMessage
+from app.engine.proxy_history import (
+    Diverged,
+    Known,
+    Matched,
+    digest,
+    extend,
+    first_difference,
+    match,
+    raw_known,
+)
+from app.engine.proxy_stream import (
+    AnthropicStream,
+    Event,
+    EventTooLarge,
+    OpenAIStream,
+    SseEvents,
+    stream_error,
+)
+from app.engine.proxy_wire import (
+    PARSERS,
+    Api,
+    ProxyRequest,
+    Reply,
+    UnreadableReply,
+    overhead_tokens,
+    read_request,
+    reply_of,
+    retry_target,
+    upstream_body,
+)
+from app.engine.storable import find_unstorable
+from app.messages.schemas import AppendRequest
+from app.messages.service import AppendService, oversized_arguments
+from app.proxy.errors import BadGateway, GatewayTimeout
+from app.proxy.forward import agent_headers, upstream_headers, upstream_url
+from app.proxy.repository import ProxyRepository
+from app.sessions import service as sessions
+from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate
+from app.store.session_row import locked, read_state
+
+log = logging.getLogger("compactd.proxy")
+
+SESSION_HEADER = "x-compactd-session"
+# Appends that lose their If-Match to another writer (a compaction committing, a usage
+# report) are tried again this many times in all.
+ATTEMPTS = 4
+# Stored message entries read per statement when catching up on appends the proxy did
+# not make (the /v1 API, another process), or locating a divergence.
+PAGE = 1000
+# The most of an upstream error body read (for the overflow classifier, and passed on).
+MAX_ERROR_BYTES = 4 * 1024 * 1024
+# The most of a whole reply read.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+_PATH_HEAD = re.compile(r"^messages\[(\d+)\]")
+
+
+@dataclass(slots=True)
+class Answer:
+    """What goes back to the agent: a whole body, or a stream of events."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    media_type: str = "application/json"
+
+
+@dataclass(slots=True)
+class _Call:
+    """One call in progress: the request, what was matched and stored, what was sent."""
+
+    request: ProxyRequest
+    session_id: str
+    headers: list[tuple[str, str]]
+    matched: Matched
+    overhead: int
+    known: Known  # after the new messages were stored
+    last_seq: int  # of the last message entry the proxy knows is stored
+    version: int = 0  # of the context sent
+    sent_tokens: int = 0  # counted tokens of the context sent
+    attempts: int = 0  # upstream requests made
+    stored_reply: bool = field(default=False)
+
+
+class _Turns:
+    """One call at a time per session in this process (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    async def take(self, key: tuple[str, str], wait_seconds: float) -> Callable[[], None]:
+        """Wait for the session's turn (at most ``wait_seconds``, then 409); returns the
+        function that gives it back (call it exactly once)."""
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+
+        def leave() -> None:
+            held, count = self._locks[key]
+            if count == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (held, count - 1)
+
+        try:
+            async with asyncio.timeout(wait_seconds):
+                await lock.acquire()
+        except TimeoutError:
+            leave()
+            raise Conflict(
+                f"another call on session {key[1]!r} has been in progress for {wait_seconds:g} s; "
+                "calls on one session are served one at a time"
+            ) from None
+        except BaseException:
+            leave()
+            raise
+
+        def release() -> None:
+            lock.release()
+            leave()
+
+        return release
+
+
+_turns = _Turns()
+
+
+def _shift(path: str, by: int) -> str:
+    """A path of a sub-list's message (``messages[2].content``) as the request's own."""
+    found = _PATH_HEAD.match(path)
+    if found is None:
+        return path
+    return f"messages[{int(found.group(1)) + by}]" + path[found.end() :]
+
+
+def _invalid(exc: InvalidMessage) -> BadRequest:
+    """A message the store refuses: a 400, as the provider would answer it."""
+    return _bad(exc.path, exc.detail)
+
+
+def _bad(field: str, detail: str) -> BadRequest:
+    return BadRequest(f"{field}: {detail}", errors=[{"field": field, "detail": detail}])
+
+
+class ProxyService:
+    """Proxied model calls of one tenant."""
+
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        http: httpx.AsyncClient,
+        settings: Settings,
+        tenant_id: str,
+    ) -> None:
+        self.engine = engine
+        self.sessionmaker = sessionmaker
+        self.http = http
+        self.settings = settings
+        self.tenant_id = tenant_id
+        self.repo = ProxyRepository(tenant_id)
+
+    async def call(
+        self, api: Api, session_id: str | None, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> Answer:
+        """Serve one proxied call (see the module's docstring)."""
+        if not session_id:
+            raise BadRequest(
+                "the X-Compactd-Session header is missing: name the session this call "
+                "belongs to (any id of 1-128 letters, digits and . _ : -; created on first use)",
+                errors=[{"field": "X-Compactd-Session", "detail": "missing"}],
+            )
+        if not re.fullmatch(SESSION_ID_PATTERN, session_id):
+            raise BadRequest(
+                f"X-Compactd-Session {session_id[:200]!r} is not a session id: 1-128 letters, "
+                "digits and . _ : -, starting with a letter or digit",
+                errors=[{"field": "X-Compactd-Session", "detail": "not a session id"}],
+            )
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(
+                f"the body is not valid JSON ({exc})",
+                errors=[{"field": "body", "detail": str(exc)}],
+            ) from None
+        try:
+            request = read_request(api, parsed)
+        except InvalidMessage as exc:
+            raise BadRequest(
+                f"{exc.path}: {exc.detail}", errors=[{"field": exc.path, "detail": exc.detail}]
+            ) from None
+        release = await _turns.take(
+            (self.tenant_id, session_id), self.settings.proxy_timeout_seconds
+        )
+        handed_over = False
+        try:
+            call = await self._prepare(request, session_id, len(body), headers)
+            answer = await self._exchange(call, release)
+            handed_over = answer.stream is not None
+            return answer
+        finally:
+            if not handed_over:
+                release()
+
+    # --- before the upstream call ---------------------------------------------
+
+    async def _prepare(
+        self,
+        request: ProxyRequest,
+        session_id: str,
+        body_bytes: int,
+        raw_headers: list[tuple[bytes, bytes]],
+    ) -> _Call:
+        """Match the request against the stored history and store its new messages."""
+        parse = PARSERS[request.api]
+        created = False
+        for _ in range(ATTEMPTS):
+            async with driver_connection(self.engine) as driver:
+                row = await self.repo.known(driver, session_id)
+                if row is not None:
+                    known, last_seq = await self._caught_up(
+                        driver, session_id, row.known, row.last_seq
+                    )
+            if row is None:
+                if created:  # pragma: no cover - deleted at once after its creation
+                    raise Conflict(f"session {session_id!r} was deleted during the call")
+                await self._create(session_id, request.model)
+                created = True
+                continue
+            try:
+                found = await run_sized(
+                    body_bytes, match, request.messages, known, parse, request.offset
+                )
+            except InvalidMessage as exc:
+                raise _invalid(exc) from None
+            if isinstance(found, Diverged):
+                raise await self._diverged(request, session_id, found)
+            new = request.messages[found.new_from :]
+            if new:
+                self._check_storable(request, found.new_from, new)
+                try:
+                    document, _, _ = await AppendService(self.engine, self.tenant_id).append(
+                        session_id,
+                        AppendRequest(messages=new, format=request.api),
+                        idempotency_key=None,
+                        if_match=str(row.version),
+                        body_bytes=body_bytes * len(new) // max(1, len(request.messages)),
+                    )
+                except PreconditionFailed:
+                    continue  # another writer came first: read and match again
+                except UnprocessableContent as exc:
+                    raise _shifted(exc, request.offset + found.new_from) from None
+                stored = orjson.loads(document)["entries"]
+                last_seq = stored[-1]["seq"]
+            encoding = catalog.lookup(request.model).encoding
+            return _Call(
+                request=request,
+                session_id=session_id,
+                headers=upstream_headers(raw_headers),
+                matched=found,
+                overhead=overhead_tokens(request, encoding),
+                known=Known(entry_count=found.end.entries, chain=found.end.chain),
+                last_seq=last_seq,
+            )
+        raise Conflict(
+            f"session {session_id!r} kept changing while this call's messages were stored "
+            f"({ATTEMPTS} attempts); retry"
+        )
+
+    async def _caught_up(
+        self, driver: Any, session_id: str, known: Known, last_seq: int
+    ) -> tuple[Known, int]:
+        """``known`` extended over the message entries stored after ``last_seq`` by
+        others than the proxy (usually none: one indexed probe)."""
+        while True:
+            rows = await self.repo.messages_after(driver, session_id, last_seq, PAGE)
+            if not rows:
+                return known, last_seq
+            known = Known(
+                entry_count=known.entry_count + len(rows),
+                chain=extend(known.chain, (digest(r.entry) for r in rows)),
+                raw_count=known.raw_count,
+                raw_digest=known.raw_digest,
+                raw_entry_count=known.raw_entry_count,
+                raw_chain=known.raw_chain,
+            )
+            last_seq = rows[-1].seq
+            if len(rows) < PAGE:
+                return known, last_seq
+
+    async def _create(self, session_id: str, model: str) -> None:
+        async with self.sessionmaker() as db:
+            try:
+                await sessions.SessionService(db, self.tenant_id).create(
+                    SessionCreate(model=model, id=session_id)
+                )
+                await db.commit()
+            except Conflict:
+                pass  # a concurrent first call created it
+            except ValidationError as exc:
+                raise BadRequest(f"model: {exc.errors()[0]['msg']}") from None
+
+    async def _diverged(
+        self, request: ProxyRequest, session_id: str, found: Diverged
+    ) -> ProblemError:
+        """The 409 for a request whose history is not the stored one plus new messages,
+        naming the first message that differs (the stored digests are read only here)."""
+        stored: list[bytes] = []
+        async with driver_connection(self.engine) as driver:
+            after = 0
+            while True:
+                rows = await self.repo.messages_after(driver, session_id, after, PAGE)
+                stored.extend(digest(r.entry) for r in rows)
+                if len(rows) < PAGE:
+                    break
+                after = rows[-1].seq
+        parse = PARSERS[request.api]
+        try:
+            index, at = first_difference(request.messages, parse, stored, request.offset)
+        except InvalidMessage as exc:
+            return _invalid(exc)
+        first = index + request.offset
+        if index == len(request.messages):
+            what = (
+                f"the request's history ends after {len(request.messages)} messages, but the "
+                f"stored history goes on past them ({len(stored)} stored message entries, "
+                f"the request matches the first {at})"
+            )
+        elif found.inside_message is not None and at >= len(stored):
+            first = found.inside_message + request.offset
+            what = (
+                f"messages[{first}] holds both stored and new content: the stored history "
+                "ends inside it"
+            )
+        else:
+            what = (
+                f"messages[{first}] differs from the stored history (stored message entry {at + 1})"
+            )
+        return Conflict(
+            f"the history in this request diverges from the one stored for session "
+            f"{session_id!r}: {what}. compactd keeps one linear history per session and "
+            "never mixes two: send the stored history (GET /v1/sessions/{id}/messages) "
+            "followed by the new messages, or start a new session id.",
+            headers={"x-should-retry": "false"},
+            first_difference=first,
+            stored_entries=len(stored),
+        )
+
+    def _check_storable(self, request: ProxyRequest, start: int, new: list[Any]) -> None:
+        """The checks every append's body gets (the proxy's body is exempt from the
+        whole-body ones: only its new messages are stored)."""
+        max_items = self.settings.max_json_items
+        for i, message in enumerate(new):
+            found = find_unstorable(message, request.path(start + i), max_items)
+            if found:
+                raise _bad(*found)
+        if request.api == "openai":
+            found = oversized_arguments(new, max_items)
+            if found:
+                raise _bad(_shift(found[0], request.offset + start), found[1])
+
+    async def _context(self, call: _Call) -> dict[str, Any]:
+        """The agent's request with the session's context in place of its history."""
+        document = orjson.loads(
+            await ContextService(self.engine, self.tenant_id).build(
+                call.session_id, call.request.api
+            )
+        )
+        call.version = document["version"]
+        breakdown = document["tokens"]["breakdown"]
+        call.sent_tokens = breakdown["summary"] + breakdown["messages"] + breakdown["tool_outputs"]
+        return upstream_body(call.request, document["messages"], document.get("system"))
+
+    # --- the upstream call ----------------------------------------------------
+
+    async def _send(self, call: _Call, body: dict[str, Any]) -> httpx.Response:
+        call.attempts += 1
+        url = upstream_url(call.request.api, self.settings)
+        upstream = self.http.build_request(
+            "POST", url, content=orjson.dumps(body), headers=call.headers
+        )
+        try:
+            return await self.http.send(upstream, stream=True)
+        except httpx.TimeoutException:
+            raise GatewayTimeout(
+                f"the upstream ({url}) did not answer within "
+                f"{self.settings.proxy_timeout_seconds:g} s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise BadGateway(
+                f"the upstream ({url}) could not be reached: {type(exc).__name__}"
+            ) from None
+
+    async def _exchange(self, call: _Call, release: Callable[[], None]) -> Answer:
+        response = await self._send(call, await self._context(call))
+        if response.status_code >= 400:
+            raw = await _read(response, MAX_ERROR_BYTES)
+            verdict = overflow_errors.classify(response.status_code, raw.decode("utf-8", "replace"))
+            if verdict.overflow and await self._relieved(call, response.status_code, raw, verdict):
+                response = await self._send(call, await self._context(call))
+                if response.status_code >= 400:
+                    raw = await _read(response, MAX_ERROR_BYTES)
+            if response.status_code >= 400:
+                await self._record(call)
+                return Answer(response.status_code, agent_headers(response.headers), raw)
+        content_type = response.headers.get("content-type", "")
+        if call.request.stream and content_type.startswith("text/event-stream"):
+            return Answer(
+                response.status_code,
+                agent_headers(response.headers),
+                stream=self._events(call, response, release),
+                media_type="text/event-stream",
+            )
+        raw = await _read(response, MAX_REPLY_BYTES)
+        try:
+            reply = reply_of(call.request.api, orjson.loads(raw))
+        except (orjson.JSONDecodeError, UnreadableReply) as exc:
+            log.warning(
+                "proxied reply not stored: not a reply of the API",
+                extra={"session_id": call.session_id, "reason": str(exc)},
+            )
+            await self._record(call)
+        else:
+            try:
+                await self._finish(call, reply)
+            except Exception:  # delivered but not stored: the next call stores it
+                log.exception("proxied reply not stored", extra={"session_id": call.session_id})
+        return Answer(response.status_code, agent_headers(response.headers), raw)
+
+    async def _relieved(
+        self, call: _Call, status: int, raw: bytes, verdict: overflow_errors.OverflowMatch
+    ) -> bool:
+        """After a provider's overflow error: relieve the window as a forwarded provider
+        error does (prune, with no minimum; a compaction queued), and when that leaves
+        more than the retry should hold, an emergency compaction on the spot. Whether
+        the context is now smaller than the one refused (only then is it retried)."""
+        if call.attempts > 1:
+            return False
+        message = raw.decode("utf-8", "replace")[:1_000_000]
+        budget = BudgetService(self.engine, self.tenant_id)
+        answer = await budget.provider_error(
+            call.session_id,
+            ProviderError(status=status, message=message, context_version=call.version),
+        )
+        target = retry_target(call.sent_tokens, verdict)
+        now = await self._context_tokens(call.session_id)
+        if now > target:
+            compacted = await self._compact_now(call.session_id)
+            queued = answer.recovery.compaction if answer.recovery else None
+            if compacted and queued is not None and queued.created and queued.status == "queued":
+                # The emergency compaction did the queued one's work.
+                with contextlib.suppress(ProblemError):
+                    await CompactionService(self.engine, self.tenant_id).cancel(
+                        call.session_id, queued.id
+                    )
+            now = await self._context_tokens(call.session_id)
+        log.info(
+            "proxied call refused as too long: relieved",
+            extra={
+                "session_id": call.session_id,
+                "sent_tokens": call.sent_tokens,
+                "context_tokens": now,
+                "target_tokens": target,
+                "retried": now < call.sent_tokens,
+            },
+        )
+        return now < call.sent_tokens
+
+    async def _context_tokens(self, session_id: str) -> int:
+        async with driver_connection(self.engine) as driver:
+            state = await read_state(driver, self.tenant_id, session_id)
+        return 0 if state is None else state.context_tokens
+
+    async def _compact_now(self, session_id: str) -> bool:
+        with metrics.after_commit():
+            async with locked(self.engine, self.tenant_id, session_id) as unit:
+                config = sessions.effective_config(unit.state.config)
+                if not (config.compaction.enabled and config.compaction.auto):
+                    return False
+                return await pivot.compact_now(unit, config, now=datetime.now(UTC)) is not None
+
+    async def _events(
+        self, call: _Call, response: httpx.Response, release: Callable[[], None]
+    ) -> AsyncIterator[bytes]:
+        """The upstream's events as they come, the reply stored before the last one."""
+        request = call.request
+        reader: OpenAIStream | AnthropicStream = (
+            OpenAIStream(request.wants_usage) if request.api == "openai" else AnthropicStream()
+        )
+        events = SseEvents()
+        terminal: list[Event] = []
+        finished: asyncio.Task[None] | None = None
+        broken: str | None = None
+        try:
+            try:
+                async for chunk in response.aiter_bytes():
+                    for event in events.feed(chunk):
+                        forward = reader.feed(event)
+                        if reader.terminal(event):
+                            terminal.append(event)
+                        elif forward:
+                            yield event.raw
+            except (httpx.HTTPError, EventTooLarge) as exc:
+                broken = f"the upstream broke off its stream: {type(exc).__name__}"
+            rest = events.rest()
+            if broken is None and reader.complete:
+                reply = Reply(reader.message(), reader.finish_reason, reader.usage)
+                # Shielded: an agent that hangs up now does not cut the storing short.
+                finished = asyncio.ensure_future(self._finish(call, reply))
+                try:
+                    await asyncio.shield(finished)
+                except Exception:  # delivered but not stored: the next call stores it
+                    log.exception("proxied reply not stored", extra={"session_id": call.session_id})
+            else:
+                log.warning(
+                    "proxied stream not stored: it ended before its last event",
+                    extra={"session_id": call.session_id, "failed": broken or reader.failed},
+                )
+            for event in terminal:
+                yield event.raw
+            if rest:
+                yield rest
+            if broken is not None:
+                # In the API's own words, so that the agent's SDK raises it.
+                yield stream_error(request.api, broken)
+        finally:
+            await response.aclose()
+            if finished is None:
+                # Not complete (or the agent hung up first): the new messages stay stored.
+                recording = asyncio.ensure_future(self._record(call))
+                recording.add_done_callback(lambda _: release())
+            elif finished.done():
+                release()
+            else:
+                finished.add_done_callback(lambda _: release())
+
+    # --- after the reply ------------------------------------------------------
+
+    async def _finish(self, call: _Call, reply: Reply) -> None:
+        """Report the reply's usage, store it, and record the history."""
+        await self._report(call, reply)
+        try:
+            await self._store_reply(call, reply)
+        finally:
+            await self._record(call)
+
+    async def _report(self, call: _Call, reply: Reply) -> None:
+        if reply.usage is None:
+            return
+        try:
+            read = provider_usage.read_usage(reply.usage)
+            reason = reply.finish_reason or read.finish_reason
+            report = UsageReport.model_validate(
+                {
+                    **read.native(),
+                    "finish_reason": reason[:64] if reason else None,
+                    "context_version": call.version,
+                    "tools_tokens": call.overhead,
+                }
+            )
+            await BudgetService(self.engine, self.tenant_id).usage(call.session_id, report)
+        except (provider_usage.UsageError, ValidationError, ProblemError) as exc:
+            log.warning(
+                "proxied call's usage not reported",
+                extra={"session_id": call.session_id, "reason": str(exc)[:500]},
+            )
+
+    async def _store_reply(self, call: _Call, reply: Reply) -> None:
+        parse = PARSERS[call.request.api]
+        try:
+            entries: list[Entry] = parse(reply.message, "reply")
+        except InvalidMessage as exc:
+            log.warning(
+                "proxied reply not stored: the store refuses it",
+                extra={"session_id": call.session_id, "reason": f"{exc.path}: {exc.detail}"},
+            )
+            return
+        appender = AppendService(self.engine, self.tenant_id)
+        for _ in range(ATTEMPTS):
+            async with driver_connection(self.engine) as driver:
+                row = await self.repo.known(driver, call.session_id)
+                newer = await self.repo.last_message_after(driver, call.session_id, call.last_seq)
+            if row is None or newer is not None:
+                log.warning(
+                    "proxied reply not stored: another call stored messages meanwhile",
+                    extra={"session_id": call.session_id},
+                )
+                return
+            try:
+                document, _, _ = await appender.append(
+                    call.session_id,
+                    AppendRequest(messages=[reply.message], format=call.request.api),
+                    idempotency_key=None,
+                    if_match=str(row.version),
+                )
+            except PreconditionFailed:
+                continue
+            except ProblemError as exc:
+                log.warning(
+                    "proxied reply not stored: the store refuses it",
+                    extra={"session_id": call.session_id, "reason": exc.detail[:500]},
+                )
+                return
+            stored = orjson.loads(document)["entries"]
+            call.last_seq = stored[-1]["seq"]
+            call.known = Known(
+                entry_count=call.known.entry_count + len(entries),
+                chain=extend(call.known.chain, (digest(e) for e in entries)),
+            )
+            call.stored_reply = True
+            return
+        log.warning(
+            "proxied reply not stored: the session kept changing",
+            extra={"session_id": call.session_id},
+        )
+
+    async def _record(self, call: _Call) -> None:
+        """What the proxy knows of the history now, and the raw digest of this request
+        (all of its history is stored) for the next call's fast path."""
+        known = raw_known(
+            call.matched, call.request.messages, call.known.entry_count, call.known.chain
+        )
+        try:
+            async with driver_connection(self.engine) as driver:
+                await self.repo.save(driver, call.session_id, known, call.last_seq)
+        except ProblemError as exc:  # the next call catches up from the entries
+            log.warning(
+                "proxy history not recorded",
+                extra={"session_id": call.session_id, "reason": exc.detail},
+            )
+
+
+def _shifted(exc: UnprocessableContent, by: int) -> BadRequest:
+    """An append's 422 as the provider's 400, its message paths as the request's own."""
+    errors = exc.extensions.get("errors")
+    if not isinstance(errors, list):
+        return BadRequest(exc.detail)
+    fixed = [{**e, "field": _shift(str(e.get("field", "")), by)} for e in errors]
+    detail = "; ".join(f"{e['field']}: {e['detail']}" for e in fixed)
+    return BadRequest(detail, errors=fixed)
+
+
+async def _read(response: httpx.Response, limit: int) -> bytes:
+    """The response's body, at most ``limit`` bytes of it; the response is closed."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                break
+    except httpx.TimeoutException:
+        raise GatewayTimeout("the upstream stopped answering mid-reply") from None
+    except httpx.HTTPError as exc:
+        raise BadGateway(f"the upstream broke off its reply: {type(exc).__name__}") from None
+    finally:
+        await response.aclose()
+    return b"".join(chunks)[:limit]

@@ -1,0 +1,332 @@
+"""The official OpenAI SDK, unmodified, through the proxy to the scripted upstream."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import openai
+import pytest
+
+from app.core.settings import Settings
+from tests.proxy.support import (
+    api,
+    assert_stored,
+    assert_valid_upstream,
+    openai_client,
+    openai_stream_message,
+    proxy,
+)
+from tests.upstream_server import BreakStream, Reply, Status, ToolCalls, Upstream
+
+SYSTEM: Any = {"role": "system", "content": "You are a careful assistant. Today is 2026-12-10."}
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    },
+]
+
+
+def tool_result(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": "tool",
+        "tool_call_id": call["id"],
+        "content": f"output of {call['function']['name']} {call['function']['arguments']}\n" * 3,
+    }
+
+
+async def test_plain_replies_store_what_the_agent_sent_and_received(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    upstream.script([Reply("Paris."), Reply("About 2.1 million people.", finish_reason="stop")])
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "plain-1") as client:
+            history: list[Any] = [{"role": "user", "content": "Capital of France?"}]
+            first = await client.chat.completions.create(
+                model="gpt-4o", messages=[SYSTEM, *history], temperature=0.2, max_tokens=50
+            )
+            assert first.choices[0].message.content == "Paris."
+            history.append(first.choices[0].message.model_dump(exclude_unset=True))
+            history.append({"role": "user", "content": "How many people live there?"})
+            second = await client.chat.completions.create(
+                model="gpt-4o", messages=[SYSTEM, *history], temperature=0.2, max_tokens=50
+            )
+            history.append(second.choices[0].message.model_dump(exclude_unset=True))
+
+            sent = upstream.requests
+            assert len(sent) == 2
+            for request in sent:
+                assert_valid_upstream(request, "openai", budget=128_000 - 16_384)
+                body = request.json
+                # The agent's system prompt and every other field go upstream as sent.
+                assert body["messages"][0] == SYSTEM
+                assert body["temperature"] == 0.2
+                assert body["max_tokens"] == 50
+                assert body["model"] == "gpt-4o"
+            # The context in place of the history: the stored messages as the model sees them.
+            assert sent[1].json["messages"][1:] == [
+                {"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": "Paris."},
+                {"role": "user", "content": "How many people live there?"},
+            ]
+
+            async with api(base) as http:
+                await assert_stored(http, "plain-1", "openai", history)
+                session = (await http.get("/v1/sessions/plain-1")).json()
+            # Created on first use with the request's model; the reply's usage reported.
+            assert session["model"] == "gpt-4o"
+            assert session["usage_count"] == 2
+            assert session["last_usage"]["finish_reason"] == "stop"
+            assert session["entry_count"] == 4
+
+
+async def test_streamed_tool_calls_come_chunk_for_chunk_and_are_stored(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    upstream.behaviour = "agent"  # call the first tool, then answer once it has the result
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "stream-1") as client:
+            history: list[Any] = [{"role": "user", "content": "What is in README.md?"}]
+            chunks: list[Any] = []
+            stream = await client.chat.completions.create(
+                model="gpt-4o", messages=[SYSTEM, *history], tools=TOOLS, stream=True
+            )
+            async for chunk in stream:
+                chunks.append(chunk)
+            reply = openai_stream_message(chunks)
+            assert reply["tool_calls"][0]["function"] == {
+                "name": "read_file",
+                "arguments": '{"path":"README.md"}',
+            }
+            # Chunk for chunk: every chunk the upstream sent but the usage-only one, which the
+            # proxy asked for and the agent did not.
+            upstream_body = upstream.requests[0].json
+            assert upstream_body["stream_options"] == {"include_usage": True}
+            assert all(c.usage is None for c in chunks)
+            assert all(c.choices for c in chunks)
+            history += [reply, tool_result(reply["tool_calls"][0])]
+
+            chunks = []
+            stream = await client.chat.completions.create(
+                model="gpt-4o",
+                messages=[SYSTEM, *history],
+                tools=TOOLS,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for chunk in stream:
+                chunks.append(chunk)
+            # Asked for: the usage chunk comes last.
+            assert chunks[-1].choices == []
+            assert chunks[-1].usage is not None
+            assert chunks[-1].usage.prompt_tokens > 0
+            final = openai_stream_message(chunks)
+            assert final["content"].startswith("The tool answered")
+            history.append(final)
+
+            for request in upstream.requests:
+                assert_valid_upstream(request, "openai", budget=128_000 - 16_384)
+                assert request.json["tools"] == TOOLS
+            async with api(base) as http:
+                await assert_stored(http, "stream-1", "openai", history)
+                session = (await http.get("/v1/sessions/stream-1")).json()
+            assert session["usage_count"] == 2
+            assert session["last_usage"]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_parallel_tool_calls(
+    db_url: str, settings: Settings, upstream: Upstream, stream: bool
+) -> None:
+    upstream.script(
+        [
+            ToolCalls(
+                (("read_file", {"path": "a.py"}), ("run", {"command": "pytest -q"})),
+                text="Let me look." if stream else None,
+            ),
+            Reply("Both done."),
+        ]
+    )
+    sid = f"parallel-{stream}"
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, sid) as client:
+            history: list[Any] = [{"role": "user", "content": "Check a.py and run the tests."}]
+            for _ in range(2):
+                if stream:
+                    chunks = [
+                        c
+                        async for c in await client.chat.completions.create(
+                            model="gpt-4o", messages=[SYSTEM, *history], tools=TOOLS, stream=True
+                        )
+                    ]
+                    reply = openai_stream_message(chunks)
+                else:
+                    completion = await client.chat.completions.create(
+                        model="gpt-4o", messages=[SYSTEM, *history], tools=TOOLS
+                    )
+                    reply = completion.choices[0].message.model_dump(exclude_unset=True)
+                history.append(reply)
+                calls = reply.get("tool_calls") or []
+                history += [tool_result(c) for c in calls]
+            assert len(history[1]["tool_calls"]) == 2
+            assert history[-1]["content"] == "Both done."
+            for request in upstream.requests:
+                assert_valid_upstream(request, "openai", budget=128_000 - 16_384)
+            # The second call's upstream context holds both calls, each answered.
+            context = upstream.requests[1].json["messages"][1:]
+            assert [c["id"] for c in context[1]["tool_calls"]] == [
+                c["id"] for c in history[1]["tool_calls"]
+            ]
+            assert context[2:] == history[2:4]
+            async with api(base) as http:
+                await assert_stored(http, sid, "openai", history)
+
+
+async def test_a_reply_that_breaks_mid_stream_stores_nothing_of_it(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    upstream.script([BreakStream(events=3, then=Reply("A long answer " * 10)), Reply("Whole.")])
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "broken-1") as client:
+            history: list[Any] = [{"role": "user", "content": "Tell me a story."}]
+            with pytest.raises(openai.APIError):
+                async for _ in await client.chat.completions.create(
+                    model="gpt-4o", messages=history, stream=True
+                ):
+                    pass
+            async with api(base) as http:
+                # The agent's message is stored; none of the broken reply.
+                await assert_stored(http, "broken-1", "openai", history)
+                session = (await http.get("/v1/sessions/broken-1")).json()
+                assert session["usage_count"] == 0
+            # The agent tries again, as it was: the same history, nothing new.
+            again = await client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append(again.choices[0].message.model_dump(exclude_unset=True))
+            async with api(base) as http:
+                await assert_stored(http, "broken-1", "openai", history)
+
+
+async def test_two_agents_on_two_sessions_at_once(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    upstream.behaviour = "agent"
+    with proxy(settings, db_url, upstream) as base:
+
+        async def agent(sid: str, task: str) -> list[Any]:
+            async with openai_client(base, sid) as client:
+                history: list[Any] = [{"role": "user", "content": task}]
+                for turn in range(3):
+                    completion = await client.chat.completions.create(
+                        model="gpt-4o-mini", messages=[SYSTEM, *history], tools=TOOLS
+                    )
+                    message = completion.choices[0].message.model_dump(exclude_unset=True)
+                    history.append(message)
+                    if turn == 2:
+                        return history  # what was sent and received, no more
+                    if not message.get("tool_calls"):
+                        history.append({"role": "user", "content": f"{task}: step {turn} again"})
+                        continue
+                    history += [tool_result(c) for c in message["tool_calls"]]
+                raise AssertionError("unreachable")
+
+        one, two = await asyncio.gather(agent("agent-a", "Task A"), agent("agent-b", "Task B"))
+        for request in upstream.requests:
+            assert_valid_upstream(request, "openai", budget=128_000 - 16_384)
+        async with api(base) as http:
+            # Each session holds its own agent's history, and nothing of the other's.
+            await assert_stored(http, "agent-a", "openai", one)
+            await assert_stored(http, "agent-b", "openai", two)
+
+
+async def test_a_diverged_history_is_refused_and_stores_nothing(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    upstream.script([Reply("One."), Reply("Two.")])
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "diverged-1") as client:
+            history: list[Any] = [{"role": "user", "content": "Count with me."}]
+            first = await client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append(first.choices[0].message.model_dump(exclude_unset=True))
+            history.append({"role": "user", "content": "Go on."})
+            await client.chat.completions.create(model="gpt-4o", messages=history)
+
+            edited: list[Any] = [
+                {"role": "user", "content": "Count backwards with me."},
+                *history[1:],
+            ]
+            with pytest.raises(openai.ConflictError) as refused:
+                await client.chat.completions.create(
+                    model="gpt-4o", messages=[SYSTEM, *edited, {"role": "user", "content": "Next?"}]
+                )
+            error = refused.value.body
+            assert isinstance(error, dict)
+            assert error["code"] == "conflict"
+            assert error["first_difference"] == 1  # the request's own index (after the system)
+            assert "diverges" in error["message"]
+            assert refused.value.response.headers["x-should-retry"] == "false"
+
+            # A history that dropped the last reply is refused too (it is shorter).
+            with pytest.raises(openai.ConflictError) as shorter:
+                await client.chat.completions.create(model="gpt-4o", messages=history)
+            assert shorter.value.body["first_difference"] == 3  # type: ignore[index]
+            assert len(upstream.requests) == 2
+            async with api(base) as http:
+                stored = await http.get("/v1/sessions/diverged-1/messages")
+                assert [e["message"]["content"] for e in stored.json()["entries"]] == [
+                    "Count with me.",
+                    "One.",
+                    "Go on.",
+                    "Two.",
+                ]
+
+
+async def test_proxy_errors_come_in_openai_s_shape(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    upstream.script([Status(429, headers={"Retry-After": "20"})])
+    with proxy(settings, db_url, upstream) as base:
+        async with openai.AsyncOpenAI(
+            base_url=f"{base}/proxy/openai/v1", api_key="sk-x", max_retries=0
+        ) as no_session:
+            with pytest.raises(openai.BadRequestError) as missing:
+                await no_session.chat.completions.create(
+                    model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+                )
+        assert "X-Compactd-Session" in missing.value.message
+        assert missing.value.body["param"] == "X-Compactd-Session"  # type: ignore[index]
+
+        async with openai_client(base, "errors-1") as client:
+            with pytest.raises(openai.BadRequestError) as bad:
+                await client.chat.completions.create(
+                    model="gpt-4o", messages=[cast(Any, {"role": "robot", "content": "hi"})]
+                )
+            assert bad.value.body["param"] == "messages[0].role"  # type: ignore[index]
+
+            # An upstream error passes through with its status, body and headers.
+            with pytest.raises(openai.RateLimitError) as limited:
+                await client.chat.completions.create(
+                    model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+                )
+            assert "Rate limit reached" in limited.value.message
+            assert limited.value.response.headers["retry-after"] == "20"
