@@ -78,7 +78,30 @@ class AppendRequest(BaseModel):
                         },
                         {"role": "tool", "tool_call_id": "call_1", "content": "README.md\napp\n"},
                     ],
-                }
+                },
+                {
+                    "format": "anthropic",
+                    "model": "claude-sonnet-4-5",
+                    "max_tokens": 4096,
+                    "system": [
+                        {
+                            "type": "text",
+                            "text": "You are a coding agent.",
+                            "cache_control": {"type": "ephemeral"},
+                        }
+                    ],
+                    "tools": [
+                        {
+                            "name": "bash",
+                            "description": "Run a shell command.",
+                            "input_schema": {
+                                "type": "object",
+                                "properties": {"command": {"type": "string"}},
+                            },
+                        }
+                    ],
+                    "messages": [{"role": "user", "content": "List the files."}],
+                },
             ],
         },
     )

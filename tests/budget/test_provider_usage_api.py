@@ -30,6 +30,7 @@ from openai.types.responses.response_usage import (
 )
 from pydantic import BaseModel
 
+from app.budget.schemas import USAGE_EXAMPLES
 from tests.compactions.helpers import compaction, conversation, drain, overflow_error
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, history
@@ -525,3 +526,12 @@ async def test_a_field_a_newer_sdk_adds_does_not_break_the_report(
     # The native body stays closed.
     r = await client.post("/v1/sessions/new/usage", json={"input_tokens": 5, "cache_tier": "gold"})
     assert_problem(r, 422, "cache_tier")
+
+
+@pytest.mark.parametrize("name", sorted(USAGE_EXAMPLES))
+async def test_the_documented_examples_are_accepted(client: httpx.AsyncClient, name: str) -> None:
+    await session_with_history(client, "doc")
+    r = await client.post("/v1/sessions/doc/usage", json=USAGE_EXAMPLES[name]["value"])
+    assert r.status_code == 200, r.text
+    expected = "anthropic" if name == "whole_response" else name
+    assert r.json()["usage_format"] == expected

@@ -485,3 +485,12 @@ async def test_an_idempotency_key_covers_system_and_tools(client: httpx.AsyncCli
         r = await client.post("/v1/sessions/i/messages", json=changed, headers=headers)
         assert_problem(r, 422, "Idempotency-Key")
     assert len(await history(client, "i")) == 2
+
+
+@pytest.mark.parametrize("index", [0, 1])
+async def test_the_documented_append_examples_are_accepted(
+    client: httpx.AsyncClient, index: int
+) -> None:
+    await make_session(client, id="doc")
+    example = AppendRequest.model_json_schema()["examples"][index]
+    await post_ok(client, "doc", example)
