@@ -1,10 +1,11 @@
-"""The deploy files and the README stay in step with the code.
+"""The deploy files and the docs (README.md, docs/*.md) stay in step with the code.
 
-Every ``COMPACTD_*`` variable that Dockerfile, docker-compose.yml, deploy/*.yaml or
-README.md names is one the settings read; every setting is in README.md's settings
-table with its real default; every ``compactd`` command line those files run parses
-with the real argument parser; and the open-mode rules hold (no keys only behind a
-loopback address). No Docker engine, no database: it reads files.
+Every ``COMPACTD_*`` variable that Dockerfile, docker-compose.yml, deploy/*.yaml,
+README.md or docs/*.md names is one the settings read; every setting is in the settings
+table of docs/configuration.md with its real default; every ``compactd`` command line
+those files run or show parses with the real argument parser; and the open-mode rules
+hold (no keys only behind a loopback address). No Docker engine, no database: it reads
+files.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 K8S = sorted((ROOT / "deploy").glob("*.yaml"))
-DOCUMENTS = [DOCKERFILE, COMPOSE, README, *K8S]
+DOCUMENTS = [DOCKERFILE, COMPOSE, README, *DOCS, *K8S]
 
 # Not preceded by a name character, so an agent's own AGENT_COMPACTD_URL is not one.
 ENV_NAME = re.compile(r"(?<![A-Za-z0-9_])COMPACTD_[A-Z0-9_]*")
@@ -128,10 +131,11 @@ def test_every_compactd_variable_named_is_a_setting(path: Path) -> None:
     assert not unknown, f"{path.name} names variables no setting reads: {sorted(unknown)}"
 
 
-def readme_settings_table() -> dict[str, str]:
-    """Env name -> the default cell, from the README's `| `NAME` | default | what |` rows."""
+def settings_table() -> dict[str, str]:
+    """Env name -> the default cell, from the `| `NAME` | default | what |` rows of
+    docs/configuration.md's "Server settings"."""
     rows: dict[str, str] = {}
-    section = README.read_text(encoding="utf-8").split("\n## Configuration", 1)[1]
+    section = CONFIGURATION.read_text(encoding="utf-8").split("\n## Server settings", 1)[1]
     section = section.split("\n## ", 1)[0]
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -143,7 +147,7 @@ def readme_settings_table() -> dict[str, str]:
 
 
 def rendered_default(field: str) -> str:
-    """A setting's default as the README writes it."""
+    """A setting's default as the settings table writes it."""
     value = Settings.model_fields[field].default
     if value is None:
         return "unset"
@@ -160,14 +164,15 @@ def rendered_default(field: str) -> str:
     return f"`{value}`"
 
 
-def test_every_setting_is_in_the_readme_table_with_its_default() -> None:
-    table = readme_settings_table()
+def test_every_setting_is_in_the_settings_table_with_its_default() -> None:
+    table = settings_table()
     missing = sorted(set(SETTINGS) - set(table))
-    assert not missing, f"README.md's settings table lacks {missing}"
+    assert not missing, f"docs/configuration.md's settings table lacks {missing}"
     for name, field in SETTINGS.items():
         default = rendered_default(field)
         assert table[name].startswith(default), (
-            f"README.md gives {name} the default {table[name]!r}; the code's is {default}"
+            f"docs/configuration.md gives {name} the default {table[name]!r}; the code's "
+            f"is {default}"
         )
 
 
@@ -227,7 +232,7 @@ INVOCATIONS = [
 
 
 def code_in(path: Path) -> str:
-    """The README's code (fenced blocks and inline spans); other files whole."""
+    """A Markdown file's code (fenced blocks and inline spans); other files whole."""
     text = re.sub(r"\$\([^)]*\)", "VALUE", path.read_text(encoding="utf-8"))  # "$(cat f)"
     if path.suffix != ".md":
         return text
@@ -237,10 +242,10 @@ def code_in(path: Path) -> str:
 
 
 def documented_commands() -> Iterator[tuple[str, list[str]]]:
-    """The argv of every compactd command shown in the README's code and in the
-    deploy files: `compactd ...`, `docker run ... compactd:latest ...`,
+    """The argv of every compactd command shown in the code of README.md and docs/*.md
+    and in the deploy files: `compactd ...`, `docker run ... compactd:latest ...`,
     `docker compose run --rm migrate ...`. Placeholders like NAME parse too."""
-    for path in (README, DOCKERFILE, COMPOSE, *K8S):
+    for path in (README, *DOCS, DOCKERFILE, COMPOSE, *K8S):
         for pattern in INVOCATIONS:
             for match in pattern.finditer(code_in(path)):
                 line = re.sub(r"\[[^]]*\]", "", match.group(1))  # `[--host H]`: optional
@@ -296,3 +301,35 @@ def test_kubernetes_serve_on_loopback_probes_from_inside() -> None:
         assert host == "127.0.0.1", f"{where}: serve leaves loopback, which needs API keys"
         for probe in ("readinessProbe", "livenessProbe"):
             assert "exec" in container[probe], f"{where} {probe}: must run inside the pod"
+
+
+# ------------------------------------------------------------------------ links
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+    anchors = set()
+    for heading in re.findall(r"^#+ +(.+?) *$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug)
+    return anchors
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_the_docs_links_point_inside_the_repository(path: Path) -> None:
+    """Every relative link of README.md and docs/*.md names a file of the repository (and
+    a heading of it, with an anchor); nothing points outside it."""
+    text = path.read_text(encoding="utf-8")
+    assert "../shared" not in text
+    links = re.findall(r"\]\(([^)\s]+)\)", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S))
+    assert links or path == README
+    for link in links:
+        if re.match(r"[a-z]+:", link):  # http(s):, mailto:
+            continue
+        target, _, anchor = link.partition("#")
+        resolved = (path.parent / target).resolve() if target else path
+        assert resolved.is_relative_to(ROOT), f"{path.name}: {link} is outside the repository"
+        assert resolved.exists(), f"{path.name}: {link} names no file"
+        if anchor:
+            assert anchor in heading_anchors(resolved), f"{path.name}: {link}: no such heading"

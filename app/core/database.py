@@ -72,7 +72,7 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         json_serializer=_dumps,
         json_deserializer=orjson.loads,
         # Every query is a keyed lookup; the append's write statement (CTEs over
-        # unnest) cost more to plan on each call than to run. See the README.
+        # unnest) cost more to plan on each call than to run. See docs/deployment.md.
         connect_args={
             "server_settings": _server_settings(settings),
             "connection_class": BoundedConnection,

@@ -16,7 +16,7 @@ from app.core.openapi import problems
 
 router = APIRouter(tags=["ops"])
 
-READY_TIMEOUT_SECONDS = 2.0  # the README's promise
+READY_TIMEOUT_SECONDS = 2.0  # docs/operations.md's promise
 # Given up a little before it, so that the answer reaches a probe that waits 2 s; the
 # query's own bound comes earlier still (see _current_revision).
 _GIVE_UP_SECONDS = READY_TIMEOUT_SECONDS * 0.9

@@ -215,7 +215,7 @@ async def test_a_report_on_the_context_read_after_a_compaction_counts(
     assert body["reported_prompt_tokens"] == 2 * counted
     assert body["calibration_factor"] > 1.0
 
-    # The README's example: an overflow error after reading the compacted context
+    # The example of docs/api.md: an overflow error after reading the compacted context
     # starts recovery (it was answered "stale" before).
     ctx = await context(client, "fresh")
     recovery = await overflow_error(client, "fresh")

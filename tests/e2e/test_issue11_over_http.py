@@ -385,9 +385,9 @@ async def test_the_extractive_summarizer_follows_the_instructions(
 async def test_the_readmes_overflow_example_starts_recovery_after_the_walk_through(
     client: httpx.AsyncClient,
 ) -> None:
-    """The README's walk-through, then its "More to try" overflow example: the
+    """The walk-through of docs/api.md, then its "More to try" overflow example: the
     error is about the context read after the compaction, so recovery starts (it
-    answered ``stale``); the recovery ends cancelled, as the README says, since
+    answered ``stale``); the recovery ends cancelled, as docs/api.md says, since
     its summary would not make so little history smaller."""
     r = await client.post(
         "/v1/sessions",
