@@ -139,13 +139,22 @@ WHERE s.id = $1 AND s.tenant_id = $2
 """
 
 # The same, with the parts of the session's latest system entry: an append that
-# carries a top-level system prompt stores it only when it differs.
+# carries a top-level system prompt stores it only when it differs. Every system
+# entry before the window is pinned (a compaction pins those it cuts off), so the
+# latest one is the window's, else the last pinned one: two bounded lookups, not
+# a walk back over the whole log (which took 3 ms at 10,000 entries).
 _READ_WITH_SYSTEM_SQL = _READ_SQL.replace(
     "    i.request_hash,",
-    """    (SELECT e.parts FROM entry AS e
-        WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.role = 'system'
-            AND e.kind = 'message'
-        ORDER BY e.seq DESC LIMIT 1) AS system_parts,
+    """    coalesce(
+        (SELECT e.parts FROM entry AS e
+            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= s.context_start_seq
+                AND e.role = 'system' AND e.kind = 'message'
+            ORDER BY e.seq DESC LIMIT 1),
+        (SELECT e.parts FROM entry AS e
+            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = ANY(s.pinned_seqs)
+                AND e.role = 'system' AND e.kind = 'message'
+            ORDER BY e.seq DESC LIMIT 1)
+    ) AS system_parts,
     i.request_hash,""",
 )
 assert _READ_WITH_SYSTEM_SQL != _READ_SQL

@@ -25,6 +25,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.engine.tokens import REPLY_PRIMING_TOKENS, count_tools
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest
 from app.messages.service import AppendService
+from tests.compactions.helpers import conversation, drain
 from tests.conftest import make_session
 from tests.helpers import assert_problem, get_session, history
 
@@ -494,3 +495,35 @@ async def test_the_documented_append_examples_are_accepted(
     await make_session(client, id="doc")
     example = AppendRequest.model_json_schema()["examples"][index]
     await post_ok(client, "doc", example)
+
+
+async def test_a_system_prompt_a_compaction_pinned_is_still_the_sessions(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    """After a compaction the system entry is before the window (pinned): the
+    same system re-sent still stores nothing, a changed one one entry."""
+    await make_session(
+        client,
+        id="c",
+        config={"prune": {"auto": False}, "compaction": {"keep_recent_tokens": 2000}},
+    )
+    batches = conversation(12)
+    system = batches[0][0]
+    assert system["role"] == "system"
+    for batch in batches:
+        await post_ok(client, "c", {"messages": batch})
+    r = await client.post("/v1/sessions/c/compactions", json={"summarizer": "extractive"})
+    assert r.status_code == 202, r.text
+    assert await drain(app) == 1
+    ctx = (await client.get("/v1/sessions/c/context")).json()
+    assert ctx["messages"][0] == system  # pinned before the summary
+    assert ctx["compaction"] is not None
+    body = await post_ok(
+        client, "c", {"system": system["content"], "messages": [user("go", "openai")]}
+    )
+    assert [e["role"] for e in body["entries"]] == ["user"]
+    body = await post_ok(client, "c", {"system": "Be terse.", "messages": [user("go", "openai")]})
+    assert [e["role"] for e in body["entries"]] == ["system", "user"]
+    # The new one is in the window now: it is the one compared.
+    body = await post_ok(client, "c", {"system": "Be terse.", "messages": [user("go", "openai")]})
+    assert [e["role"] for e in body["entries"]] == ["user"]
