@@ -123,6 +123,9 @@ MAX_ERROR_BYTES = 4 * 1024 * 1024
 # The most of a whole reply read.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 _PATH_HEAD = re.compile(r"^messages\[(\d+)\]")
+# The sessions the proxy creates: no synthetic "continue" after an automatic compaction,
+# since the agent's call in flight carries its real next message.
+PROXY_SESSION_CONFIG: dict[str, Any] = {"compaction": {"auto_continue": False}}
 
 
 @dataclass(slots=True)
@@ -363,7 +366,7 @@ class ProxyService:
         async with self.sessionmaker() as db:
             try:
                 await sessions.SessionService(db, self.tenant_id).create(
-                    SessionCreate(model=model, id=session_id)
+                    SessionCreate(model=model, id=session_id, config=PROXY_SESSION_CONFIG)
                 )
                 await db.commit()
             except Conflict:
@@ -548,6 +551,12 @@ class ProxyService:
                 config = sessions.effective_config(unit.state.config)
                 if not (config.compaction.enabled and config.compaction.auto):
                     return False
+                # The call being retried carries the agent's next message: no "continue".
+                config = config.model_copy(
+                    update={
+                        "compaction": config.compaction.model_copy(update={"auto_continue": False})
+                    }
+                )
                 return await pivot.compact_now(unit, config, now=datetime.now(UTC)) is not None
 
     async def _events(

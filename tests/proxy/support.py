@@ -136,9 +136,8 @@ def assert_valid_upstream(request: RecordedRequest, api: str, budget: int | None
         problems = check_anthropic_pairing(messages, allow_pending=False)
         assert messages, "an Anthropic request needs a message"
     assert problems == [], problems
-    assert PROVIDER_KEY in request.headers.get(
-        "authorization" if api == "openai" else "x-api-key", ""
-    ), "the agent's credentials go upstream"
+    credentials = request.headers.get("authorization", "") + request.headers.get("x-api-key", "")
+    assert PROVIDER_KEY in credentials, "the agent's credentials go upstream"
     assert not any(k.startswith("x-compactd-") for k in request.headers)
     if budget is not None:
         assert sent_tokens(request, api) <= budget, (sent_tokens(request, api), budget)
