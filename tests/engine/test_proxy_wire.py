@@ -1,0 +1,139 @@
+"""Reading a proxied request and writing the upstream one (engine.proxy_wire)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.engine import tokens
+from app.engine.model import InvalidMessage
+from app.engine.overflow_errors import OverflowMatch, classify
+from app.engine.proxy_wire import (
+    UnreadableReply,
+    overhead_tokens,
+    read_request,
+    reply_of,
+    retry_target,
+    upstream_body,
+)
+
+TOOLS = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+
+
+def test_openai_system_prompt_is_the_leading_system_and_developer_messages() -> None:
+    body: dict[str, Any] = {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "developer", "content": "Use tools."},
+            {"role": "user", "content": "Hi"},
+            {"role": "system", "content": "a later note stays in the history"},
+        ],
+        "tools": TOOLS,
+        "temperature": 0.3,
+        "stream": True,
+    }
+    request = read_request("openai", body)
+    assert request.offset == 2
+    assert request.system == body["messages"][:2]
+    assert request.messages == body["messages"][2:]
+    assert request.path(0) == "messages[2]"
+    assert request.stream
+    assert not request.wants_usage
+
+    sent = upstream_body(request, [{"role": "user", "content": "Hi"}], None)
+    assert sent["messages"] == [*body["messages"][:2], {"role": "user", "content": "Hi"}]
+    # Every other field as the agent wrote it; a stream asks for its usage.
+    assert {k: v for k, v in sent.items() if k not in ("messages", "stream_options")} == {
+        k: v for k, v in body.items() if k != "messages"
+    }
+    assert sent["stream_options"] == {"include_usage": True}
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}  # not changed
+
+    counted = overhead_tokens(request, "o200k_base")
+    assert counted == (
+        tokens.MESSAGE_OVERHEAD_TOKENS
+        + tokens.count_text("Be brief.\nUse tools.")
+        + tokens.count_tools(TOOLS)
+    )
+
+
+def test_anthropic_system_prompt_and_the_context_s_own_system_blocks() -> None:
+    body: dict[str, Any] = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 100,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "metadata": {"user_id": "u"},
+    }
+    request = read_request("anthropic", body)
+    assert (request.offset, request.system, request.messages) == (0, "Be brief.", body["messages"])
+    context = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert upstream_body(request, context, None) == {**body, "messages": context}
+    # A session that stored system messages (through the /v1 API) adds them after the agent's.
+    merged = upstream_body(request, context, [{"type": "text", "text": "stored note"}])
+    assert merged["system"] == [
+        {"type": "text", "text": "Be brief."},
+        {"type": "text", "text": "stored note"},
+    ]
+    # With none, the agent's system field stays as it was: absent stays absent.
+    bare = read_request("anthropic", {k: v for k, v in body.items() if k != "system"})
+    assert "system" not in upstream_body(bare, context, None)
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "field"),
+    [
+        ("openai", [], "body"),
+        ("openai", {"messages": []}, "model"),
+        ("openai", {"model": "m", "messages": {}}, "messages"),
+        ("openai", {"model": "m", "messages": [], "stream": "yes"}, "stream"),
+        ("openai", {"model": "m", "messages": [], "n": 2}, "n"),
+        ("anthropic", {"model": "m", "messages": [], "system": 3}, "system"),
+        ("anthropic", {"model": "m" * 201, "messages": []}, "model"),
+    ],
+)
+def test_a_request_the_proxy_cannot_use_names_its_field(api: Any, body: Any, field: str) -> None:
+    with pytest.raises(InvalidMessage) as refused:
+        read_request(api, body)
+    assert refused.value.path == field
+
+
+def test_replies_in_either_shape() -> None:
+    openai = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "Hi", "refusal": None},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1},
+    }
+    reply = reply_of("openai", openai)
+    assert reply.message == {"role": "assistant", "content": "Hi", "refusal": None}
+    assert (reply.finish_reason, reply.usage) == ("stop", openai["usage"])
+    claude = {
+        "content": [{"type": "text", "text": "Hi"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 3},
+    }
+    assert reply_of("anthropic", claude).message == {
+        "role": "assistant",
+        "content": claude["content"],
+    }
+    for api, bad in (("openai", {"choices": []}), ("openai", []), ("anthropic", {"content": "x"})):
+        with pytest.raises(UnreadableReply):
+            reply_of(api, bad)  # type: ignore[arg-type]
+
+
+def test_the_retry_must_lose_the_overshoot_the_error_states() -> None:
+    stated = classify(
+        400,
+        "This model's maximum context length is 8192 tokens. However, your messages "
+        "resulted in 9000 tokens.",
+    )
+    assert (stated.requested_tokens, stated.limit_tokens) == (9000, 8192)
+    assert retry_target(10_000, stated) == 10_000 - 889  # the 808 over, and a tenth more
+    assert retry_target(10_000, OverflowMatch(overflow=True)) == 9_000
+    assert retry_target(100, stated) == 0
