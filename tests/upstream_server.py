@@ -136,9 +136,12 @@ class ToolCalls:
     """200 with tool calls: ``calls`` are ``(name, arguments)`` pairs, made in parallel
     when there are several, after ``text`` if given. ``usage`` as for :class:`Reply`."""
 
-    calls: tuple[tuple[str, Mapping[str, Any]], ...]
+    calls: tuple[tuple[str, Mapping[str, Any] | str], ...]
     text: str | None = None
     usage: Mapping[str, Any] | None = None
+    #: The calls' ids (by default made from the request); arguments given as a string
+    #: are sent as they are (OpenAI) or parsed (Anthropic's ``input``).
+    ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,17 +388,33 @@ class _Answer:
     api: str
     body: dict[str, Any]
     text: str | None
-    calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    calls: tuple[tuple[str, Mapping[str, Any] | str], ...] = ()
     usage: Mapping[str, Any] | None = None
     model: str | None = None
     finish_reason: str | None = None
+    ids: tuple[str, ...] | None = None
 
     @property
     def call_ids(self) -> list[str]:
+        if self.ids is not None:
+            return list(self.ids)
         return _ids(self.body, "call_" if self.api == "openai" else "toolu_", len(self.calls))
 
+    @staticmethod
+    def arguments(args: Mapping[str, Any] | str) -> str:
+        return args if isinstance(args, str) else orjson.dumps(args).decode()
+
+    @staticmethod
+    def input(args: Mapping[str, Any] | str) -> dict[str, Any]:
+        if isinstance(args, str):
+            parsed: dict[str, Any] = orjson.loads(args) if args.strip() else {}
+            return parsed
+        return dict(args)
+
     def default_usage(self) -> dict[str, Any]:
-        output = max(1, len(orjson.dumps([self.text, [dict(a) for _, a in self.calls]])) // 4)
+        output = max(
+            1, len(orjson.dumps([self.text, [self.arguments(a) for _, a in self.calls]])) // 4
+        )
         prompt = prompt_tokens(self.body)
         if self.api == "openai":
             return {
@@ -421,7 +440,7 @@ class _Answer:
                     {
                         "id": call_id,
                         "type": "function",
-                        "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+                        "function": {"name": name, "arguments": self.arguments(args)},
                     }
                     for call_id, (name, args) in zip(ids, self.calls, strict=True)
                 ]
@@ -445,7 +464,7 @@ class _Answer:
             }
         content: list[dict[str, Any]] = [{"type": "text", "text": self.text}] if self.text else []
         content += [
-            {"type": "tool_use", "id": call_id, "name": name, "input": dict(args)}
+            {"type": "tool_use", "id": call_id, "name": name, "input": self.input(args)}
             for call_id, (name, args) in zip(ids, self.calls, strict=True)
         ]
         return {
@@ -669,14 +688,14 @@ async def _perform(
             return _reply(api, body, Reply(default_summary(_prompt_text(body))))
         case Reply():
             return _reply(api, body, action)
-        case ToolCalls(calls=calls, text=text, usage=usage):
-            return _Answer(api, body, text, calls, usage).response()
+        case ToolCalls(calls=calls, text=text, usage=usage, ids=ids):
+            return _Answer(api, body, text, calls, usage, ids=ids).response()
         case BreakStream(events=events, then=then):
             then = then or Reply("This answer will not arrive whole.")
             if isinstance(then, Reply):
                 answer = _Answer(api, body, then.text, (), then.usage)
             else:
-                answer = _Answer(api, body, then.text, then.calls, then.usage)
+                answer = _Answer(api, body, then.text, then.calls, then.usage, ids=then.ids)
             return answer.response(cut_after=events)
         case Status(code=code, body=payload, headers=headers):
             if payload is None:
