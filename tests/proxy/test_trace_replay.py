@@ -57,7 +57,8 @@ def answer(message: dict[str, Any]) -> Reply | ToolCalls:
 
 async def replay(base: str, upstream: Upstream, path: Path) -> tuple[int, int]:
     messages = [plain(m) for m in traces.load(path)]
-    system, rest = messages[0], messages[1:]
+    system: Any = messages[0]
+    rest = messages[1:]
     assert system["role"] == "system"
     sid = "proxy-" + path.name.split(".")[0].replace("__", "-")
     async with api(base) as http:
