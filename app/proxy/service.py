@@ -100,6 +100,7 @@ from app.engine.proxy_wire import (
     upstream_body,
 )
 from app.engine.storable import find_unstorable
+from app.engine.tokens import EncodingName
 from app.messages.schemas import AppendRequest
 from app.messages.service import AppendService, oversized_arguments
 from app.proxy.errors import BadGateway, GatewayTimeout
@@ -198,6 +199,23 @@ class _Turns:
 _turns = _Turns()
 
 
+# Overheads counted lately, by the system prompt and tools they count: an agent sends the
+# same ones call after call, and a long system prompt takes a millisecond to tokenize.
+_OVERHEADS: dict[bytes, int] = {}
+_OVERHEADS_KEPT = 256
+
+
+def _overhead(request: ProxyRequest, encoding: EncodingName) -> int:
+    key = orjson.dumps([request.api, encoding, request.system, request.body.get("tools")])
+    found = _OVERHEADS.pop(key, None)
+    if found is None:
+        found = overhead_tokens(request, encoding)
+        if len(_OVERHEADS) >= _OVERHEADS_KEPT:
+            del _OVERHEADS[next(iter(_OVERHEADS))]
+    _OVERHEADS[key] = found  # the newest last
+    return found
+
+
 def _shift(path: str, by: int) -> str:
     """A path of a sub-list's message (``messages[2].content``) as the request's own."""
     found = _PATH_HEAD.match(path)
@@ -287,6 +305,9 @@ class ProxyService:
     ) -> _Call:
         """Match the request against the stored history and store its new messages."""
         parse = PARSERS[request.api]
+        # The system prompt and the tools: the session's overhead, set with the append
+        # (so its verdict counts them), and again by the usage report.
+        overhead = _overhead(request, catalog.lookup(request.model).encoding)
         created = False
         for _ in range(ATTEMPTS):
             async with driver_connection(self.engine) as driver:
@@ -319,6 +340,7 @@ class ProxyService:
                         idempotency_key=None,
                         if_match=str(row.version),
                         body_bytes=body_bytes * len(new) // max(1, len(request.messages)),
+                        overhead_tokens=overhead,
                     )
                 except PreconditionFailed:
                     continue  # another writer came first: read and match again
@@ -326,13 +348,12 @@ class ProxyService:
                     raise _shifted(exc, request.offset + found.new_from) from None
                 stored = orjson.loads(document)["entries"]
                 last_seq = stored[-1]["seq"]
-            encoding = catalog.lookup(request.model).encoding
             return _Call(
                 request=request,
                 session_id=session_id,
                 headers=upstream_headers(raw_headers),
                 matched=found,
-                overhead=overhead_tokens(request, encoding),
+                overhead=overhead,
                 known=Known(entry_count=found.end.entries, chain=found.end.chain),
                 last_seq=last_seq,
             )
