@@ -10,7 +10,9 @@ temporary folder) and measures over real HTTP:
   tiktoken on each request, build the list (what a service without stored
   counts does), measured in this process against the same database;
 - what one large request costs the others: the worst ``/healthz`` and context
-  latency while a maximum-size append (or a hostile body as large) is processed.
+  latency while a maximum-size append (or a hostile body as large) is processed;
+- the proxy's added latency per call, and to a stream's first byte, over calling the
+  scripted upstream directly, at 100 and 10,000 stored messages (:mod:`bench.proxy`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, load, upstream
+from bench import bounds, load, proxy, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -464,7 +466,7 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
         await pg.close()
 
 
-SECTIONS = ("append", "context", "budget", "compaction", "bounds", "load")
+SECTIONS = ("append", "context", "budget", "compaction", "bounds", "load", "proxy")
 
 
 def main() -> int:
@@ -484,6 +486,7 @@ def main() -> int:
     port = free_port()
     url = embedded.start(folder / "pgdata", cleanup_mode="delete")
     upstream_port = free_port()
+    scripted_port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": url,
@@ -492,6 +495,8 @@ def main() -> int:
         # Workers run in their own process (the compaction section starts it).
         "COMPACTD_COMPACTION_WORKERS": "0",
         "COMPACTD_UPSTREAM_BASE_URL": f"http://127.0.0.1:{upstream_port}/v1",
+        # The proxy section's scripted upstream (tests.upstream_server in demo mode).
+        "COMPACTD_PROXY_OPENAI_URL": f"http://127.0.0.1:{scripted_port}/v1",
     }
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env)
     base = f"http://127.0.0.1:{port}"
@@ -536,6 +541,18 @@ def main() -> int:
                 await load.bench_load(
                     "127.0.0.1", port, server.pid, args.seconds, folder / "pgdata"
                 )
+            if "proxy" in sections:
+                command = ["-m", "tests.upstream_server", "--port", str(scripted_port)]
+                scripted = subprocess.Popen(  # noqa: ASYNC220 - started once, not awaited
+                    [sys.executable, *command, "--log-level", "warning"],
+                    stdout=subprocess.DEVNULL,
+                )
+                try:
+                    await proxy.wait_for(scripted_port)
+                    await proxy.bench_proxy(port, scripted_port)
+                finally:
+                    scripted.terminate()
+                    scripted.wait(timeout=30)
             instant.close()
 
         asyncio.run(run())

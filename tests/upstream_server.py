@@ -952,10 +952,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--port", type=int, default=8900, help="port to listen on (8900)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument(
+        "--log-level", default="info", help="uvicorn's: info shows each request (info)"
+    )
     args = parser.parse_args(argv)
     root = f"http://{args.host}:{args.port}"
     server = UpstreamServer(root)
-    server.default = Upstream(f"{root}/v1", keep=100)
+    # It remembers its last few requests only (a long agent's are megabytes each).
+    server.default = Upstream(f"{root}/v1", keep=16)
     server.default.behaviour = "agent"
     print(
         f"scripted upstream on {root}\n"
@@ -964,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
         "  any API key is accepted; Ctrl-C stops it",
         flush=True,
     )
-    uvicorn.run(make_app(server), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(make_app(server), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

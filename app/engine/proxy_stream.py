@@ -16,8 +16,7 @@ accumulators read the same events:
 
 A reply is complete only when its stream says so (``data: [DONE]``, ``message_stop``);
 one that breaks off before, or carries an error event, is not (the proxy then stores
-none of it). The terminal event is flagged, so that the proxy can store the reply before
-it lets the agent see the end of the stream.
+none of it).
 
 Pure: bytes in, decisions and a message out.
 """

@@ -13,10 +13,20 @@ The upstream's answer headers come back the same way; its request id as
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
 import httpx
 
 from app.core.settings import Settings
 from app.engine.proxy_wire import Api
+
+log = logging.getLogger("compactd.proxy")
+# How long shutting down waits for replies still being stored.
+DRAIN_SECONDS = 10.0
 
 _HOP_BY_HOP = frozenset(
     {
@@ -85,11 +95,22 @@ class ProxyClient:
     """The process's HTTP client for proxied calls, made on the first one (an app that
     proxies nothing does not pay for its TLS context). Timeouts suit model calls: a
     short connect, and reads as long as a model may stay silent (per read: a stream may
-    go on for longer, as long as it keeps coming)."""
+    go on for longer, as long as it keeps coming).
+
+    It also holds the work a call leaves behind once its reply is delivered (storing
+    the reply), so that shutting down waits for it."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._client: httpx.AsyncClient | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` on its own, whatever becomes of the request that started it."""
+        task = asyncio.ensure_future(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
 
     def get(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -109,6 +130,14 @@ class ProxyClient:
         return self._client
 
     async def aclose(self) -> None:
+        if self._pending:
+            _, late = await asyncio.wait(set(self._pending), timeout=DRAIN_SECONDS)
+            if late:
+                log.warning("proxied replies left unstored at shutdown", extra={"count": len(late)})
+                for task in late:
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(*late, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
             self._client = None

@@ -12,9 +12,16 @@ from app.core.driver import Driver
 from app.engine.model import Entry
 from app.engine.proxy_history import EMPTY_CHAIN, Known
 
+# With whether a message entry was stored since (by the /v1 API, or another process):
+# one indexed probe, so that the usual call reads no entry at all.
 _KNOWN_SQL = """
 SELECT s.version, p.entry_count, p.last_seq, p.chain, p.raw_count, p.raw_digest,
-    p.raw_entry_count, p.raw_chain
+    p.raw_entry_count, p.raw_chain,
+    EXISTS (
+        SELECT 1 FROM entry AS e
+        WHERE e.session_id = s.id AND e.tenant_id = s.tenant_id
+            AND e.seq > coalesce(p.last_seq, 0) AND e.kind = 'message'
+    ) AS behind
 FROM session AS s
 LEFT JOIN proxy_history AS p ON p.session_id = s.id AND p.tenant_id = s.tenant_id
 WHERE s.id = $1 AND s.tenant_id = $2
@@ -52,11 +59,13 @@ WHERE p.last_seq <= EXCLUDED.last_seq
 @dataclass(frozen=True, slots=True)
 class KnownRow:
     """The session's version, and what the proxy recorded of its history (through
-    ``last_seq``; 0 and the empty chain when nothing was)."""
+    ``last_seq``; 0 and the empty chain when nothing was); ``behind``: message entries
+    were stored after ``last_seq``."""
 
     version: int
     known: Known
     last_seq: int
+    behind: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +102,7 @@ class ProxyRepository:
         if row is None:
             return None
         if row["entry_count"] is None:
-            return KnownRow(row["version"], Known(), 0)
+            return KnownRow(row["version"], Known(), 0, row["behind"])
         return KnownRow(
             row["version"],
             Known(
@@ -105,6 +114,7 @@ class ProxyRepository:
                 raw_chain=bytes(row["raw_chain"]),
             ),
             row["last_seq"],
+            row["behind"],
         )
 
     async def messages_after(

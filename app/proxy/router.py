@@ -79,7 +79,7 @@ async def _call(api: Api, request: Request, tenant: str, engine: Any, settings: 
     answer = await ProxyService(
         engine=engine,
         sessionmaker=request.app.state.sessionmaker,
-        http=client.get(),
+        client=client,
         settings=settings,
         tenant_id=tenant,
     ).call(

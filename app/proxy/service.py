@@ -21,11 +21,13 @@ One call, in order:
    :mod:`app.budget`: prune, and an emergency compaction when that is not enough) and
    the call retried once, only if the context is now smaller; any other error passes
    through with its status and body.
-6. Once the reply is complete: its usage is reported (with the stop reason and the
-   context version sent), the reply stored, and the proxy's record of the history
-   moved on. A stream that breaks off, or carries an error, stores nothing; its end
-   (``data: [DONE]``, ``message_stop``) reaches the agent only once the reply is stored,
-   so the agent's next call always finds it.
+6. Once the reply is complete, and on its way to the agent: its usage is reported (with
+   the stop reason and the context version sent), the reply stored, and the proxy's
+   record of the history moved on. A stream that breaks off, or carries an error,
+   stores nothing of the reply. The agent does not wait for the storing; its next call
+   on the session does (it waits for the session's turn), so it always finds its reply
+   stored. A read of the session (GET .../messages) right after a call may come before
+   the reply is stored: it is, a few milliseconds later.
 
 Calls on one session are served one at a time in a process (:class:`_Turns`): the
 second waits for the first to end, then is matched against the history the first left
@@ -41,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +60,7 @@ from app.compactions.service import CompactionService
 from app.context.service import ContextService
 from app.core import metrics
 from app.core.database import driver_connection
+from app.core.driver import Driver
 from app.core.errors import (
     BadRequest,
     Conflict,
@@ -81,7 +84,6 @@ from app.engine.proxy_history import (
 )
 from app.engine.proxy_stream import (
     AnthropicStream,
-    Event,
     EventTooLarge,
     OpenAIStream,
     SseEvents,
@@ -104,7 +106,7 @@ from app.engine.tokens import EncodingName
 from app.messages.schemas import AppendRequest
 from app.messages.service import AppendService, oversized_arguments
 from app.proxy.errors import BadGateway, GatewayTimeout
-from app.proxy.forward import agent_headers, upstream_headers, upstream_url
+from app.proxy.forward import ProxyClient, agent_headers, upstream_headers, upstream_url
 from app.proxy.repository import ProxyRepository
 from app.sessions import service as sessions
 from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate
@@ -138,6 +140,8 @@ class Answer:
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
     media_type: str = "application/json"
+    # The session's turn passed on to what the call left to do (storing its reply).
+    holds_turn: bool = False
 
 
 @dataclass(slots=True)
@@ -151,6 +155,7 @@ class _Call:
     overhead: int
     known: Known  # after the new messages were stored
     last_seq: int  # of the last message entry the proxy knows is stored
+    session_version: int  # the session's, as the call's own writes left it
     version: int = 0  # of the context sent
     sent_tokens: int = 0  # counted tokens of the context sent
     attempts: int = 0  # upstream requests made
@@ -241,13 +246,14 @@ class ProxyService:
         *,
         engine: AsyncEngine,
         sessionmaker: async_sessionmaker[AsyncSession],
-        http: httpx.AsyncClient,
+        client: ProxyClient,
         settings: Settings,
         tenant_id: str,
     ) -> None:
         self.engine = engine
         self.sessionmaker = sessionmaker
-        self.http = http
+        self.client = client
+        self.http = client.get()
         self.settings = settings
         self.tenant_id = tenant_id
         self.repo = ProxyRepository(tenant_id)
@@ -269,7 +275,7 @@ class ProxyService:
                 errors=[{"field": "X-Compactd-Session", "detail": "not a session id"}],
             )
         try:
-            parsed = orjson.loads(body)
+            parsed = await run_sized(len(body), orjson.loads, body)
         except orjson.JSONDecodeError as exc:
             raise BadRequest(
                 f"the body is not valid JSON ({exc})",
@@ -288,7 +294,7 @@ class ProxyService:
         try:
             call = await self._prepare(request, session_id, len(body), headers)
             answer = await self._exchange(call, release)
-            handed_over = answer.stream is not None
+            handed_over = answer.holds_turn
             return answer
         finally:
             if not handed_over:
@@ -313,9 +319,9 @@ class ProxyService:
             async with driver_connection(self.engine) as driver:
                 row = await self.repo.known(driver, session_id)
                 if row is not None:
-                    known, last_seq = await self._caught_up(
-                        driver, session_id, row.known, row.last_seq
-                    )
+                    known, last_seq = row.known, row.last_seq
+                    if row.behind:
+                        known, last_seq = await self._caught_up(driver, session_id, known, last_seq)
             if row is None:
                 if created:  # pragma: no cover - deleted at once after its creation
                     raise Conflict(f"session {session_id!r} was deleted during the call")
@@ -334,7 +340,7 @@ class ProxyService:
             if new:
                 self._check_storable(request, found.new_from, new)
                 try:
-                    document, _, _ = await AppendService(self.engine, self.tenant_id).append(
+                    document, version, _ = await AppendService(self.engine, self.tenant_id).append(
                         session_id,
                         AppendRequest(messages=new, format=request.api),
                         idempotency_key=None,
@@ -348,6 +354,8 @@ class ProxyService:
                     raise _shifted(exc, request.offset + found.new_from) from None
                 stored = orjson.loads(document)["entries"]
                 last_seq = stored[-1]["seq"]
+            else:
+                version = row.version
             return _Call(
                 request=request,
                 session_id=session_id,
@@ -356,6 +364,7 @@ class ProxyService:
                 overhead=overhead,
                 known=Known(entry_count=found.end.entries, chain=found.end.chain),
                 last_seq=last_seq,
+                session_version=version,
             )
         raise Conflict(
             f"session {session_id!r} kept changing while this call's messages were stored "
@@ -363,10 +372,10 @@ class ProxyService:
         )
 
     async def _caught_up(
-        self, driver: Any, session_id: str, known: Known, last_seq: int
+        self, driver: Driver, session_id: str, known: Known, last_seq: int
     ) -> tuple[Known, int]:
         """``known`` extended over the message entries stored after ``last_seq`` by
-        others than the proxy (usually none: one indexed probe)."""
+        others than the proxy (the /v1 API, another process)."""
         while True:
             rows = await self.repo.messages_after(driver, session_id, last_seq, PAGE)
             if not rows:
@@ -496,8 +505,10 @@ class ProxyService:
                 if response.status_code >= 400:
                     raw = await _read(response, MAX_ERROR_BYTES)
             if response.status_code >= 400:
-                await self._record(call)
-                return Answer(response.status_code, agent_headers(response.headers), raw)
+                self._later(call, self._record(call), release)
+                return Answer(
+                    response.status_code, agent_headers(response.headers), raw, holds_turn=True
+                )
         content_type = response.headers.get("content-type", "")
         if call.request.stream and content_type.startswith("text/event-stream"):
             return Answer(
@@ -505,6 +516,7 @@ class ProxyService:
                 agent_headers(response.headers),
                 stream=self._events(call, response, release),
                 media_type="text/event-stream",
+                holds_turn=True,
             )
         raw = await _read(response, MAX_REPLY_BYTES)
         try:
@@ -514,13 +526,27 @@ class ProxyService:
                 "proxied reply not stored: not a reply of the API",
                 extra={"session_id": call.session_id, "reason": str(exc)},
             )
-            await self._record(call)
+            self._later(call, self._record(call), release)
         else:
+            self._later(call, self._finish(call, reply), release)
+        return Answer(response.status_code, agent_headers(response.headers), raw, holds_turn=True)
+
+    def _later(
+        self, call: _Call, work: Coroutine[Any, Any, None], release: Callable[[], None]
+    ) -> None:
+        """Finish ``work`` once the reply is on its way to the agent, then give the
+        session's turn back: the agent does not wait for its reply to be stored, and its
+        next call on the session waits for the turn, so it finds it stored."""
+
+        async def run() -> None:
             try:
-                await self._finish(call, reply)
+                await work
             except Exception:  # delivered but not stored: the next call stores it
                 log.exception("proxied reply not stored", extra={"session_id": call.session_id})
-        return Answer(response.status_code, agent_headers(response.headers), raw)
+            finally:
+                release()
+
+        self.client.spawn(run())
 
     async def _relieved(
         self, call: _Call, status: int, raw: bytes, verdict: overflow_errors.OverflowMatch
@@ -583,42 +609,23 @@ class ProxyService:
     async def _events(
         self, call: _Call, response: httpx.Response, release: Callable[[], None]
     ) -> AsyncIterator[bytes]:
-        """The upstream's events as they come, the reply stored before the last one."""
+        """The upstream's events as they come; once the stream is complete, the reply is
+        stored (after its end reached the agent, the session's turn held until then)."""
         request = call.request
         reader: OpenAIStream | AnthropicStream = (
             OpenAIStream(request.wants_usage) if request.api == "openai" else AnthropicStream()
         )
         events = SseEvents()
-        terminal: list[Event] = []
-        finished: asyncio.Task[None] | None = None
         broken: str | None = None
         try:
             try:
                 async for chunk in response.aiter_bytes():
                     for event in events.feed(chunk):
-                        forward = reader.feed(event)
-                        if reader.terminal(event):
-                            terminal.append(event)
-                        elif forward:
+                        if reader.feed(event):
                             yield event.raw
             except (httpx.HTTPError, EventTooLarge) as exc:
                 broken = f"the upstream broke off its stream: {type(exc).__name__}"
             rest = events.rest()
-            if broken is None and reader.complete:
-                reply = Reply(reader.message(), reader.finish_reason, reader.usage)
-                # Shielded: an agent that hangs up now does not cut the storing short.
-                finished = asyncio.ensure_future(self._finish(call, reply))
-                try:
-                    await asyncio.shield(finished)
-                except Exception:  # delivered but not stored: the next call stores it
-                    log.exception("proxied reply not stored", extra={"session_id": call.session_id})
-            else:
-                log.warning(
-                    "proxied stream not stored: it ended before its last event",
-                    extra={"session_id": call.session_id, "failed": broken or reader.failed},
-                )
-            for event in terminal:
-                yield event.raw
             if rest:
                 yield rest
             if broken is not None:
@@ -626,14 +633,17 @@ class ProxyService:
                 yield stream_error(request.api, broken)
         finally:
             await response.aclose()
-            if finished is None:
-                # Not complete (or the agent hung up first): the new messages stay stored.
-                recording = asyncio.ensure_future(self._record(call))
-                recording.add_done_callback(lambda _: release())
-            elif finished.done():
-                release()
+            if broken is None and reader.complete:
+                reply = Reply(reader.message(), reader.finish_reason, reader.usage)
+                self._later(call, self._finish(call, reply), release)
             else:
-                finished.add_done_callback(lambda _: release())
+                # Cut short (or the agent hung up first): nothing of it is stored; the
+                # call's new messages are, and the history's record moves on with them.
+                log.warning(
+                    "proxied stream not stored: it ended before its last event",
+                    extra={"session_id": call.session_id, "failed": broken or reader.failed},
+                )
+                self._later(call, self._record(call), release)
 
     # --- after the reply ------------------------------------------------------
 
@@ -659,7 +669,8 @@ class ProxyService:
                     "tools_tokens": call.overhead,
                 }
             )
-            await BudgetService(self.engine, self.tenant_id).usage(call.session_id, report)
+            answer = await BudgetService(self.engine, self.tenant_id).usage(call.session_id, report)
+            call.session_version = answer.version
         except (provider_usage.UsageError, ValidationError, ProblemError) as exc:
             log.warning(
                 "proxied call's usage not reported",
@@ -677,22 +688,30 @@ class ProxyService:
             )
             return
         appender = AppendService(self.engine, self.tenant_id)
-        for _ in range(ATTEMPTS):
-            async with driver_connection(self.engine) as driver:
-                row = await self.repo.known(driver, call.session_id)
-                newer = await self.repo.last_message_after(driver, call.session_id, call.last_seq)
-            if row is None or newer is not None:
-                log.warning(
-                    "proxied reply not stored: another call stored messages meanwhile",
-                    extra={"session_id": call.session_id},
-                )
-                return
+        expected = call.session_version
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                # The session moved since the call's own writes: by a message (another
+                # call, in another process: then this reply is not the next message), or
+                # by something else (a compaction committing).
+                async with driver_connection(self.engine) as driver:
+                    row = await self.repo.known(driver, call.session_id)
+                    newer = await self.repo.last_message_after(
+                        driver, call.session_id, call.last_seq
+                    )
+                if row is None or newer is not None:
+                    log.warning(
+                        "proxied reply not stored: another call stored messages meanwhile",
+                        extra={"session_id": call.session_id},
+                    )
+                    return
+                expected = row.version
             try:
                 document, _, _ = await appender.append(
                     call.session_id,
                     AppendRequest(messages=[reply.message], format=call.request.api),
                     idempotency_key=None,
-                    if_match=str(row.version),
+                    if_match=str(expected),
                 )
             except PreconditionFailed:
                 continue

@@ -3,7 +3,9 @@ the official SDKs pointed at it, and the checks made after every call."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -90,16 +92,44 @@ def anthropic_runs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# A call's reply is stored right after it is delivered: reads wait for it this long.
+SETTLE_SECONDS = 30.0
+
+
 async def assert_stored(
     client: httpx.AsyncClient, sid: str, fmt: str, expected: list[dict[str, Any]]
 ) -> None:
     """The stored history is exactly what the agent sent (its system prompt aside) and
-    received."""
+    received, once the last reply is stored."""
+
+    def same(stored: list[dict[str, Any]]) -> bool:
+        if fmt == "openai":
+            return stored == expected
+        return anthropic_runs(stored) == anthropic_runs(expected)
+
+    deadline = time.monotonic() + SETTLE_SECONDS
     stored = await stored_history(client, sid, fmt)
+    while not same(stored) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        stored = await stored_history(client, sid, fmt)
     if fmt == "openai":
         assert stored == expected
     else:
         assert anthropic_runs(stored) == anthropic_runs(expected)
+
+
+async def settled(
+    client: httpx.AsyncClient, sid: str, entries: int, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The session once it holds ``entries`` entries (or as it is after the wait)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        r = await client.get(f"/v1/sessions/{sid}", headers=headers)
+        assert r.status_code == 200, r.text
+        session: dict[str, Any] = r.json()
+        if session["entry_count"] >= entries or time.monotonic() > deadline:
+            return session
+        await asyncio.sleep(0.02)
 
 
 def sent_tokens(request: RecordedRequest, api: str) -> int:

@@ -16,6 +16,7 @@ from tests.proxy.support import (
     assert_stored,
     assert_valid_upstream,
     proxy,
+    settled,
 )
 from tests.upstream_server import BreakStream, Reply, ToolCalls, Upstream
 
@@ -191,7 +192,7 @@ async def test_resent_history_with_sdk_objects_and_moved_cache_markers_matches(
         for request in upstream.requests:
             assert_valid_upstream(request, "anthropic", budget=BUDGET)
         async with api(base) as http:
-            stored = (await http.get("/v1/sessions/claude-resend")).json()
+            stored = await settled(http, "claude-resend", 6)
             assert stored["entry_count"] == 6  # each message once (and the last reply)
         assert len(upstream.requests) == 3
 

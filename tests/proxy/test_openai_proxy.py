@@ -330,3 +330,37 @@ async def test_proxy_errors_come_in_openai_s_shape(
                 )
             assert "Rate limit reached" in limited.value.message
             assert limited.value.response.headers["retry-after"] == "20"
+
+
+async def test_history_stored_through_the_v1_api_counts_as_stored(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """A session filled through /v1 (before the first proxied call, and between two)
+    is matched as it is: the proxy catches up on what it did not store itself, and
+    nothing is stored twice."""
+    upstream.script([Reply("Seen."), Reply("Seen again.")])
+    earlier: list[Any] = [
+        {"role": "user", "content": "Remember the number 7."},
+        {"role": "assistant", "content": "Noted: 7."},
+    ]
+    with proxy(settings, db_url, upstream) as base:
+        async with api(base) as http:
+            r = await http.post("/v1/sessions", json={"id": "mixed-1", "model": "gpt-4o"})
+            assert r.status_code == 201
+            r = await http.post("/v1/sessions/mixed-1/messages", json={"messages": earlier})
+            assert r.status_code == 201
+        history = [*earlier, {"role": "user", "content": "What was it?"}]
+        async with openai_client(base, "mixed-1") as client:
+            first = await client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append(first.choices[0].message.model_dump(exclude_unset=True))
+            async with api(base) as http:
+                await assert_stored(http, "mixed-1", "openai", history)
+                noted = [{"role": "user", "content": "A note the agent logged itself."}]
+                r = await http.post("/v1/sessions/mixed-1/messages", json={"messages": noted})
+                assert r.status_code == 201
+            history += [*noted, {"role": "user", "content": "And now?"}]
+            second = await client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append(second.choices[0].message.model_dump(exclude_unset=True))
+        async with api(base) as http:
+            await assert_stored(http, "mixed-1", "openai", history)
+        assert upstream.requests[1].json["messages"][-2:] == history[-3:-1]

@@ -25,6 +25,7 @@ from tests.proxy.support import (
     assert_valid_upstream,
     openai_client,
     proxy,
+    settled,
 )
 from tests.upstream_server import Hang, Reply, Status, Upstream, prompt_tokens
 
@@ -253,6 +254,7 @@ async def test_keyed_mode_takes_compactd_s_key_in_its_own_header(
         assert key not in request.body.decode()
 
         async with api(base) as http:
+            await settled(http, "keyed-1", 2, headers={"Authorization": f"Bearer {key}"})
             mine = await http.get(
                 "/v1/sessions/keyed-1/messages", headers={"Authorization": f"Bearer {key}"}
             )

@@ -1,0 +1,273 @@
+"""What the proxy adds to a model call.
+
+The scripted upstream (``python -m tests.upstream_server``, its own process) answers
+every call at once, so what is measured is the proxy, Postgres and HTTP. An agent-like
+session of N stored messages (a user question, a tool call, its result and an answer,
+over and over) calls through the proxy, re-sending its whole history each time as agents
+do; each call is also sent, as it is, straight to the upstream. Printed, at 100 and at
+10,000 stored messages: p50 and p99 of both, and the proxy's added latency (target
+<= 5 ms at p50, flat in the history's length); then the same for streamed calls' time
+to first byte.
+
+The sessions' window is 16,000 tokens: the 10,000-message history (about 450,000
+tokens) was compacted on the way, as it would have been, so its context is bounded (and
+about as large as the whole 100-message one), while the agent's requests carry the whole
+history. The direct call takes the agent's whole request, the proxied one's upstream
+call the context: both are what an agent without and with compactd would pay. Between
+two calls the agent does its own work for 20 ms (runs its tools): the proxy stores the
+last reply then, off the call's path, as it would for a real agent.
+
+Raw HTTP/1.1 on keep-alive connections, bodies serialized before the clock starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools to inspect code."}
+CALLS = 300
+TTFB_CALLS = 100
+# What an agent does between two calls (run its tools): the proxy stores the last reply
+# then, off the call's path.
+AGENT_WORK_SECONDS = 0.02
+# The sessions' window: small enough that the 10,000-message history's context is
+# bounded by it (about as large as the whole 100-message one), so that what grows is the
+# history alone.
+SESSION = {
+    "model": "gpt-4o",
+    "context_window": 16_000,
+    "max_output_tokens": 2_000,
+    "config": {"compaction": {"threshold": 0.8, "auto_continue": False}},
+}
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def history(n: int) -> list[dict[str, Any]]:
+    """``n`` messages of an agent's session, in turns of four."""
+    out: list[dict[str, Any]] = []
+    k = 0
+    while len(out) < n:
+        call = f"call_b{k}"
+        out += [
+            {"role": "user", "content": f"Step {k}: look at module_{k % 97}.py and fix the bug."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call,
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": orjson.dumps(
+                                {"command": f"cat module_{k % 97}.py"}
+                            ).decode(),
+                        },
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": call,
+                "content": "\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(8)),
+            },
+            {"role": "assistant", "content": f"Fixed the off-by-one in module_{k % 97}.py."},
+        ]
+        k += 1
+    return out[:n] if out[n - 1]["role"] != "user" else out[: n - 1]
+
+
+def streamed_text(events: bytes) -> str:
+    """The text of a streamed chat completion."""
+    text = []
+    for line in events.split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in orjson.loads(line[6:]).get("choices") or ():
+                text.append(choice["delta"].get("content") or "")
+    return "".join(text)
+
+
+class _Http:
+    """One keep-alive HTTP/1.1 connection: a request written at once, the answer read by
+    Content-Length, or chunk by chunk with the time of its first body byte."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        status, fields = await self.head()
+        return status, await self.reader.readexactly(int(fields["content-length"]))
+
+    def send(self, path: str, payload: bytes, headers: dict[str, str]) -> None:
+        head = [f"POST {path} HTTP/1.1", "Host: bench", "Content-Type: application/json"]
+        head += [f"Content-Length: {len(payload)}", *(f"{k}: {v}" for k, v in headers.items())]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        fields = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name:
+                fields[name.strip().lower()] = value.strip()
+        return int(lines[0].split(" ", 2)[1]), fields
+
+    async def post(self, path: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        self.send(path, payload, headers)
+        status, fields = await self.head()
+        if "content-length" in fields:
+            return status, await self.reader.readexactly(int(fields["content-length"]))
+        return status, b"".join([chunk async for chunk in self._chunks()])
+
+    async def first_byte(
+        self, path: str, payload: bytes, headers: dict[str, str]
+    ) -> tuple[float, bytes, int]:
+        """Seconds to the first body byte of a streamed answer, the answer, and its status."""
+        started = time.perf_counter()
+        self.send(path, payload, headers)
+        status, fields = await self.head()
+        if "content-length" in fields:  # not a stream: an error
+            body = await self.reader.readexactly(int(fields["content-length"]))
+            raise RuntimeError(f"{path}: {status} {body[:500]!r}")
+        first = None
+        chunks = []
+        async for chunk in self._chunks():
+            if first is None:
+                first = time.perf_counter() - started
+            chunks.append(chunk)
+        return first or 0.0, b"".join(chunks), status
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            data = await self.reader.readexactly(size + 2)
+            if size == 0:
+                return
+            yield data[:-2]
+
+
+@contextlib.asynccontextmanager
+async def _connect(port: int) -> AsyncIterator[_Http]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2**24)
+    try:
+        yield _Http(reader, writer)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def _session(proxy: _Http, sid: str, n: int) -> tuple[list[dict[str, Any]], float]:
+    """A new session whose first call stored ``n`` messages (and its reply); how long
+    that first call took."""
+    status, body = await proxy.post("/v1/sessions", orjson.dumps({"id": sid, **SESSION}), {})
+    assert status == 201, body
+    messages = history(n)
+    started = time.perf_counter()
+    payload = orjson.dumps({"model": "gpt-4o", "messages": [SYSTEM, *messages]})
+    status, body = await proxy.post(PROXIED, payload, _headers(sid))
+    assert status == 200, body[:500]
+    messages.append(orjson.loads(body)["choices"][0]["message"])
+    return messages, time.perf_counter() - started
+
+
+def _headers(sid: str) -> dict[str, str]:
+    return {"X-Compactd-Session": sid, "Authorization": "Bearer sk-bench"}
+
+
+PROXIED, DIRECT = "/proxy/openai/v1/chat/completions", "/v1/chat/completions"
+
+
+async def _case(port: int, upstream_port: int, n: int, per_session: int) -> dict[str, Any]:
+    """``CALLS`` calls and ``TTFB_CALLS`` streamed ones on sessions of ``n`` stored
+    messages: a new session every ``per_session`` calls, so that the history stays near
+    ``n`` (each call adds two)."""
+    samples: dict[str, Any] = {k: [] for k in ("proxy", "direct", "ttfb_p", "ttfb_d", "first")}
+    async with _connect(port) as proxy, _connect(upstream_port) as upstream:
+        sid, messages = "", list[dict[str, Any]]()
+        for i in range(CALLS + TTFB_CALLS):
+            if i % per_session == 0:
+                sid = f"bench-proxy-{n}-{i}"
+                messages, first_call = await _session(proxy, sid, n)
+                samples["first"].append(first_call)
+            messages.append({"role": "user", "content": f"And now step {i}?"})
+            stream = i >= CALLS
+            request: dict[str, Any] = {"model": "gpt-4o", "messages": [SYSTEM, *messages]}
+            if stream:
+                request["stream"] = True
+            payload = orjson.dumps(request)
+            headers = _headers(sid)
+            if stream:
+                first, events, status = await proxy.first_byte(PROXIED, payload, headers)
+                assert status == 200
+                samples["ttfb_p"].append(first)
+                first, _, status = await upstream.first_byte(DIRECT, payload, headers)
+                assert status == 200
+                samples["ttfb_d"].append(first)
+                messages.append({"role": "assistant", "content": streamed_text(events)})
+            else:
+                t = time.perf_counter()
+                status, body = await proxy.post(PROXIED, payload, headers)
+                samples["proxy"].append(time.perf_counter() - t)
+                assert status == 200, body[:500]
+                t = time.perf_counter()
+                status, _ = await upstream.post(DIRECT, payload, headers)
+                samples["direct"].append(time.perf_counter() - t)
+                assert status == 200
+                messages.append(orjson.loads(body)["choices"][0]["message"])
+            await asyncio.sleep(AGENT_WORK_SECONDS)
+        status, body = await proxy.get(f"/v1/sessions/{sid}")
+        assert status == 200, body
+        samples["session"] = orjson.loads(body)
+    return samples
+
+
+async def bench_proxy(port: int, upstream_port: int) -> None:
+    print("\nProxy (OpenAI chat completions, scripted upstream answering at once)")
+    for n, per_session in ((100, 10), (10_000, CALLS + TTFB_CALLS)):
+        s = await _case(port, upstream_port, n, per_session)
+        session = s["session"]
+        print(
+            f"  {n:>6} messages: a first call storing them took {pct(s['first'], 0.5):.0f} ms; "
+            f"the last session: {session['entry_count']} entries, a context of "
+            f"{session['context_tokens']:,} tokens, {session['compaction_count']} compactions"
+        )
+        for label, mine, theirs in (
+            ("call", "proxy", "direct"),
+            ("stream, time to first byte", "ttfb_p", "ttfb_d"),
+        ):
+            p50, d50 = pct(s[mine], 0.5), pct(s[theirs], 0.5)
+            p99, d99 = pct(s[mine], 0.99), pct(s[theirs], 0.99)
+            print(
+                f"  {n:>6} stored, {label:<27} proxied p50 {p50:7.2f} ms p99 {p99:7.2f} ms | "
+                f"direct p50 {d50:7.2f} ms p99 {d99:7.2f} ms | added p50 {p50 - d50:6.2f} ms "
+                f"p99 {p99 - d99:6.2f} ms"
+            )
+    print("  (target: added <= 5 ms at p50, flat in history length)")
+
+
+async def wait_for(port: int, seconds: float = 30.0) -> None:
+    """Until something listens on ``port``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on port {port}") from None
+            await asyncio.sleep(0.1)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return
