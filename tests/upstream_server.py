@@ -24,9 +24,9 @@ set, refused with the API's own context-overflow error), and refused with a 400 
 in the API's error shape without consuming the script. Otherwise each request takes the
 next scripted action (:class:`Reply`, :class:`ToolCalls`, :class:`Status`,
 :class:`Empty`, :class:`Garbage`, :class:`Hang`, :class:`Drip`, :class:`Close`,
-:class:`BreakStream`); when the script is spent, it gets a deterministic summary built
-from the request (:func:`default_summary`), or, with ``upstream.behaviour = "agent"``,
-the demo's agent-like answer (:func:`agent_action`).
+:class:`BreakStream`, :class:`SlowStream`); when the script is spent, it gets a
+deterministic summary built from the request (:func:`default_summary`), or, with
+``upstream.behaviour = "agent"``, the demo's agent-like answer (:func:`agent_action`).
 
 Register the fixtures in ``tests/conftest.py``::
 
@@ -153,7 +153,17 @@ class BreakStream:
     then: Reply | ToolCalls | None = None
 
 
-Action: TypeAlias = Reply | ToolCalls | Status | Empty | Garbage | Hang | Drip | Close | BreakStream
+@dataclass(frozen=True, slots=True)
+class SlowStream:
+    """A streamed answer (``then``) with ``interval`` seconds between its events."""
+
+    interval: float
+    then: Reply | ToolCalls
+
+
+Action: TypeAlias = (
+    Reply | ToolCalls | Status | Empty | Garbage | Hang | Drip | Close | BreakStream | SlowStream
+)
 
 
 # Real error bodies, for Status(...)
@@ -590,10 +600,10 @@ class _Answer:
         out.append(event("message_stop", {"type": "message_stop"}))
         return out
 
-    def response(self, cut_after: int | None = None) -> Response:
+    def response(self, cut_after: int | None = None, interval: float = 0.0) -> Response:
         if self.body.get("stream") is not True:
             return _json_response(self.whole())
-        return _StreamResponse(self.events(), cut_after)
+        return _StreamResponse(self.events(), cut_after, interval)
 
 
 def _reply(api: str, body: dict[str, Any], reply: Reply) -> Response:
@@ -619,8 +629,10 @@ class _StreamResponse(Response):
     """Server-sent events, each sent as it is made; ``cut_after`` drops the connection
     after that many of them."""
 
-    def __init__(self, events: list[bytes], cut_after: int | None = None) -> None:
-        self.events, self.cut_after = events, cut_after
+    def __init__(
+        self, events: list[bytes], cut_after: int | None = None, interval: float = 0.0
+    ) -> None:
+        self.events, self.cut_after, self.interval = events, cut_after, interval
         self.status_code = 200
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -633,7 +645,7 @@ class _StreamResponse(Response):
             if self.cut_after is not None and i >= self.cut_after:
                 raise _DropConnection
             await send({"type": "http.response.body", "body": data, "more_body": True})
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.interval)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -691,12 +703,10 @@ async def _perform(
         case ToolCalls(calls=calls, text=text, usage=usage, ids=ids):
             return _Answer(api, body, text, calls, usage, ids=ids).response()
         case BreakStream(events=events, then=then):
-            then = then or Reply("This answer will not arrive whole.")
-            if isinstance(then, Reply):
-                answer = _Answer(api, body, then.text, (), then.usage)
-            else:
-                answer = _Answer(api, body, then.text, then.calls, then.usage, ids=then.ids)
+            answer = _answer_of(api, body, then or Reply("This answer will not arrive whole."))
             return answer.response(cut_after=events)
+        case SlowStream(interval=interval, then=then):
+            return _answer_of(api, body, then).response(interval=interval)
         case Status(code=code, body=payload, headers=headers):
             if payload is None:
                 payload = error_body(api, code)
@@ -716,6 +726,12 @@ async def _perform(
         case Close():
             return _CutResponse()
     raise AssertionError(f"unknown action {action!r}")
+
+
+def _answer_of(api: str, body: dict[str, Any], then: Reply | ToolCalls) -> _Answer:
+    if isinstance(then, Reply):
+        return _Answer(api, body, then.text, (), then.usage)
+    return _Answer(api, body, then.text, then.calls, then.usage, ids=then.ids)
 
 
 def _invalid(api: str, request: Request, body: Any, upstream: Upstream) -> Response | None:

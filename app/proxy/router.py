@@ -11,13 +11,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from app.core.database import EngineDep
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.engine.proxy_wire import Api
 from app.proxy.forward import ProxyClient
-from app.proxy.service import SESSION_HEADER, ProxyService
+from app.proxy.service import SESSION_HEADER, EventStream, ProxyService
 
 router = APIRouter(prefix="/proxy", tags=["proxy"])
 
@@ -89,13 +90,25 @@ async def _call(api: Api, request: Request, tenant: str, engine: Any, settings: 
         request.scope["headers"],
     )
     if answer.stream is not None:
-        return StreamingResponse(
-            answer.stream,
-            status_code=answer.status,
-            headers=answer.headers,
-            media_type=answer.media_type,
-        )
+        return _Streamed(answer.stream, answer.status, answer.headers, answer.media_type)
     return Response(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+class _Streamed(StreamingResponse):
+    """Server-sent events whose stream is closed once the response ends, however it
+    ends (the agent may hang up before the first event, or midway)."""
+
+    def __init__(
+        self, stream: EventStream, status: int, headers: dict[str, str], media_type: str
+    ) -> None:
+        super().__init__(stream, status_code=status, headers=headers, media_type=media_type)
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.stream.aclose()
 
 
 @router.post(

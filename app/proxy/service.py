@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -131,14 +131,43 @@ _PATH_HEAD = re.compile(r"^messages\[(\d+)\]")
 PROXY_SESSION_CONFIG: dict[str, Any] = {"compaction": {"auto_continue": False}}
 
 
+class EventStream:
+    """A streamed reply's events, closed exactly once however the response ends: its
+    events iterated to the end, abandoned midway (the agent hung up), or never started
+    (the agent hung up before the first). Closing it runs what the stream leaves to do
+    (``on_unstarted`` when it never started)."""
+
+    def __init__(
+        self, events: AsyncGenerator[bytes, None], on_unstarted: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._events = events
+        self._on_unstarted = on_unstarted
+        self._started = False
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self._started = True
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        if self._started:
+            await self._events.aclose()  # runs its cleanup if it stopped midway
+        else:
+            self._started = True
+            await self._on_unstarted()
+
+
 @dataclass(slots=True)
 class Answer:
-    """What goes back to the agent: a whole body, or a stream of events."""
+    """What goes back to the agent: a whole body, or a stream of events (close it once
+    the response has ended)."""
 
     status: int
     headers: dict[str, str]
     body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
+    stream: EventStream | None = None
     media_type: str = "application/json"
     # The session's turn passed on to what the call left to do (storing its reply).
     holds_turn: bool = False
@@ -511,10 +540,15 @@ class ProxyService:
                 )
         content_type = response.headers.get("content-type", "")
         if call.request.stream and content_type.startswith("text/event-stream"):
+
+            async def unstarted() -> None:
+                await response.aclose()
+                self._later(call, self._record(call), release)
+
             return Answer(
                 response.status_code,
                 agent_headers(response.headers),
-                stream=self._events(call, response, release),
+                stream=EventStream(self._events(call, response, release), unstarted),
                 media_type="text/event-stream",
                 holds_turn=True,
             )
@@ -608,7 +642,7 @@ class ProxyService:
 
     async def _events(
         self, call: _Call, response: httpx.Response, release: Callable[[], None]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The upstream's events as they come; once the stream is complete, the reply is
         stored (after its end reached the agent, the session's turn held until then)."""
         request = call.request

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+import httpx
 import openai
 import pytest
 
@@ -17,7 +18,7 @@ from tests.proxy.support import (
     openai_stream_message,
     proxy,
 )
-from tests.upstream_server import BreakStream, Reply, Status, ToolCalls, Upstream
+from tests.upstream_server import BreakStream, Reply, SlowStream, Status, ToolCalls, Upstream
 
 SYSTEM: Any = {"role": "system", "content": "You are a careful assistant. Today is 2026-12-10."}
 TOOLS: Any = [
@@ -364,3 +365,31 @@ async def test_history_stored_through_the_v1_api_counts_as_stored(
         async with api(base) as http:
             await assert_stored(http, "mixed-1", "openai", history)
         assert upstream.requests[1].json["messages"][-2:] == history[-3:-1]
+
+
+async def test_an_agent_that_hangs_up_mid_stream_leaves_nothing_of_the_reply(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """The agent stops reading a slow stream and closes its connection: the reply is
+    not stored, the session's turn is given back, and the agent's retry goes through."""
+    upstream.script([SlowStream(0.2, Reply("A slow story " * 20)), Reply("Short.")])
+    history: list[Any] = [{"role": "user", "content": "Tell me a slow story."}]
+    with proxy(settings, db_url, upstream) as base:
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=30) as raw,
+            raw.stream(
+                "POST",
+                "/proxy/openai/v1/chat/completions",
+                json={"model": "gpt-4o", "messages": history, "stream": True},
+                headers={"X-Compactd-Session": "hangup-1", "Authorization": "Bearer sk-x"},
+            ) as streamed,
+        ):
+            assert streamed.status_code == 200
+            async for _ in streamed.aiter_bytes():
+                break  # the first event, then the agent hangs up
+        async with openai_client(base, "hangup-1") as client:
+            again = await client.chat.completions.create(model="gpt-4o", messages=history)
+        assert again.choices[0].message.content == "Short."
+        history.append(again.choices[0].message.model_dump(exclude_unset=True))
+        async with api(base) as http:
+            await assert_stored(http, "hangup-1", "openai", history)
