@@ -92,7 +92,9 @@ def install_problem_openapi(app: FastAPI, *also: Callable[[dict[str, Any]], None
         fresh = app.openapi_schema is None
         spec = generate()
         if fresh:
-            for item in spec.get("paths", {}).values():
+            for path, item in spec.get("paths", {}).items():
+                if path.startswith("/proxy/"):
+                    continue  # the providers' own error shapes, as the proxy documents them
                 for method, operation in item.items():
                     _add_app_wide_responses(method, operation)
                     for code, response in operation.get("responses", {}).items():

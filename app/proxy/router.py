@@ -67,8 +67,15 @@ def _spec(provider: str, errors: str) -> dict[str, Any]:
             "4XX": {
                 "description": "compactd's own errors in the provider's error shape ("
                 + errors
-                + "): a missing X-Compactd-Session (400), a diverged history (409, with "
-                "first_difference); and the upstream's errors, passed through.",
+                + "): a missing X-Compactd-Session or an unreadable body (400), a missing "
+                "or wrong X-Compactd-Key (401), a body over the limit (413), a diverged "
+                "history (409, with first_difference); and the upstream's errors, passed "
+                "through.",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "5XX": {
+                "description": "The upstream's errors, passed through, and compactd's own "
+                "(503 when its database is unavailable), in the provider's error shape.",
                 "content": {"application/json": {"schema": {"type": "object"}}},
             },
         },
