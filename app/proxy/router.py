@@ -42,6 +42,14 @@ _HEADERS = [
 ]
 
 
+# The refusals every route of the service makes, sent here in the provider's shape.
+_APP_WIDE = {
+    "400": "The body is not JSON, or not UTF-8, or lacks the session header",
+    "413": "The body is over the size limit",
+    "422": "A parameter is invalid (a NUL in the query, say); nothing was stored",
+}
+
+
 def _spec(provider: str, errors: str) -> dict[str, Any]:
     return {
         "parameters": _HEADERS,
@@ -63,6 +71,13 @@ def _spec(provider: str, errors: str) -> dict[str, Any]:
                     "application/json": {"schema": {"type": "object"}},
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
+            },
+            **{
+                code: {
+                    "description": f"{what}, in the provider's error shape.",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
+                for code, what in _APP_WIDE.items()
             },
             "4XX": {
                 "description": "compactd's own errors in the provider's error shape ("
