@@ -1,5 +1,6 @@
-"""What the sync and the async client share: configuration, headers, the retry rule and
-the proxy helpers. Only the sending (and the sleeping between attempts) differs."""
+"""What the sync and the async client share: configuration, the request a
+:class:`~compactd_client._calls.Call` makes, the retry rule and the proxy helpers. Only
+the sending (and the sleeping between attempts) differs."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Any, Literal, Protocol
-from urllib.parse import quote
+from typing import Any, Literal
 
 import httpx
+
+from compactd_client._calls import Call
+from compactd_client.errors import CompactdConnectionError, ProblemError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 SESSION_HEADER = "X-Compactd-Session"
@@ -22,29 +24,6 @@ Provider = Literal["openai", "anthropic"]
 # Failures where the request may not have arrived, or its answer was lost: worth another
 # attempt. (A bad URL or an unsupported scheme is not.)
 RETRYABLE_ERRORS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
-
-
-class SupportsModelDump(Protocol):
-    """A provider SDK's pydantic object, such as ``response.usage``."""
-
-    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
-
-
-def as_dict(value: Mapping[str, Any] | SupportsModelDump) -> dict[str, Any]:
-    """The object's fields as the SDK returns them, untouched."""
-    if isinstance(value, Mapping):
-        return dict(value)
-    return value.model_dump(mode="json")
-
-
-def drop_none(**fields: Any) -> dict[str, Any]:
-    """The fields that were given (None means "not given": the server's default)."""
-    return {name: value for name, value in fields.items() if value is not None}
-
-
-def path(template: str, *ids: str) -> str:
-    """``template`` with each ``{}`` replaced by an id, quoted so that it stays one segment."""
-    return template.format(*(quote(str(i), safe="") for i in ids))
 
 
 def retry_after_seconds(headers: httpx.Headers) -> float | None:
@@ -106,17 +85,29 @@ class BaseClient:
 
     # Requests
 
-    def _headers(
-        self, method: str, idempotency_key: str | None, if_match: int | str | None
-    ) -> dict[str, str]:
+    def _build_request(
+        self, http: httpx.Client | httpx.AsyncClient, call: Call[Any]
+    ) -> httpx.Request:
+        """The request of ``call``, built once and sent as it is by every attempt."""
+        return http.build_request(
+            call.method,
+            self.base_url + call.path,
+            params=call.params,
+            json=call.json,
+            headers=self._headers(call),
+            timeout=self._timeout(http.timeout, call.wait),
+        )
+
+    def _headers(self, call: Call[Any]) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        if method == "POST":
+        if call.method == "POST":
             # One key per logical call, reused by every retry: the server stores a
             # retried append once and answers it with the first answer.
-            headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
-        if if_match is not None:
+            headers["Idempotency-Key"] = call.idempotency_key or uuid.uuid4().hex
+        if call.if_match is not None:
+            if_match = call.if_match
             headers["If-Match"] = f'"{if_match}"' if isinstance(if_match, int) else if_match
         return headers
 
@@ -150,3 +141,18 @@ class BaseClient:
                 return None
             delay = max(delay, wanted)
         return delay
+
+    def _retry_delay(
+        self, call: Call[Any], attempt: int, failure: httpx.Response | Exception
+    ) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` after ``failure`` (an answer
+        that is not a success, or a retryable error); raises it when it is final."""
+        response = failure if isinstance(failure, httpx.Response) else None
+        delay = self._delay(attempt, response)
+        if delay is not None:
+            return delay
+        if isinstance(failure, httpx.Response):
+            raise ProblemError.from_response(failure)
+        raise CompactdConnectionError(
+            f"compactd at {self.base_url} did not answer {call.method} {call.path}: {failure!r}"
+        ) from failure

@@ -5,20 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import httpx
 
+from compactd_client import _calls as calls
 from compactd_client import types as t
-from compactd_client._base import (
-    RETRYABLE_ERRORS,
-    BaseClient,
-    SupportsModelDump,
-    as_dict,
-    drop_none,
-    path,
-)
-from compactd_client.errors import CompactdConnectionError, ProblemError
+from compactd_client._base import RETRYABLE_ERRORS, BaseClient
+from compactd_client._calls import Call, SupportsModelDump
+
+T = TypeVar("T")
 
 
 class Compactd(BaseClient):
@@ -66,57 +62,35 @@ class Compactd(BaseClient):
     ) -> None:
         self.close()
 
-    def _request(
-        self,
-        method: str,
-        url_path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        json: Any = None,
-        idempotency_key: str | None = None,
-        if_match: int | str | None = None,
-        wait: float | None = None,
-    ) -> httpx.Response:
-        headers = self._headers(method, idempotency_key, if_match)
-        timeout = self._timeout(self._http.timeout, wait)
-        url = self.base_url + url_path
+    def _send(self, call: Call[T]) -> T:
+        """Send ``call``, again after each retryable failure, and read its answer."""
+        request = self._build_request(self._http, call)
         attempt = 0
         while True:
             try:
-                response = self._http.request(
-                    method, url, params=params, json=json, headers=headers, timeout=timeout
-                )
+                response = self._http.send(request)
             except RETRYABLE_ERRORS as exc:
-                delay = self._delay(attempt, None)
-                if delay is None:
-                    raise CompactdConnectionError(
-                        f"compactd at {self.base_url} did not answer {method} {url_path}: {exc!r}"
-                    ) from exc
+                delay = self._retry_delay(call, attempt, exc)
             else:
                 if response.is_success:
-                    return response
-                delay = self._delay(attempt, response)
-                if delay is None:
-                    raise ProblemError.from_response(response)
+                    return call.decode(response)
+                delay = self._retry_delay(call, attempt, response)
             attempt += 1
             time.sleep(delay)
-
-    def _json(self, method: str, url_path: str, **kwargs: Any) -> Any:
-        return self._request(method, url_path, **kwargs).json()
 
     # Ops
 
     def healthz(self) -> t.Health:
         """The process is up."""
-        return cast(t.Health, self._json("GET", "/healthz"))
+        return self._send(calls.healthz())
 
     def readyz(self) -> t.Readiness:
         """The database answers and its schema is current (else a 503 ProblemError)."""
-        return cast(t.Readiness, self._json("GET", "/readyz"))
+        return self._send(calls.readyz())
 
     def metrics(self) -> str:
         """The Prometheus metrics, as text."""
-        return self._request("GET", "/metrics").text
+        return self._send(calls.metrics())
 
     # Sessions
 
@@ -133,18 +107,17 @@ class Compactd(BaseClient):
         idempotency_key: str | None = None,
     ) -> t.Session:
         """Create a session; the window comes from the model catalog unless given."""
-        body = drop_none(
-            model=model,
-            id=id,
-            context_window=context_window,
-            max_output_tokens=max_output_tokens,
-            input_limit=input_limit,
-            config=config,
-            metadata=metadata,
-        )
-        return cast(
-            t.Session,
-            self._json("POST", "/v1/sessions", json=body, idempotency_key=idempotency_key),
+        return self._send(
+            calls.create_session(
+                model,
+                id=id,
+                context_window=context_window,
+                max_output_tokens=max_output_tokens,
+                input_limit=input_limit,
+                config=config,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
         )
 
     def list_sessions(
@@ -155,16 +128,11 @@ class Compactd(BaseClient):
         metadata: Mapping[str, str] | None = None,
     ) -> t.SessionPage:
         """A page of sessions in creation order; ``metadata`` filters on exact values."""
-        params = drop_none(
-            limit=limit,
-            cursor=cursor,
-            metadata=[f"{k}={v}" for k, v in metadata.items()] if metadata else None,
-        )
-        return cast(t.SessionPage, self._json("GET", "/v1/sessions", params=params))
+        return self._send(calls.list_sessions(limit=limit, cursor=cursor, metadata=metadata))
 
     def get_session(self, session_id: str) -> t.Session:
         """The session with its live accounting."""
-        return cast(t.Session, self._json("GET", path("/v1/sessions/{}", session_id)))
+        return self._send(calls.get_session(session_id))
 
     def update_session(
         self,
@@ -175,16 +143,11 @@ class Compactd(BaseClient):
     ) -> t.Session:
         """PATCH the session: only the keys in ``changes`` change (``input_limit: None``
         goes back to the catalog's; ``config`` is merged, a None in it resets that key)."""
-        return cast(
-            t.Session,
-            self._json(
-                "PATCH", path("/v1/sessions/{}", session_id), json=changes, if_match=if_match
-            ),
-        )
+        return self._send(calls.update_session(session_id, changes, if_match=if_match))
 
     def delete_session(self, session_id: str, *, if_match: int | str | None = None) -> None:
         """Delete the session and all of its data."""
-        self._request("DELETE", path("/v1/sessions/{}", session_id), if_match=if_match)
+        self._send(calls.delete_session(session_id, if_match=if_match))
 
     # History
 
@@ -201,16 +164,16 @@ class Compactd(BaseClient):
     ) -> t.AppendResult:
         """Append messages (OpenAI's, or Anthropic's with ``format="anthropic"``) in one
         batch. A retry of this call is stored once."""
-        body = drop_none(messages=list(messages), format=format, system=system, tools=tools)
-        return cast(
-            t.AppendResult,
-            self._json(
-                "POST",
-                path("/v1/sessions/{}/messages", session_id),
-                json=body,
+        return self._send(
+            calls.append_messages(
+                session_id,
+                messages,
+                format=format,
+                system=system,
+                tools=tools,
                 idempotency_key=idempotency_key,
                 if_match=if_match,
-            ),
+            )
         )
 
     def list_messages(
@@ -222,26 +185,19 @@ class Compactd(BaseClient):
         format: t.Format | None = None,
     ) -> t.HistoryPage:
         """The whole stored history by seq, pruned and compacted entries included."""
-        params = drop_none(after_seq=after_seq, limit=limit, format=format)
-        return cast(
-            t.HistoryPage,
-            self._json("GET", path("/v1/sessions/{}/messages", session_id), params=params),
+        return self._send(
+            calls.list_messages(session_id, after_seq=after_seq, limit=limit, format=format)
         )
 
     def get_context(self, session_id: str, *, format: t.Format | None = None) -> t.Context:
         """The messages to send to the model now (and ``system``, for Anthropic)."""
-        return cast(
-            t.Context,
-            self._json(
-                "GET", path("/v1/sessions/{}/context", session_id), params=drop_none(format=format)
-            ),
-        )
+        return self._send(calls.get_context(session_id, format=format))
 
     # Budget
 
     def get_overflow(self, session_id: str) -> t.Verdict:
         """How full the window is, and what to do about it."""
-        return cast(t.Verdict, self._json("GET", path("/v1/sessions/{}/overflow", session_id)))
+        return self._send(calls.get_overflow(session_id))
 
     def report_usage(
         self,
@@ -258,20 +214,16 @@ class Compactd(BaseClient):
         object as it returns it (``response.usage``, or its dict), the whole response
         (its usage and stop reason are read), or compactd's own figures
         (``input_tokens``, ``output_tokens``, ``cache_read_tokens``...)."""
-        body = as_dict(usage) | drop_none(
-            finish_reason=finish_reason,
-            context_version=context_version,
-            tools=tools,
-            tools_tokens=tools_tokens,
-        )
-        return cast(
-            t.UsageResult,
-            self._json(
-                "POST",
-                path("/v1/sessions/{}/usage", session_id),
-                json=body,
+        return self._send(
+            calls.report_usage(
+                session_id,
+                usage,
+                finish_reason=finish_reason,
+                context_version=context_version,
+                tools=tools,
+                tools_tokens=tools_tokens,
                 idempotency_key=idempotency_key,
-            ),
+            )
         )
 
     def prune(
@@ -285,20 +237,15 @@ class Compactd(BaseClient):
         idempotency_key: str | None = None,
     ) -> t.PruneResult:
         """Hide old tool outputs from the model (or, ``dry_run``, say which)."""
-        body = drop_none(
-            dry_run=dry_run,
-            protect_tokens=protect_tokens,
-            minimum_tokens=minimum_tokens,
-            protect_turns=protect_turns,
-        )
-        return cast(
-            t.PruneResult,
-            self._json(
-                "POST",
-                path("/v1/sessions/{}/prune", session_id),
-                json=body,
+        return self._send(
+            calls.prune(
+                session_id,
+                dry_run=dry_run,
+                protect_tokens=protect_tokens,
+                minimum_tokens=minimum_tokens,
+                protect_turns=protect_turns,
                 idempotency_key=idempotency_key,
-            ),
+            )
         )
 
     def report_provider_error(
@@ -311,15 +258,14 @@ class Compactd(BaseClient):
         idempotency_key: str | None = None,
     ) -> t.ProviderErrorVerdict:
         """Forward a provider's error; a context overflow starts its relief."""
-        body = drop_none(message=message, status=status, context_version=context_version)
-        return cast(
-            t.ProviderErrorVerdict,
-            self._json(
-                "POST",
-                path("/v1/sessions/{}/overflow-errors", session_id),
-                json=body,
+        return self._send(
+            calls.report_provider_error(
+                session_id,
+                message,
+                status=status,
+                context_version=context_version,
                 idempotency_key=idempotency_key,
-            ),
+            )
         )
 
     # Compactions
@@ -337,55 +283,34 @@ class Compactd(BaseClient):
     ) -> t.Compaction:
         """Compact the history in the background (``wait`` seconds for the result); a
         session with one queued or running gets that one."""
-        body = drop_none(
-            instructions=instructions,
-            strategy=strategy,
-            summarizer=summarizer,
-            model=model,
-            wait=wait,
-        )
-        return cast(
-            t.Compaction,
-            self._json(
-                "POST",
-                path("/v1/sessions/{}/compactions", session_id),
-                json=body,
-                idempotency_key=idempotency_key,
+        return self._send(
+            calls.request_compaction(
+                session_id,
+                instructions=instructions,
+                strategy=strategy,
+                summarizer=summarizer,
+                model=model,
                 wait=wait,
-            ),
+                idempotency_key=idempotency_key,
+            )
         )
 
     def list_compactions(
         self, session_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> t.CompactionPage:
         """The session's compactions, newest first."""
-        return cast(
-            t.CompactionPage,
-            self._json(
-                "GET",
-                path("/v1/sessions/{}/compactions", session_id),
-                params=drop_none(limit=limit, cursor=cursor),
-            ),
-        )
+        return self._send(calls.list_compactions(session_id, limit=limit, cursor=cursor))
 
     def get_compaction(self, session_id: str, compaction_id: str) -> t.Compaction:
         """One compaction: its status and, when done, its summary."""
-        return cast(
-            t.Compaction,
-            self._json("GET", path("/v1/sessions/{}/compactions/{}", session_id, compaction_id)),
-        )
+        return self._send(calls.get_compaction(session_id, compaction_id))
 
     def cancel_compaction(
         self, session_id: str, compaction_id: str, *, idempotency_key: str | None = None
     ) -> t.Compaction:
         """Cancel a queued compaction, or stop a running one before it commits."""
-        return cast(
-            t.Compaction,
-            self._json(
-                "POST",
-                path("/v1/sessions/{}/compactions/{}/cancel", session_id, compaction_id),
-                idempotency_key=idempotency_key,
-            ),
+        return self._send(
+            calls.cancel_compaction(session_id, compaction_id, idempotency_key=idempotency_key)
         )
 
     def compaction_source(
@@ -398,11 +323,8 @@ class Compactd(BaseClient):
         format: t.Format | None = None,
     ) -> t.SourcePage:
         """The entries the compaction replaced, as stored, a page at a time."""
-        return cast(
-            t.SourcePage,
-            self._json(
-                "GET",
-                path("/v1/sessions/{}/compactions/{}/source", session_id, compaction_id),
-                params=drop_none(after_seq=after_seq, limit=limit, format=format),
-            ),
+        return self._send(
+            calls.compaction_source(
+                session_id, compaction_id, after_seq=after_seq, limit=limit, format=format
+            )
         )
