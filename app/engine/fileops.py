@@ -24,7 +24,13 @@ Tools are recognized by name, case-insensitive (an MCP prefix such as
 - shell tools (``bash``, ``shell``, ``run_terminal_cmd``, ``execute_command``,
   ...) run a command line (or an argv): :mod:`app.engine.shell` reads it the way a
   shell splits it and says which of its files count (plain cases only: ``cat``,
-  ``sed -i``, redirections, ``mv``, a patch fed to ``git apply``, ...).
+  ``sed -i``, redirections, ``tee``, ``mv``, a patch fed to ``git apply`` or
+  ``patch``, ``git checkout -- f``, and the files Python code opens for writing, be it
+  ``python -c``, a here-document or a script file written earlier in the history).
+
+The calls are read in order, and what a write tool or a here-document puts in a file
+is remembered while they are, so that ``python fix.py`` or ``git apply fix.patch``
+later in the same history is credited with the files that script or patch writes.
 
 Being wrong is worse than missing a file: arguments that are not valid JSON are
 ignored, and a path sent as JSON is taken as it is written (spaces included) unless
@@ -170,10 +176,14 @@ def _tool_call(name: object, arguments: object, found: Found) -> None:
             found.read.update(_argument_paths(args))
         elif command in EDITOR_MODIFIES or (command is None and tool == "str_replace_editor"):
             found.modified.update(_argument_paths(args))
+            if command == "create":
+                _remember(args, found)
     elif tool in READ_TOOLS:
         found.read.update(_argument_paths(args))
     elif tool in WRITE_TOOLS or tool in EDIT_TOOLS:
         found.modified.update(_argument_paths(args))
+        if tool in WRITE_TOOLS:
+            _remember(args, found)
     elif tool in PATCH_TOOLS:
         found.modified.update(_argument_paths(args))
         for value in args.values():
@@ -188,6 +198,17 @@ def _tool_call(name: object, arguments: object, found: Found) -> None:
             if isinstance(command, list) and all(isinstance(w, str) for w in command):
                 add_argv(command, found)
                 break
+
+
+CONTENT_KEYS = ("file_text", "content", "contents", "text")
+
+
+def _remember(args: Mapping[str, Any], found: Found) -> None:
+    """The text a write tool put in its file, for a later command that runs it."""
+    text = next((v for k in CONTENT_KEYS if isinstance(v := args.get(k), str)), None)
+    paths = _argument_paths(args)
+    if text is not None and len(paths) == 1:
+        found.remember(paths[0], text)
 
 
 def _argument_paths(args: Mapping[str, Any]) -> list[str]:

@@ -3,16 +3,41 @@
 
 The command line is parsed the way a shell splits it, with its quotes, operators
 (``&&``, ``;``, ``||``, ``|``, newlines) and here-documents. Only plain cases count:
-``cat``/``head``/``tail``/``less``/``more``/``nl``/``wc``/``awk`` and ``sed`` without
-``-i`` read their file operands; ``grep`` reads a file operand that clearly is a file
-(it has an extension or a slash; never with ``-r``); ``sed -i``, ``tee``, ``touch``,
-``rm`` (not ``-r``), ``mv`` (both ends) and ``cp`` (its destination, when it has an
-extension) and output redirections (``>``, ``>>``, not ``/dev/...``) modify; a patch fed
-to ``patch``, ``git apply`` or ``apply_patch`` as a here-document modifies the files it
-names. A ``cd`` earlier in the same command line resolves relative paths; after a ``cd``
-that cannot be followed, relative paths are dropped. The script of ``bash -c`` (or
-``sh -c``, ...) is read as well, three levels deep at most. Everything else
-(``python``, ``git``, ``find``, ``xargs``, ...) is ignored.
+
+- ``cat``/``head``/``tail``/``less``/``more``/``nl``/``wc``/``awk`` and ``sed`` without
+  ``-i`` read their file operands; ``grep`` reads a file operand that clearly is a file
+  (it has an extension or a slash; never with ``-r``);
+- ``sed -i``, ``perl -i``, ``tee``, ``touch``, ``rm`` (not ``-r``), ``mv`` (both ends),
+  ``cp`` (its destination, when it has an extension) and output redirections (``>``,
+  ``>>``, not ``/dev/...``) modify;
+- a patch modifies the files it names, fed to ``patch``, ``git apply`` or
+  ``apply_patch`` as a here-document, or as a file (``git apply x.patch``,
+  ``patch -p1 < x.patch``, ``patch -i x.patch``) whose text an earlier command of the
+  same history wrote (``cat > x.patch << 'EOF'``); ``patch file < x.diff`` modifies
+  ``file``; ``--dry-run``, ``--check`` and ``--stat`` modify nothing;
+- ``git checkout -- f`` (or ``git checkout REV -- f``, or ``git checkout f.py`` when the
+  operand has a file extension), ``git restore f`` (not ``--staged`` alone), ``git mv``
+  and ``git rm`` (not ``-r``) modify their paths;
+- Python code modifies the files it opens for writing (``open('p', 'w')``, modes with
+  ``w``, ``a``, ``x`` or ``+``; ``io.open``, ``codecs.open``), ``Path('p').write_text``,
+  ``write_bytes``, ``touch`` and ``open('w')``, ``shutil.copy``/``copyfile``/``copy2``
+  (the destination) and ``shutil.move``/``os.rename``/``os.replace``/``os.remove`` —
+  whether the code is given with ``python -c``, on standard input (``python - <<'EOF'``,
+  ``python3 <<EOF``) or as a script file (``python fix.py``) whose text an earlier
+  command wrote. The code is parsed (:mod:`ast`), not run: a path counts only when it is
+  a string literal, a name bound once in the whole script to a string literal, a
+  ``Path``/``os.path.join`` of such parts, never an f-string or a computed value, and a
+  script that does not parse writes nothing (it would not run either). A script that
+  calls ``os.chdir`` has its relative paths dropped;
+- a shell script run by name (``bash fix.sh``, ``./fix.sh``) whose text an earlier
+  command wrote is read like a command line.
+
+A ``cd`` earlier in the same command line resolves relative paths; after a ``cd`` that
+cannot be followed, relative paths are dropped. The script of ``bash -c`` (or ``sh -c``,
+...) is read as well, three levels deep at most. Everything else (``find``, ``xargs``,
+``python -m``, ...) is ignored. The texts written by here-documents (and by the write
+tools, see :mod:`app.engine.fileops`) are remembered in :attr:`Found.contents` for the
+commands that run or apply them later; they are not kept across compactions.
 
 Being wrong is worse than missing a file, so a word is taken as a path only when it is
 plain: not empty, no leading ``-``, no whitespace, no quote and none of
@@ -22,18 +47,43 @@ plain: not empty, no leading ``-``, no whitespace, no quote and none of
 
 from __future__ import annotations
 
+import ast
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+# A remembered file text longer than this is cut: a script or a patch is much shorter.
+MAX_CONTENT_CHARS = 1_000_000
 
 
 @dataclass(slots=True)
 class Found:
-    """The paths found read and modified so far (a path may be in both)."""
+    """The paths found read and modified so far (a path may be in both), and the texts
+    the commands wrote into files, by path, for the commands that run them later."""
 
     read: set[str] = field(default_factory=set)
     modified: set[str] = field(default_factory=set)
+    contents: dict[str, str] = field(default_factory=dict)
+
+    def remember(self, path: str, text: str, *, append: bool = False) -> None:
+        """Remember that ``path`` now holds ``text`` (or ``text`` was added to it)."""
+        if append:
+            text = self.contents.get(path, "") + text
+        self.contents[path] = text[:MAX_CONTENT_CHARS]
+
+    def text_of(self, path: str) -> str | None:
+        """The remembered text of ``path``: by its exact path, else the one remembered
+        path that ends with it (or it ends with), so that ``python fix.py`` finds the
+        ``/testbed/fix.py`` written after a ``cd /testbed``."""
+        if path in self.contents:
+            return self.contents[path]
+        matches = [
+            p
+            for p in self.contents
+            if p.endswith("/" + path.lstrip("/")) or path.endswith("/" + p.lstrip("/"))
+        ]
+        return self.contents[matches[0]] if len(matches) == 1 else None
 
 
 def add_script(script: str, found: Found) -> None:
@@ -252,14 +302,16 @@ class _Command:
     writes: list[str]
     reads: list[str]
     stdin: str | None  # a here-document or here-string
+    appends: set[str] = field(default_factory=set)  # the writes by ``>>`` (or ``&>>``)
+    piped: bool = False  # its standard input is the previous command's output
 
 
-def _shell(script: str, found: Found, cwd: str | None = None, depth: int = 0) -> None:
+def _commands(script: str) -> Iterator[_Command]:
+    """The simple commands of ``script``, in order (none if a quote is not closed)."""
     try:
         tokens = _tokenize(script)
     except ValueError:
         return  # an unclosed quote: the words cannot be trusted
-    stack: list[str | None] = []
     command = _Command([], [], [], None)
     i = 0
     while i <= len(tokens):
@@ -268,29 +320,89 @@ def _shell(script: str, found: Found, cwd: str | None = None, depth: int = 0) ->
         if isinstance(token, _HereDoc):
             command.stdin = token.body
         elif isinstance(token, _Op) and token in _SEPARATORS:
-            cwd = _run(command, found, cwd, depth)
-            command = _Command([], [], [], None)
-            if token == "(":
-                stack.append(cwd)
-            elif token == ")" and stack:
-                cwd = stack.pop()
+            yield command
+            command = _Command([], [], [], None, piped=token in ("|", "|&"))
+            if token in ("(", ")"):
+                yield _Command([token], [], [], None)  # a subshell's bounds, for cd
         elif isinstance(token, _Op):
             target = tokens[i] if i < len(tokens) else None
             if isinstance(target, str) and not isinstance(target, _Op):
                 i += 1
                 if token in _WRITES:
                     command.writes.append(target)
+                    if token in (">>", "&>>"):
+                        command.appends.add(target)
                 elif token in ("<", "<>"):
                     command.reads.append(target)
                 elif token == "<<<":
-                    command.stdin = target
+                    command.stdin = target + "\n"
         else:
             command.argv.append(token)
+
+
+SimpleCommand = _Command
+
+
+def simple_commands(script: str, depth: int = 0) -> list[SimpleCommand]:
+    """The simple commands of the command line ``script``, in order, with the script
+    of a ``bash -c`` in place of that command (three levels deep at most); none when a
+    quote is not closed. Each has its words (``argv``, quotes removed), the targets of
+    its redirections (``writes``, ``reads``), its here-document (``stdin``) and whether
+    it reads the previous command's output (``piped``)."""
+    out: list[SimpleCommand] = []
+    for command in _commands(script):
+        if command.argv in (["("], [")"]):
+            continue
+        argv = program_argv(command.argv)
+        if argv and posixpath.basename(argv[0]) in _SHELLS and depth < 3:
+            inner = next(
+                (
+                    argv[k + 1]
+                    for k, a in enumerate(argv[1:-1], start=1)
+                    if a.startswith("-") and not a.startswith("--") and "c" in a
+                ),
+                None,
+            )
+            if inner is not None:
+                out += simple_commands(inner, depth + 1)
+                continue
+        out.append(command)
+    return out
+
+
+def _shell(script: str, found: Found, cwd: str | None = None, depth: int = 0) -> None:
+    stack: list[str | None] = []
+    for command in _commands(script):
+        if command.argv == ["("]:
+            stack.append(cwd)
+        elif command.argv == [")"]:
+            cwd = stack.pop() if stack else cwd
+        else:
+            cwd = _run(command, found, cwd, depth)
 
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PREFIXES = frozenset({"sudo", "command", "builtin", "nohup", "time", "env", "exec"})
 _RESERVED = frozenset({"{", "}", "!", "if", "then", "else", "elif", "do", "while", "until"})
+_PYTHON = re.compile(r"python(?:\d+(?:\.\d+)*)?")
+_WRITERS = frozenset({"cat", "tee"})  # what they write is their standard input
+
+
+def program_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` without what runs it (``sudo``, ``env``, ``time``, ``timeout 60``,
+    variable assignments, ``if``/``then``/...): the program and its arguments."""
+    argv = list(argv)
+    while argv:
+        if argv[0] in _PREFIXES or argv[0] in _RESERVED or _ENV_ASSIGNMENT.match(argv[0]):
+            argv = argv[1:]
+        elif argv[0] == "timeout" and len(argv) > 2:
+            rest = argv[1:]
+            while rest and rest[0].startswith("-"):
+                rest = rest[2:] if rest[0] in ("-s", "-k", "--signal", "--kill-after") else rest[1:]
+            argv = rest[1:]  # past the duration
+        else:
+            break
+    return argv
 
 
 def _run(command: _Command, found: Found, cwd: str | None, depth: int) -> str | None:
@@ -302,27 +414,76 @@ def _run(command: _Command, found: Found, cwd: str | None, depth: int) -> str | 
         if p := _shell_path(target, cwd):
             found.read.add(p)
 
-    argv = command.argv
-    while argv and (argv[0] in _PREFIXES or argv[0] in _RESERVED or _ENV_ASSIGNMENT.match(argv[0])):
-        argv = argv[1:]
+    argv = program_argv(command.argv)
     if not argv:
         return cwd
     program, args = posixpath.basename(argv[0]), argv[1:]
+    stdin = command.stdin
+    if stdin is None and len(command.reads) == 1 and not command.piped:
+        stdin = _known(found, command.reads[0], cwd)  # patch -p1 < fix.patch
 
     if program == "cd":
         return _cd(args, cwd)
+    if program in _WRITERS and command.stdin is not None and (program == "tee" or not args):
+        _remember(command, args if program == "tee" else [], found, cwd)
     if program in _SHELLS:
-        for k, arg in enumerate(args[:-1]):
-            if arg.startswith("-") and "c" in arg and depth < 3:
-                _shell(args[k + 1], found, cwd, depth + 1)
-                break
+        _shell_program(args, found, cwd, depth)
+        return cwd
+    if "/" in argv[0] and (script := _known(found, argv[0], cwd)) is not None and depth < 3:
+        _shell(script, found, cwd, depth + 1)  # ./fix.sh, written earlier
+        return cwd
+    if _PYTHON.fullmatch(program):
+        code = _python_code(args, stdin, found, cwd)
+        if code is not None:
+            found.modified.update(
+                p for a in python_writes(code) if (p := _script_path(a, cwd, code))
+            )
+        return cwd
+    if program == "git":
+        cwd_git, modified = _git(args, stdin, found, cwd)
+        found.modified.update(p for a in modified if (p := _shell_path(a, cwd_git)))
+        return cwd
+    if program == "patch":
+        modified = _patch(args, stdin, found, cwd)
+        found.modified.update(p for a in modified if (p := _shell_path(a, cwd)))
         return cwd
     handler = _HANDLERS.get(program)
     if handler is not None:
-        read, modified = handler(args, command.stdin)
+        read, modified = handler(args, stdin)
         found.read.update(p for a in read if (p := _shell_path(a, cwd)))
         found.modified.update(p for a in modified if (p := _shell_path(a, cwd)))
     return cwd
+
+
+def _remember(command: _Command, operands: list[str], found: Found, cwd: str | None) -> None:
+    """``cat > f << 'EOF'`` and ``tee f << 'EOF'``: ``f`` now holds the here-document."""
+    body = command.stdin or ""
+    tee_append = any(a in ("-a", "--append") for a in operands)
+    targets = [(t, t in command.appends) for t in command.writes]
+    targets += [(t, tee_append) for t in operands if not t.startswith("-")]
+    for target, append in targets:
+        if not target.isdigit() and (p := _shell_path(target, cwd)) is not None:
+            found.remember(p, body + "\n" if body else body, append=append)
+
+
+def _known(found: Found, word: str, cwd: str | None) -> str | None:
+    path = _shell_path(word, cwd)
+    return found.text_of(path) if path is not None else None
+
+
+def _shell_program(args: list[str], found: Found, cwd: str | None, depth: int) -> None:
+    """``bash -c '...'`` (its script read), or ``bash fix.sh`` (fix.sh's text, if known)."""
+    if depth >= 3:
+        return
+    for k, arg in enumerate(args):
+        if arg.startswith("-") and "c" in arg and not arg.startswith("--"):
+            if k + 1 < len(args):
+                _shell(args[k + 1], found, cwd, depth + 1)
+            return
+        if not arg.startswith("-"):
+            if (script := _known(found, arg, cwd)) is not None:
+                _shell(script, found, cwd, depth + 1)
+            return
 
 
 def _cd(args: list[str], cwd: str | None) -> str | None:
@@ -498,10 +659,292 @@ def _patcher(args: list[str], stdin: str | None) -> tuple[list[str], list[str]]:
     return [], [p for text in texts for p in patch_paths(text)]
 
 
-def _git(args: list[str], stdin: str | None) -> tuple[list[str], list[str]]:
-    if args[:1] == ["apply"] and stdin is not None:
-        return _patcher([], stdin)
-    return [], []
+def _perl(args: list[str], stdin: str | None) -> tuple[list[str], list[str]]:
+    """``perl -pi -e '...' f``: ``f`` is edited in place (``-i``, ``-i.bak``)."""
+    in_place = scripted = False
+    operands: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            operands += args[i:]
+            break
+        if arg.startswith("-") and len(arg) > 1 and not arg.startswith("--"):
+            for k, letter in enumerate(arg[1:], start=1):
+                if letter == "i":
+                    in_place = True
+                    break  # the rest of the word is the backup suffix
+                if letter in "eE":
+                    scripted = True
+                    i += k == len(arg) - 1  # the code is the next word
+                    break
+                if letter in "IMmlx0":
+                    break  # the rest of the word is the option's value
+        else:
+            operands.append(arg)
+    if not in_place:
+        return [], []
+    return [], operands if scripted else operands[1:]
+
+
+def _git(
+    args: list[str], stdin: str | None, found: Found, cwd: str | None
+) -> tuple[str | None, list[str]]:
+    """The working directory git's paths are relative to, and the files it modifies."""
+    while args and args[0].startswith("-"):
+        if args[0] == "-C" and len(args) > 1:
+            cwd = _cd([args[1]], cwd)
+            args = args[2:]
+        elif args[0] in ("-c", "--git-dir", "--work-tree", "--namespace") and len(args) > 1:
+            args = args[2:]
+        else:
+            args = args[1:]
+    if not args:
+        return cwd, []
+    sub, rest = args[0], args[1:]
+    if sub == "apply":
+        return cwd, _git_apply(rest, stdin, found, cwd)
+    if sub == "checkout":
+        return cwd, _git_checkout(rest)
+    if sub == "restore":
+        operands, flags = _operands(rest, "s", frozenset({"--source", "--pathspec-from-file"}))
+        staged_only = flags & {"S", "--staged"} and not flags & {"W", "--worktree"}
+        return cwd, [] if staged_only or "--pathspec-from-file" in flags else operands
+    if sub == "mv":
+        operands, flags = _operands(rest)
+        return cwd, operands if len(operands) == 2 else []
+    if sub == "rm":
+        operands, flags = _operands(rest)
+        recursive = flags & {"r", "--cached"}
+        return cwd, [] if recursive else operands
+    return cwd, []
+
+
+_GIT_APPLY_READ_ONLY = frozenset({"--check", "--stat", "--numstat", "--summary", "--cached"})
+
+
+def _git_apply(args: list[str], stdin: str | None, found: Found, cwd: str | None) -> list[str]:
+    operands, flags = _operands(
+        args, "pC", frozenset({"--directory", "--include", "--exclude", "--whitespace"})
+    )
+    if flags & _GIT_APPLY_READ_ONLY and "--index" not in flags:
+        return []
+    texts = [t for a in operands if (t := _known(found, a, cwd)) is not None]
+    if not operands and stdin is not None:
+        texts.append(stdin)
+    return [p for text in texts for p in patch_paths(text)]
+
+
+def _git_checkout(args: list[str]) -> list[str]:
+    if "--" in args:
+        return [a for a in args[args.index("--") + 1 :]]
+    operands, flags = _operands(args, "bB", frozenset({"--orphan", "--conflict"}))
+    if flags & {"b", "B", "--orphan", "--detach", "--track", "t"}:
+        return []
+    # Without ``--`` an operand may be a branch or a tag (``v2.9.0``): only file names count.
+    return [a for a in operands if _looks_like_file(a)]
+
+
+def _looks_like_file(word: str) -> bool:
+    stem, ext = posixpath.splitext(posixpath.basename(word))
+    return bool(stem) and any(c.isalpha() for c in ext)
+
+
+def _patch(args: list[str], stdin: str | None, found: Found, cwd: str | None) -> list[str]:
+    """``patch``: the file it is given (``patch f < x.diff``), else those its patch names
+    (a here-document, ``< x.patch`` or ``-i x.patch`` written earlier)."""
+    operands, flags = _operands(
+        args,
+        "pidDBFgrVYzoE",
+        frozenset({"--input", "--directory", "--strip", "--output", "--reject-file", "--suffix"}),
+    )
+    if flags & {"--dry-run", "C", "--check"}:
+        return []
+    if operands:
+        return operands[:1]  # patch [options] [originalfile [patchfile]]
+    text = stdin
+    for k, arg in enumerate(args):
+        value = None
+        if arg in ("-i", "--input") and k + 1 < len(args):
+            value = args[k + 1]
+        elif arg.startswith("--input="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith("-i") and len(arg) > 2:
+            value = arg[2:]
+        if value is not None:
+            text = _known(found, value, cwd)
+    return patch_paths(text) if text is not None else []
+
+
+# --- Python code ---------------------------------------------------------------------------
+
+
+def _python_code(args: list[str], stdin: str | None, found: Found, cwd: str | None) -> str | None:
+    """The code a ``python`` command runs: ``-c``'s, its standard input's
+    (``python - <<'EOF'``, ``python3 <<EOF``), or its script's when an earlier
+    command wrote it; None for ``-m`` and anything unknown."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "-":
+            return stdin
+        if arg.startswith("--"):
+            continue
+        if arg.startswith("-") and len(arg) > 1:
+            for k, letter in enumerate(arg[1:], start=1):
+                if letter in "cm":
+                    if letter == "m":
+                        return None
+                    rest = arg[k + 1 :]
+                    return rest or (args[i] if i < len(args) else None)
+                if letter in "WX":
+                    i += k == len(arg) - 1  # the value is the next word
+                    break
+            continue
+        return _known(found, arg, cwd)
+    return stdin
+
+
+def _script_path(word: str, cwd: str | None, code: str) -> str | None:
+    """A path the code names, relative to ``cwd``; a relative path is dropped when
+    the code changes its working directory."""
+    if not word.startswith("/") and "chdir" in code:
+        return None
+    return _shell_path(word, cwd)
+
+
+_OPEN_FUNCS = frozenset({"open", "io.open", "codecs.open", "builtins.open"})
+_PATH_TYPES = frozenset({"Path", "pathlib.Path", "PosixPath", "pathlib.PosixPath"})
+_PATH_WRITES = frozenset({"write_text", "write_bytes", "touch"})
+_COPIES = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2"})
+_MOVES = frozenset({"shutil.move", "os.rename", "os.replace", "os.renames"})
+_REMOVES = frozenset({"os.remove", "os.unlink"})
+
+
+def python_writes(code: str) -> list[str]:
+    """The paths Python ``code`` plainly writes (see the module's docstring), in order."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return []
+    literal = _Literals(tree)
+    paths = [
+        p for node in ast.walk(tree) if isinstance(node, ast.Call) for p in _written(node, literal)
+    ]
+    return list(dict.fromkeys(paths))
+
+
+def _written(call: ast.Call, literal: _Literals) -> list[str]:
+    """The paths one call writes, when they are spelled out."""
+    name = _dotted(call.func)
+    found: list[str | None] = []
+    if name in _OPEN_FUNCS:
+        if _writes_mode(_argument(call, 1, "mode")):
+            found.append(literal.path(_argument(call, 0, "file")))
+    elif name in _COPIES:
+        found.append(literal.path(_argument(call, 1, "dst")))
+    elif name in _MOVES:
+        found += [literal.path(_argument(call, k, None)) for k in (0, 1)]
+    elif name in _REMOVES:
+        found.append(literal.path(_argument(call, 0, "path")))
+    elif isinstance(call.func, ast.Attribute) and _path_method_writes(call):
+        found.append(literal.path_object(call.func.value))
+    return [p for p in found if p]
+
+
+def _path_method_writes(call: ast.Call) -> bool:
+    """``x.write_text(...)``, ``x.touch()``, ``x.open('w')``: writes, if ``x`` is a path."""
+    assert isinstance(call.func, ast.Attribute)
+    method = call.func.attr
+    return method in _PATH_WRITES or (method == "open" and _writes_mode(_argument(call, 0, "mode")))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and (base := _dotted(node.value)) is not None:
+        return f"{base}.{node.attr}"
+    return None
+
+
+def _argument(call: ast.Call, position: int, keyword: str | None) -> ast.expr | None:
+    if position < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
+        return call.args[position]
+    return next((k.value for k in call.keywords if keyword and k.arg == keyword), None)
+
+
+def _writes_mode(mode: ast.expr | None) -> bool:
+    return (
+        isinstance(mode, ast.Constant)
+        and isinstance(mode.value, str)
+        and any(c in mode.value for c in "wax+")
+    )
+
+
+class _Literals:
+    """The string values a script spells out: literals, and the names it binds
+    once, to a literal (``path = 'src/a.py'``)."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        bindings: dict[str, int] = {}
+        values: dict[str, ast.expr] = {}
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                names = [node.id]
+            elif isinstance(node, ast.arg):
+                names = [node.arg]
+            elif isinstance(node, ast.alias):
+                names = [(node.asname or node.name).split(".")[0]]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+                names = [node.name] if node.name else []
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                names = list(node.names) * 2  # rebound elsewhere: never a constant
+            for name in names:
+                bindings[name] = bindings.get(name, 0) + 1
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
+                values[node.targets[0].id] = node.value
+        self.names = {n: v for n, v in values.items() if bindings.get(n) == 1}
+
+    def string(self, node: ast.expr | None, depth: int = 0) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in self.names and depth < 3:
+            return self.string(self.names[node.id], depth + 1)
+        if isinstance(node, ast.Call) and _dotted(node.func) == "os.path.join" and node.args:
+            parts = [self.string(a, depth + 1) for a in node.args]
+            if node.keywords or any(p is None for p in parts):
+                return None
+            return posixpath.join(*(p for p in parts if p is not None))
+        return None
+
+    def path(self, node: ast.expr | None) -> str | None:
+        """A path given as a string or as a ``Path``."""
+        return self.string(node) or self.path_object(node)
+
+    def path_object(self, node: ast.expr | None, depth: int = 0) -> str | None:
+        """The path of ``Path('a')``, ``Path('a') / 'b'``, or a name bound once to one."""
+        if isinstance(node, ast.Call) and _dotted(node.func) in _PATH_TYPES:
+            if len(node.args) >= 1 and not node.keywords:
+                parts = [self.string(a) for a in node.args]
+                if all(p is not None for p in parts):
+                    return posixpath.join(*(p for p in parts if p is not None))
+            return None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            left = self.path_object(node.left, depth)
+            right = self.string(node.right)
+            return posixpath.join(left, right) if left is not None and right is not None else None
+        if isinstance(node, ast.Name) and node.id in self.names and depth < 3:
+            return self.path_object(self.names[node.id], depth + 1)
+        return None
 
 
 _HANDLERS: dict[str, Handler] = {
@@ -522,8 +965,7 @@ _HANDLERS: dict[str, Handler] = {
     "rm": _writer(recursive_skips=True),
     "mv": _move,
     "cp": _copy,
-    "patch": _patcher,
     "apply_patch": _patcher,
     "applypatch": _patcher,
-    "git": _git,
+    "perl": _perl,
 }

@@ -245,7 +245,10 @@ R, M = "read", "modified"
         ("cp a.py /tmp", {}),
         ("cp -r src dest", {}),
         ("git diff -- a.py b.py > patch.txt && cat patch.txt", {M: ["patch.txt"]}),
-        ("git checkout -- a.py", {}),
+        ("git checkout -- a.py", {M: ["a.py"]}),
+        # Python code that opens a file for writing (see test_fileops_scripts.py).
+        ("python -c \"open('a.py', 'w').write('cat > b.py')\"", {M: ["a.py"]}),
+        ("python3 - <<'EOF'\nopen('a.py','w')\nEOF", {M: ["a.py"]}),
         ("git apply <<'EOF'\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\nEOF", {M: ["x.py"]}),
         ("patch -p1 <<'EOF'\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\nEOF", {M: ["x.py"]}),
         (
@@ -271,9 +274,7 @@ R, M = "read", "modified"
         ('bash -lc "cd /r && touch x.py"', {M: ["/r/x.py"]}),
         ("cat a.py # > not_a_file.py", {R: ["a.py"]}),
         # Ignored: programs we do not model, and anything unplain.
-        ("python -c \"open('a.py', 'w').write('cat > b.py')\"", {}),
         ('python -c "\nimport x\ncat = 1\n"', {}),
-        ("python3 - <<'EOF'\nopen('a.py','w')\nEOF", {}),
         ("ls -la src/", {}),
         ("find . -name a.py", {}),
         ("pip install -e .", {}),
