@@ -42,10 +42,8 @@ import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import orjson
-
+from app.engine import anchors
 from app.engine.model import Entry, Part
 from app.engine.summary import (
     SPLIT_TURN_SEPARATOR,
@@ -74,7 +72,7 @@ ERROR_CHARS = 200
 HINT_CHARS = 120
 OUTPUT_TAIL_CHARS = 300
 MIN_ITEM_CHARS = 40
-ERROR_SCAN_CHARS = 16_000  # how much of a failed output's end is searched for errors
+ERROR_SCAN_CHARS = anchors.SCAN_CHARS  # how much of an output's end is searched for errors
 PARSED_ITEM_CHARS = 600  # items read back from a summary; ours are all shorter
 
 # The instructions' focus: how many terms, excerpts, and how wide an excerpt.
@@ -286,21 +284,8 @@ _FINDING = _Keywords.of(
 _INTENT = _Keywords.of(
     r"\b(?:next|let me|let's|i'll|i will|i need to|need to|we need|going to|todo)\b"
 )
-_EXIT = re.compile(
-    r"<returncode>\s*(-?\d+)\s*</returncode>"
-    r"|\b(?:exit(?:ed with)? (?:code|status)|return ?code)\s*[:=]?\s*(-?\d+)",
-    re.I,
-)
-_ERROR_LINE = re.compile(
-    r"^[ \t]*(?:E[ \t]+)?(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::[^\n]*)?$"
-    r"|^[^\n]*\bFAILED\b[^\n]*$"
-    r"|^[ \t]*(?:error|fatal|panic|ERROR|FATAL)(?:\[\w+\])?:[^\n]*$"
-    r"|^[^\n]*?:\d+(?::\d+)?:[ \t]*error:[^\n]*$",
-    re.M,
-)
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _BACKTICKED = re.compile(r"`([^`\n]{3,80})`")
-_EDGE = 300
 
 
 @dataclass(slots=True)
@@ -324,19 +309,7 @@ class _History:
 
 def _command(part: Part) -> str | None:
     """The shell command of a tool call whose arguments carry one."""
-    raw = part.get("arguments") or ""
-    try:
-        args: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if isinstance(args, dict):
-        for name in ("command", "cmd", "script"):
-            value = args.get(name)
-            if isinstance(value, str) and value.strip():
-                return value
-            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-                return " ".join(value)
-    return None
+    return anchors.command_of(part)
 
 
 def _read(entries: Sequence[Entry]) -> _History:
@@ -366,28 +339,16 @@ def _read(entries: Sequence[Entry]) -> _History:
     return h
 
 
-def _failed(entry: Entry, text: str) -> bool:
-    if entry.is_error:
-        return True
-    edges = text if len(text) <= 2 * _EDGE else text[:_EDGE] + "\n" + text[-_EDGE:]
-    m = _EXIT.search(edges)
-    if m is not None and (m[1] or m[2]) != "0":
-        return True
-    return "Traceback (most recent call last)" in text
+def _outcome(entry: Entry, call: _Call | None) -> anchors.Outcome:
+    command = call.command if call is not None else None
+    return anchors.outcome(entry.text(), is_error=entry.is_error, command=command)
 
 
-def _error_lines(entry: Entry, text: str) -> list[str]:
-    """The lines that say what went wrong in a failed result, last ones first."""
-    # What went wrong is said last (the exception, the failed tests' summary).
-    found = [m[0].strip() for m in _ERROR_LINE.finditer(text, max(len(text) - ERROR_SCAN_CHARS, 0))]
-    lines = [_one_line(line, ERROR_CHARS) for line in reversed(found[-2:])]
-    if not lines and entry.is_error:
-        first = next(
-            (ln for ln in text.splitlines() if ln.strip() and not _TAG_LINE.match(ln)), None
-        )
-        if first is not None:
-            lines.append(_one_line(first, ERROR_CHARS))
-    return lines
+def _error_items(result: anchors.Outcome) -> list[anchors.ErrorLine]:
+    """The lines that say what went wrong in a failed result, the most telling first:
+    two at most (an exception and the traceback's last frame, a failed test and its
+    message)."""
+    return list(result.lines[:2])
 
 
 def _findable(span: str) -> bool:
@@ -428,7 +389,7 @@ def _file_key(item: str) -> str:
 def _done_line(h: _History, call: _Call) -> str:
     line = _call_line(call, COMMAND_CHARS)
     result = h.result_of.get(call.part["id"])
-    if result is not None and _failed(result, result.text()):
+    if result is not None and _outcome(result, call).failed:
         line += FAILED_MARK
     return line
 
@@ -458,14 +419,15 @@ def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[st
     blocked: list[str] = []
     hints: list[str] = []
     for result in reversed(h.results):
-        text = result.text()
-        if not _failed(result, text):
-            continue
         origin = h.call_of.get(result.tool_call_id or "")
+        outcome = _outcome(result, origin)
+        if not outcome.failed:
+            continue
         after = f" — after {_call_line(origin, 80)}" if origin is not None else ""
-        for line in _error_lines(result, text):
+        for error in _error_items(outcome):
+            line = _one_line(error.text, ERROR_CHARS)
             blocked.append(line + after)
-            if _ERROR_LINE.match(line) and "`" not in line:
+            if error.rank <= anchors.SUMMARY and "`" not in line:
                 # A prefix of the line, not an ellipsis: the hint must stay findable.
                 hints.append(_code(line.removesuffix("…")[:HINT_CHARS].rstrip()))
         if len(blocked) >= CAPS["blocked"] * 2:

@@ -122,8 +122,11 @@ def test_example_session() -> None:
     assert section(summary, "### In Progress") == (
         "- Next I will add the changelog entry to `CHANGES.md`."
     )
+    # The exception, then the traceback's last frame.
     assert section(summary, "### Blocked") == (
         "- IndexError: string index out of range"
+        " — after `python -c 'import app.parser as p; p.parse(\"\")'`\n"
+        '- File "<string>", line 1, in <module>'
         " — after `python -c 'import app.parser as p; p.parse(\"\")'`"
     )
     assert "I decided to return an empty `Document` instead of raising" in section(

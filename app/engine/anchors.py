@@ -1,0 +1,855 @@
+"""What a compaction must not make the agent forget (issue 14): its latest
+unresolved failure, and the distinctive terms of its task. Pure: entries and text in,
+plain values out; the extractive summarizer and the continuity checks share these rules.
+
+Failures
+--------
+A tool result *failed* when
+
+1. its entry is marked ``is_error``; or
+2. it reports a non-zero exit code in its first or last 300 characters, in one of
+   the shapes agents' tools write: ``<returncode>1</returncode>``, ``exit code 2``,
+   ``Exit code: 1``, ``exit status 1``, ``exited with code 1``, ``Process exited with
+   code 1``, ``returncode=1``, ``return code: 1``, ``[exit 1]``, ``command failed with
+   exit status 1`` (zero is success; a ``<returncode>`` tag wins over the phrases);
+   exit 1 of a search or a comparison (the last command of its pipeline is ``grep``,
+   ``rg``, ``diff``, ``cmp``, ``test``, ...) is "nothing found", not a failure, unless
+   its output holds an error line; or
+3. its output holds a *telling* error line, whatever its exit code (a failing
+   ``pytest ... | tail -50`` exits 0): the exception line that ends a Python
+   traceback, a test runner's failure line (pytest ``FAILED``/``ERROR`` node ids and
+   its ``=== N failed ===`` summary, unittest ``FAIL: test_x (mod.Class)``, jest
+   ``✕``/``FAIL src/...``, Go ``--- FAIL:``/``FAIL pkg``, cargo ``test result:
+   FAILED``), Rust's ``error[E0308]:`` and ``thread 'main' panicked at``, Go's
+   ``panic:``, ``npm ERR!``, compiler and type-checker lines (``x.py:12: error:``),
+   ``error:``/``fatal:``/``ERROR:`` at the start of a line, a patch that did not apply
+   (``patch failed``, ``Hunk #1 FAILED``, ``corrupt``/``malformed``/``Invalid patch``),
+   and ``prog: x: No such file or directory``, ``...: command not found``,
+   ``...: Permission denied``; or
+4. no exit code is reported and the output starts with ``Error:``, ``error:`` or
+   ``ERROR:`` (how tools other than a shell say they failed).
+
+In a failed result, weaker lines count too: any line that names an exception
+(``KeyError: 'x'``, ``AssertionError``, dotted names such as
+``django.core.exceptions.ImproperlyConfigured: ...`` or
+``java.lang.NullPointerException``, ``Exception in thread "main" ...``), ruff's
+``x.py:1:1: F401`` lines, and a line saying a file is missing or a permission is
+denied. Only the last :data:`SCAN_CHARS` of an output are searched: what went wrong is
+said last.
+
+The lines found are ranked: a test's failure line first, then the exception or error
+message, then a runner's summary, then the traceback's last frame
+(``File "x.py", line 3, in f``); ties go to the later line. With none, a failed
+result is told by its first line (a tool error) or its last (a failing command).
+
+Unresolved
+----------
+Read from the newest result back, a failure is *resolved* by any later result that
+did not fail and
+
+- ran the same command (its simple commands compared word for word, the filters it
+  pipes its output through — ``| tail -50`` — and its redirections left out); or
+- ran the same check: the same script (``python x.py``, by file name), or a test
+  runner or checker (``pytest``, ``python -m unittest``, ``mypy``, ``ruff``, ``go
+  test``, ``jest``, ...) on the same target or one that contains it (``tests/x.py``
+  contains ``tests/x.py::test_y``, ``tests`` contains ``tests/x.py``), or on no
+  target at all (the whole suite), unless that run was narrowed (``-k``); a run that
+  ran no tests resolves nothing; or
+- is the same tool called on the same file (``str_replace`` on ``a.py``), for tools
+  that are not a shell;
+
+and a failed look-up (a command made only of ``ls``, ``cat``, ``grep``, ``find``,
+``head``, ``git log``, ...: the agent was looking around) is resolved by any later
+result that did not fail. The latest unresolved failure is the newest failure that is
+not resolved; older failures the agent moved on from without fixing are not looked
+for beyond it.
+
+Task terms
+----------
+:func:`task_terms` gives the words of a request that a summary must keep for the
+agent to still know its task: backticked spans, quoted strings, identifiers with
+``_``, ``.``, ``/`` or ``::`` or in camelCase/PascalCase (error names included), file
+names and paths, URLs, long options (``--dry-run``), versions and numbers with a unit;
+in the order they first appear, each once. :func:`clip_keeping_anchors` clips a long
+request by whole lines and keeps those that matter.
+"""
+
+from __future__ import annotations
+
+import bisect
+import posixpath
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.engine.model import Entry, Part
+from app.engine.shell import program_argv, simple_commands
+
+__all__ = [
+    "ErrorAnchor",
+    "ErrorLine",
+    "Outcome",
+    "clip_keeping_anchors",
+    "error_line_kind",
+    "exit_code",
+    "failures",
+    "is_resolved",
+    "latest_unresolved_error",
+    "outcome",
+    "task_terms",
+]
+
+SCAN_CHARS = 16_000  # how much of an output's end is searched for error lines
+EDGE_CHARS = 300  # where an exit code is looked for, from either end
+MAX_LINES = 4  # error lines kept per failure
+LABEL_CHARS = 160
+
+# Ranks of error lines: the lower, the more it says.
+TEST = 0  # a test's own failure line: FAILED tests/x.py::test_y - ...
+MESSAGE = 1  # an exception or error message
+SUMMARY = 2  # a runner's summary: === 1 failed, 2 passed ===
+FRAME = 3  # the traceback's last frame
+FALLBACK = 4  # the output's first or last line, when nothing else says what failed
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorLine:
+    """One line of an output that says what went wrong, stripped of its indentation."""
+
+    text: str
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a tool result went: ``failed``, its exit code if it says one, and the
+    lines that say what went wrong, most telling first."""
+
+    failed: bool
+    exit_code: int | None = None
+    lines: tuple[ErrorLine, ...] = ()
+    ran_no_tests: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorAnchor:
+    """A failed tool result: the line that says what went wrong, exactly as written
+    (stripped of its indentation), and where it comes from."""
+
+    line: str
+    lines: tuple[str, ...]  # every error line found, most telling first (``line`` first)
+    command: str | None  # the shell command, or the tool and its arguments
+    label: str  # the command on one short line: the part that ran the failing check
+    tool: str | None  # the tool's name
+    index: int  # the tool result's position in the entries given
+    tool_call_id: str | None
+    exit_code: int | None
+
+
+# --- Exit codes ----------------------------------------------------------------------
+
+_RETURNCODE_TAG = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
+_EXIT_PHRASE = re.compile(
+    # Process exited with code 1, command failed with exit status 1
+    r"^\W{0,3}(?:[\w ]{0,40}? )?(?:exited|failed|terminated|finished|returned) with "
+    r"(?:(?:a )?non-?zero )?(?:exit |return )?(?:code|status)[ \t]*[:=]?[ \t]*(-?\d+)"
+    r"(?![\d.])[^\n]{0,40}$"
+    # exit code 2, Exit code: 1, exit status 1, returncode=1, return code: 1, [exit code: 1]
+    r"|^\W{0,3}(?:exit[ _]?(?:code|status)|return[ _]?code|returncode)[ \t]*[:=]?[ \t]*"
+    r"(-?\d+)(?![\d.])[^\n]{0,40}$"
+    # [exit 1]
+    r"|\[exit:?[ \t]*(-?\d+)\]"
+    # CompletedProcess(args=..., returncode=1)
+    r"|\breturncode=(-?\d+)\b",
+    re.I | re.M,
+)
+
+
+def exit_code(text: str) -> int | None:
+    """The exit code ``text`` reports near its start or end, if it says one: a
+    ``<returncode>`` tag first, else the last phrase of the end, else of the start."""
+    head, tail = text[:EDGE_CHARS], text[-EDGE_CHARS:]
+    for part in (head, tail):
+        if m := _RETURNCODE_TAG.search(part):
+            return int(m[1])
+    for part in (tail, head):
+        found = list(_EXIT_PHRASE.finditer(part))
+        if found:
+            return int(next(g for g in found[-1].groups() if g is not None))
+    return None
+
+
+# --- Error lines ---------------------------------------------------------------------
+
+_EXCEPTION_NAME = (
+    r"(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Fault)"
+)
+_TELLING: tuple[tuple[int, re.Pattern[str]], ...] = (
+    # pytest's short summary and verbose progress, unittest, Go, jest.
+    (TEST, re.compile(r"^(?:FAILED|ERROR) (?!\()\S+(?: - .*)?$")),
+    (TEST, re.compile(r"^\S+::\S+ (?:FAILED|ERROR)\b.*$")),
+    (TEST, re.compile(r"^(?:FAIL|ERROR): \w+ \([\w.]+\).*$")),
+    (TEST, re.compile(r"^--- FAIL: \S+.*$")),
+    (TEST, re.compile(r"^(?:✕|\u00d7|✗) .+$")),
+    # Messages.
+    (MESSAGE, re.compile(r"^E {2,}" + _EXCEPTION_NAME + r"\b(?::.*)?$")),
+    (MESSAGE, re.compile(r"^error(?:\[E\d{4}\])?: .+$")),
+    (MESSAGE, re.compile(r"^thread '[^']*' panicked at.*$")),
+    (MESSAGE, re.compile(r"^(?:panic|fatal error|fatal): .+$")),
+    (MESSAGE, re.compile(r"^npm ERR! .+$")),
+    (MESSAGE, re.compile(r"^ERROR: .+$")),
+    (MESSAGE, re.compile(r"^Exception in thread \S+ .+$")),
+    (MESSAGE, re.compile(r"^[^\s:][^:\n]*:\d+(?::\d+)?: (?:fatal )?error: .+$")),
+    (
+        MESSAGE,
+        re.compile(
+            r"^.*(?:\bpatch failed\b|\bcorrupt patch\b|\bmalformed patch\b|\binvalid patch\b"
+            r"|\bpatch does not apply\b|^Hunk #\d+ FAILED\b|can't find file to patch).*$",
+            re.I,
+        ),
+    ),
+    (MESSAGE, re.compile(r"^[\w./\[\]-]+: (?:.*: )?(?:command not found|Permission denied)$")),
+    (MESSAGE, re.compile(r"^[\w./\[\]-]+: .*No such file or directory.*$")),
+    # Summaries.
+    (SUMMARY, re.compile(r"^=+ .*\b\d+ (?:failed|errors?)\b.* =+$")),
+    (SUMMARY, re.compile(r"^FAILED \((?:failures|errors)=\d+.*$")),
+    (SUMMARY, re.compile(r"^test result: FAILED\b.*$")),
+    (SUMMARY, re.compile(r"^FAIL(?:[ \t]+\S.*)?$")),
+    (SUMMARY, re.compile(r"^Tests?: .*\b\d+ failed\b.*$")),
+)
+# Lines that count only in a result that failed.
+_WEAK: tuple[tuple[int, re.Pattern[str]], ...] = (
+    (MESSAGE, re.compile(r"^(?:Uncaught )?" + _EXCEPTION_NAME + r"\b(?::.*)?$")),
+    (MESSAGE, re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*(?:: .*)?$")),
+    (MESSAGE, re.compile(r"^Caused by: \S+.*$")),
+    (MESSAGE, re.compile(r"^[^\s:]+:\d+:\d+: [A-Z]{1,4}\d{2,4}\b.*$")),
+    (MESSAGE, re.compile(r"^.*\b(?:No such file or directory|Permission denied)\b.*$")),
+    (SUMMARY, re.compile(r"^Found \d+ errors?\b.*$")),
+)
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^File "[^"\n]+", line \d+(?:, in .+)?$')
+_PYTEST_FRAME = re.compile(r"^[^\s:]+\.py:\d+: \w+$")
+_EXCEPTION_CLOSING = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
+_TAG_LINE = re.compile(r"^\s*</?[A-Za-z_][\w-]*>(?:[^<>\n]{0,20}</[A-Za-z_][\w-]*>)?\s*$")
+_TOOL_ERROR_START = re.compile(r"^(?:Error|error|ERROR)\b\s*[:!-]")
+_NO_TESTS = re.compile(r"^=+ (?:no tests ran|.*\b0 items\b).*=+$|^collected 0 items\b", re.M)
+# Nothing found, not a failure: exit 1 of the last command of a pipeline.
+_QUIET_ONE = frozenset(
+    {"grep", "egrep", "fgrep", "rg", "ag", "ack", "diff", "cmp", "test", "[", "[["}
+)
+# The keywords any error line holds one of: an output with none is skipped in one scan.
+_KEYWORDS = re.compile(
+    r"Error|error|ERROR|ERR!|Exception|FAIL|Fail|fail|panic|fatal|Traceback|No such file"
+    r"|not found|denied|Hunk|patch|✕|\u00d7|✗|Caused by|Interrupt|Exit|Fault|\d+:\d+: [A-Z]"
+)
+
+
+def error_line_kind(line: str, *, failed: bool = True) -> int | None:
+    """The rank of ``line`` as an error line, or None if it is not one; with
+    ``failed`` False only the lines that tell a failure by themselves count."""
+    text = line.strip()
+    if not text or _KEYWORDS.search(text) is None:
+        return None
+    for rank, pattern in _TELLING:
+        if pattern.match(text):
+            return rank
+    if failed:
+        for rank, pattern in _WEAK:
+            if pattern.match(text):
+                return rank
+    return None
+
+
+def _traceback_lines(text: str) -> list[tuple[int, ErrorLine]]:
+    """The exception line closing the last traceback of ``text`` and its last frame,
+    each with the position of its line."""
+    start = text.rfind(_TRACEBACK)
+    line_start = text.rfind("\n", 0, start) + 1
+    indent = start - line_start
+    found: list[tuple[int, ErrorLine]] = []
+    last_frame: tuple[int, str] | None = None
+    pos = text.find("\n", start)
+    while 0 <= pos < len(text):
+        begin = pos + 1
+        pos = text.find("\n", begin)
+        line = text[begin : pos if pos >= 0 else len(text)]
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if _FRAME.match(stripped):
+            last_frame = (begin, stripped)
+            continue
+        if len(line) - len(line.lstrip()) > indent:
+            continue  # a frame's code, or its ^^^^ markers
+        if _EXCEPTION_CLOSING.match(stripped) and last_frame is not None:
+            found.append((begin, ErrorLine(stripped, MESSAGE)))
+            found.append((last_frame[0], ErrorLine(last_frame[1], FRAME)))
+        break
+    return found
+
+
+def _scan(text: str, failed: bool) -> list[ErrorLine]:
+    """The error lines of ``text``'s end, most telling first (see the module's docstring).
+
+    Only the lines holding one of :data:`_KEYWORDS` are looked at, found in one scan,
+    so a long output that says nothing wrong costs one regex search."""
+    tail = text[-SCAN_CHARS:]
+    if len(text) > SCAN_CHARS:
+        tail = tail[tail.find("\n") + 1 :]  # cut mid-line
+    found: list[tuple[int, ErrorLine]] = []
+    if _TRACEBACK in tail:
+        found = [(p, e) for p, e in _traceback_lines(tail)]
+    taken = {p for p, _ in found}
+    start_of_last = -1
+    for m in _KEYWORDS.finditer(tail):
+        start = tail.rfind("\n", 0, m.start()) + 1
+        if start == start_of_last or start in taken:
+            continue
+        start_of_last = start
+        end = tail.find("\n", m.end())
+        line = tail[start : end if end >= 0 else len(tail)].strip()
+        rank = error_line_kind(line, failed=failed)
+        if rank is None and failed and _PYTEST_FRAME.match(line):
+            rank = FRAME
+        if rank is not None:
+            found.append((start, ErrorLine(line, rank)))
+    found.sort(key=lambda f: (f[1].rank, -f[0]))
+    out: list[ErrorLine] = []
+    seen: set[str] = set()
+    for _, error in found:
+        if error.text not in seen:
+            seen.add(error.text)
+            out.append(error)
+        if len(out) >= MAX_LINES:
+            break
+    return out
+
+
+def _content_lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not _TAG_LINE.match(ln)]
+
+
+def outcome(text: str, *, is_error: bool = False, command: str | None = None) -> Outcome:
+    """How a tool result whose output is ``text`` went (see the module's docstring).
+    ``command`` is the shell command that produced it, if any."""
+    code = exit_code(text)
+    telling = _scan(text, failed=False)
+    nonzero = code not in (None, 0) and not (code == 1 and _quiet_on_one(command))
+    if is_error or nonzero:
+        lines = _scan(text, failed=True) if _KEYWORDS.search(text[-SCAN_CHARS:]) else []
+        if not lines:
+            content = _content_lines(text[:SCAN_CHARS] if is_error else text[-SCAN_CHARS:])
+            said = [ln for ln in content if not _EXIT_PHRASE.fullmatch(ln)]
+            if said:  # a tool says what went wrong first, a command last
+                lines = [ErrorLine(said[0] if is_error else said[-1], FALLBACK)]
+            elif m := (_RETURNCODE_TAG.search(text) or _EXIT_PHRASE.search(text)):
+                lines = [ErrorLine(m[0].strip(), FALLBACK)]
+        return Outcome(True, code, tuple(lines))
+    if telling:
+        return Outcome(True, code, tuple(_scan(text, failed=True)))
+    if code is None:
+        content = _content_lines(text[:2_000])
+        if content and _TOOL_ERROR_START.match(content[0]):
+            return Outcome(True, None, (ErrorLine(content[0], MESSAGE),))
+    return Outcome(False, code, (), ran_no_tests=_NO_TESTS.search(text[-SCAN_CHARS:]) is not None)
+
+
+def _quiet_on_one(command: str | None) -> bool:
+    if not command:
+        return False
+    stages = [program_argv(c.argv) for c in simple_commands(command)]
+    stages = [s for s in stages if s]
+    return bool(stages) and posixpath.basename(stages[-1][0]) in _QUIET_ONE
+
+
+# --- What a command checks -----------------------------------------------------------
+
+_LOOKUPS = frozenset(
+    {
+        "ls", "cat", "head", "tail", "less", "more", "grep", "egrep", "fgrep", "rg", "ag",
+        "ack", "find", "fd", "locate", "which", "whereis", "type", "file", "stat", "wc",
+        "pwd", "echo", "printf", "tree", "du", "df", "env", "printenv", "cd", "sed", "awk",
+        "nl", "sort", "uniq", "cut", "tr", "diff", "cmp", "xargs", "true", "realpath",
+        "dirname", "basename", "readlink", "id", "whoami", "uname", "date",
+    }
+)  # fmt: skip
+_GIT_LOOKUPS = frozenset(
+    {"log", "show", "diff", "status", "blame", "grep", "branch", "ls-files", "rev-parse"}
+)
+_PYTHON = re.compile(r"python(?:\d+(?:\.\d+)*)?|pypy\d*")
+_RUNNERS = frozenset(
+    {
+        "pytest", "py.test", "mypy", "ruff", "flake8", "pylint", "pyright", "black",
+        "isort", "tox", "nox", "jest", "vitest", "mocha", "tsc", "eslint",
+    }
+)  # fmt: skip
+# Options of the runners that take the next word as their value.
+_VALUED = frozenset(
+    {
+        "-k", "-m", "-p", "-c", "-o", "-W", "-n", "-r", "--deselect", "--ignore", "--tb",
+        "--maxfail", "--rootdir", "--config-file", "--durations", "--junitxml", "--basetemp",
+        "--cov", "--select", "--ignore-glob", "-e", "--env", "-t", "--testNamePattern",
+        "--run", "-run", "--config", "--python-version", "--exclude",
+    }
+)  # fmt: skip
+_NARROWING = frozenset(
+    {"-k", "-m", "-t", "--testNamePattern", "-run", "--run", "--lf", "--deselect"}
+)
+_SUBCOMMANDS = frozenset({"check", "format", "test", "run", "vet", "build"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Test:
+    runner: str
+    target: str  # "" for the whole suite
+    narrowed: str  # the -k expression (or the like) that narrowed it, "" if none
+
+
+@dataclass(frozen=True, slots=True)
+class _Checks:
+    """What a call checks, for telling when a later call settles its failure."""
+
+    keys: frozenset[str]
+    tests: tuple[_Test, ...] = ()
+    lookup: bool = False
+
+
+def _shell_checks(command: str) -> _Checks:
+    commands = list(simple_commands(command))
+    keys: set[str] = set()
+    tests: list[_Test] = []
+    lookup = bool(commands)
+    firsts: list[str] = []
+    for c in commands:
+        argv = program_argv(c.argv)
+        if c.writes or (c.stdin is not None and not c.piped):
+            lookup = False
+        if not argv:
+            continue
+        program = posixpath.basename(argv[0])
+        if not c.piped:
+            firsts.append(" ".join(argv))
+        if program == "git":
+            sub = next((a for a in argv[1:] if not a.startswith("-")), "")
+            lookup = lookup and sub in _GIT_LOOKUPS
+        elif program == "sed":
+            lookup = lookup and not any(a.startswith(("-i", "--in-place")) for a in argv[1:])
+        elif program not in _LOOKUPS:
+            lookup = False
+        if c.piped:
+            continue
+        tests += _tests(program, argv[1:])
+        if script := _script(program, argv):
+            keys.add("script:" + script)
+    if firsts:
+        keys.add("cmd:" + " ; ".join(firsts))
+    return _Checks(frozenset(keys), tuple(tests), lookup)
+
+
+def _script(program: str, argv: Sequence[str]) -> str | None:
+    """The file a command runs as a script (``python x.py``, ``bash x.sh``, ``./x.sh``)."""
+    if "/" in argv[0] and posixpath.splitext(argv[0])[1]:
+        return posixpath.basename(argv[0])
+    if not (_PYTHON.fullmatch(program) or program in ("bash", "sh", "node", "ruby", "perl")):
+        return None
+    for arg in argv[1:]:
+        if arg in ("-c", "-m", "-e"):
+            return None
+        if not arg.startswith("-"):
+            return posixpath.basename(arg) if posixpath.splitext(arg)[1] else None
+    return None
+
+
+def _tests(program: str, args: Sequence[str]) -> list[_Test]:
+    runner = program
+    if _PYTHON.fullmatch(program):
+        if "-m" not in args[:-1]:
+            return []
+        k = list(args).index("-m")
+        runner, args = args[k + 1], args[k + 2 :]
+        if runner == "py.test":
+            runner = "pytest"
+    elif program in ("go", "cargo") and args[:1] == ["test"]:
+        runner, args = f"{program} test", args[1:]
+    elif program in ("npm", "yarn", "pnpm", "make") and args and args[0] in ("test", "check"):
+        return [_Test(f"{program} {args[0]}", "", " ".join(args[1:]))]
+    elif program in ("npx", "uvx") and args:
+        return _tests(posixpath.basename(args[0]), args[1:])
+    if runner not in _RUNNERS and runner not in ("unittest", "go test", "cargo test"):
+        return []
+    args = list(args)
+    if runner in ("ruff", "unittest") and args[:1] and args[0] in _SUBCOMMANDS | {"discover"}:
+        args = args[1:]
+    targets: list[str] = []
+    narrowed: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        name = arg.split("=", 1)[0]
+        valued = name in _VALUED and "=" not in arg
+        value = args[i] if valued and i < len(args) else ""
+        if name in _NARROWING:
+            narrowed.append(f"{name} {value}".strip() if valued else arg)
+        if arg.startswith("-"):
+            i += valued
+            continue
+        targets.append(_target(arg))
+    narrow = " ".join(narrowed)
+    if runner == "go test" and targets == ["./..."]:
+        targets = []
+    return [_Test(runner, t, narrow) for t in targets] or [_Test(runner, "", narrow)]
+
+
+def _target(word: str) -> str:
+    path, sep, rest = word.partition("::")
+    path = posixpath.normpath(path) if path else path
+    return path + sep + rest
+
+
+def _covers(done: _Test, failed: _Test) -> bool:
+    """Whether a successful run ``done`` ran the failed test ``failed`` again."""
+    if done.runner != failed.runner or (done.narrowed and done.narrowed != failed.narrowed):
+        return False
+    if done.target in ("", "."):
+        return True
+    target = done.target.rstrip("/")
+    return failed.target == target or failed.target.startswith(
+        (target + "::", target + "/", target + ".")
+    )
+
+
+_PATH_KEYS = ("path", "file_path", "filePath", "file", "filename", "target_file")
+
+
+def _tool_checks(name: str, arguments: str) -> _Checks:
+    try:
+        args: Any = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        args = None
+    if isinstance(args, dict):
+        path = next((v for k in _PATH_KEYS if isinstance(v := args.get(k), str)), None)
+        action = args.get("command") if isinstance(args.get("command"), str) else ""
+        if path is not None:
+            return _Checks(frozenset({f"tool:{name}:{action}:{path}"}))
+    return _Checks(frozenset({f"tool:{name}:{arguments}"}))
+
+
+@dataclass(slots=True)
+class _Call:
+    name: str | None
+    arguments: str
+    command: str | None  # the shell command its arguments carry, if any
+    _checks: _Checks | None = None
+
+    @property
+    def checks(self) -> _Checks:
+        if self._checks is None:
+            if self.command is not None:
+                self._checks = _shell_checks(self.command)
+            else:
+                self._checks = _tool_checks(self.name or "", self.arguments)
+        return self._checks
+
+    def describe(self) -> str:
+        if self.command is not None:
+            return self.command
+        return f"{self.name or 'tool'}({self.arguments[:LABEL_CHARS]})"
+
+    def label(self) -> str:
+        if self.command is None:
+            return _clip(self.describe(), LABEL_CHARS)
+        lines = [ln.strip() for ln in self.command.splitlines() if ln.strip()]
+        if not lines:
+            return ""
+        # The line that ran a check (``python x.py`` after a here-document), else the first.
+        chosen = lines[0]
+        if len(lines) > 1:
+            for line in reversed(lines):
+                checks = _shell_checks(line)
+                if checks.tests or any(k.startswith("script:") for k in checks.keys):
+                    chosen = line
+                    break
+        return _clip(chosen, LABEL_CHARS)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def command_of(part: Part) -> str | None:
+    """The shell command a tool call's arguments carry (``command``, ``cmd`` or
+    ``script``; an argv list is joined with spaces)."""
+    raw = part.get("arguments") or ""
+    try:
+        args: Any = orjson.loads(raw) if isinstance(raw, str) and raw.strip() else None
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(args, dict):
+        for name in ("command", "cmd", "script"):
+            value = args.get(name)
+            if isinstance(value, str) and value.strip():
+                return value
+            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                return " ".join(value)
+    return None
+
+
+def _calls(entries: Sequence[Entry]) -> dict[str, _Call]:
+    calls: dict[str, _Call] = {}
+    for entry in entries:
+        if entry.role == "assistant":
+            for part in entry.parts:
+                if part.get("type") == "tool_call" and isinstance(part.get("id"), str):
+                    arguments = part.get("arguments")
+                    calls[part["id"]] = _Call(
+                        part.get("name"),
+                        arguments if isinstance(arguments, str) else "",
+                        command_of(part),
+                    )
+    return calls
+
+
+# --- Failures, newest first ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Resolver:
+    """What the results read so far (the later ones) settled."""
+
+    keys: set[str] = field(default_factory=set)
+    tests: list[_Test] = field(default_factory=list)
+    any_success: bool = False
+
+    def add(self, checks: _Checks, result: Outcome) -> None:
+        if result.ran_no_tests and checks.tests:
+            return  # a run that ran nothing settles nothing
+        self.any_success = True
+        self.keys |= checks.keys
+        self.tests += checks.tests
+
+    def settles(self, checks: _Checks) -> bool:
+        if checks.lookup and self.any_success:
+            return True
+        if checks.keys & self.keys:
+            return True
+        return any(_covers(done, failed) for failed in checks.tests for done in self.tests)
+
+
+def _results(
+    entries: Sequence[Entry], calls: Mapping[str, _Call]
+) -> Iterator[tuple[int, Entry, _Call | None, Outcome]]:
+    for index in range(len(entries) - 1, -1, -1):
+        entry = entries[index]
+        if entry.role != "tool":
+            continue
+        call = calls.get(entry.tool_call_id or "")
+        command = call.command if call is not None else None
+        yield index, entry, call, outcome(entry.text(), is_error=entry.is_error, command=command)
+
+
+def _anchor(index: int, entry: Entry, call: _Call | None, result: Outcome) -> ErrorAnchor:
+    lines = tuple(line.text for line in result.lines)
+    return ErrorAnchor(
+        line=lines[0] if lines else "",
+        lines=lines,
+        command=call.describe() if call is not None else None,
+        label=call.label() if call is not None else "",
+        tool=call.name if call is not None else entry.tool_name,
+        index=index,
+        tool_call_id=entry.tool_call_id,
+        exit_code=result.exit_code,
+    )
+
+
+def iter_failures(entries: Sequence[Entry]) -> Iterator[ErrorAnchor]:
+    """The failed tool results of ``entries``, newest first, lazily."""
+    calls = _calls(entries)
+    for index, entry, call, result in _results(entries, calls):
+        if result.failed:
+            yield _anchor(index, entry, call, result)
+
+
+def failures(entries: Sequence[Entry], limit: int | None = None) -> list[ErrorAnchor]:
+    """The failed tool results of ``entries``, newest first (at most ``limit``)."""
+    out: list[ErrorAnchor] = []
+    for anchor in iter_failures(entries):
+        out.append(anchor)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def latest_unresolved_error(entries: Sequence[Entry]) -> ErrorAnchor | None:
+    """The newest failure of ``entries`` that no later result resolves (see the
+    module's docstring), or None. Reads from the newest result back and stops there."""
+    calls = _calls(entries)
+    resolver = _Resolver()
+    for index, entry, call, result in _results(entries, calls):
+        checks = call.checks if call is not None else _Checks(frozenset())
+        if not result.failed:
+            resolver.add(checks, result)
+        elif not resolver.settles(checks):
+            return _anchor(index, entry, call, result)
+    return None
+
+
+def is_resolved(command: str, entries: Sequence[Entry]) -> bool:
+    """Whether a failure of the shell ``command`` (run before ``entries``) is resolved
+    by a result in ``entries``: a previous summary's unresolved error, carried forward."""
+    checks = _shell_checks(command)
+    calls = _calls(entries)
+    resolver = _Resolver()
+    for _, _, call, result in _results(entries, calls):
+        if not result.failed:
+            resolver.add(call.checks if call is not None else _Checks(frozenset()), result)
+    return resolver.settles(checks)
+
+
+# --- Task terms ----------------------------------------------------------------------
+
+_TERM = re.compile(
+    r"`(?P<tick>[^`\n]{2,120})`"
+    r"|\"(?P<dq>[^\"\n]{3,120})\""
+    r"|\u201c(?P<cq>[^\u201d\n]{3,120})\u201d"
+    r"|(?<![\w'])'(?P<sq>[^'\n]{3,120})'(?![\w'])"
+    r"|(?P<url>https?://[^\s<>()\[\]`'\"]+)"
+    r"|(?P<opt>(?<![\w-])--[A-Za-z][\w-]+)"
+    r"|(?P<issue>(?<![\w&])#\d{2,})"
+    r"|(?P<version>(?<![\w.])v?\d+(?:\.\d+){1,3}(?:[a-z]+\d*)?(?![\w.]))"
+    r"|(?P<number>(?<![\w.])\d+(?:\.\d+)?[ \u00a0]?"
+    r"(?:ms|µs|ns|s|sec|min|h|KB|MB|GB|TB|KiB|MiB|GiB|kb|mb|gb|px|em|rem|%|k|M)(?![\w]))"
+    r"|(?P<word>(?:[A-Za-z_~/.][\w~/.:-]*[\w/])|(?:[A-Za-z_]\w*))"
+)
+_CAMEL = re.compile(r"[a-z][A-Z]|[A-Z]{2,}[a-z]{2,}")
+_ABBREVIATIONS = frozenset({"e.g", "i.e", "etc", "a.m", "p.m", "vs", "n/a", "and/or"})
+
+
+def _word_is_term(word: str) -> bool:
+    if word.lower() in _ABBREVIATIONS or sum(c.isalpha() for c in word) < 2:
+        return False
+    if "_" in word and any(c.isalpha() for c in word.replace("_", "")):
+        return True
+    if "::" in word or "/" in word:
+        return any(c.isalpha() for c in word)
+    if word.startswith("."):
+        return len(word) > 2 and word[1:].replace("-", "").isalnum()  # .gitignore
+    if "." in word:
+        return len(word) >= 4 and all(word.split("."))
+    return _CAMEL.search(word) is not None
+
+
+def task_terms(text: str) -> list[str]:
+    """The distinctive terms of a request (see the module's docstring), each once, in
+    the order they first appear."""
+    terms: list[str] = []
+    for m in _TERM.finditer(text):
+        kind = m.lastgroup
+        value = m[kind] if kind is not None else None
+        if value is None:
+            continue
+        value = value.strip()
+        if kind == "word":
+            value = value.rstrip(".:/") if not value.endswith("::") else value
+            if not _word_is_term(value):
+                continue
+        elif kind == "url":
+            value = value.rstrip(".,;:")
+        if len(value) >= 2:
+            terms.append(value)
+    return list(dict.fromkeys(terms))
+
+
+def _omitted(n: int) -> str:
+    return f"[... {n} lines omitted ...]"
+
+
+def clip_keeping_anchors(text: str, max_chars: int) -> str:
+    """``text`` if it fits in ``max_chars``, else whole lines of it that do, in their
+    order, each run of left-out lines marked ``[... N lines omitted ...]``.
+
+    The lines are chosen by priority: the first line (the request's opening), the
+    error lines, the lines that name a task term for the first time or a path, the
+    other lines naming a term; then the others from the head and the tail inwards.
+    Within a priority, earlier lines first. A line too long to fit is left out; when
+    no line fits, the text's head is cut to size instead."""
+    if len(text) <= max_chars:
+        return text
+    if max_chars <= 0:
+        return ""
+    lines = text.split("\n")
+    priority = _line_priorities(lines)
+    n = len(lines)
+    middle = (n - 1) / 2
+    order = sorted(
+        range(n), key=lambda k: (priority[k], k if priority[k] < 4 else abs(k - middle) * -1, k)
+    )
+    kept: list[int] = []
+    # The output's length is its items' (lines and markers) plus a break between two;
+    # counted here as a break after each item, less one. Nothing kept: one marker.
+    size = _gap_size(n) - 1
+    for k in order:
+        pos = bisect.bisect_left(kept, k)
+        before = kept[pos - 1] if pos > 0 else -1
+        after = kept[pos] if pos < len(kept) else n
+        old_gap = _gap_size(after - before - 1)
+        new_gaps = _gap_size(k - before - 1) + _gap_size(after - k - 1)
+        delta = len(lines[k]) + 1 + new_gaps - old_gap
+        if size + delta > max_chars:
+            continue
+        size += delta
+        kept.insert(pos, k)
+    if not kept:
+        return text[: max_chars - 1].rstrip() + "…"
+    out: list[str] = []
+    previous = -1
+    for k in kept:
+        if k - previous > 1:
+            out.append(_omitted(k - previous - 1))
+        out.append(lines[k])
+        previous = k
+    if n - 1 - previous > 0:
+        out.append(_omitted(n - 1 - previous))
+    return "\n".join(out)
+
+
+def _gap_size(n: int) -> int:
+    """What ``n`` left-out lines cost: their marker and its line break."""
+    return len(_omitted(n)) + 1 if n > 0 else 0
+
+
+_PATHISH = re.compile(r"(?:^|[\s`'\"(])(?:[\w.~-]+/)+[\w.-]+|\b[\w-]+\.[A-Za-z]{1,5}\b")
+
+
+def _line_priorities(lines: Sequence[str]) -> list[int]:
+    """0 the opening line, 1 an error line, 2 a line naming a term first or a path,
+    3 another line naming a term, 4 the rest."""
+    seen: set[str] = set()
+    out: list[int] = []
+    opened = False
+    in_traceback = False
+    for line in lines:
+        stripped = line.strip()
+        if not opened and stripped:
+            out.append(0)
+            opened = True
+            seen.update(task_terms(line))
+            continue
+        if stripped == _TRACEBACK:
+            in_traceback = True
+        terms = task_terms(line) if stripped else []
+        new = [t for t in terms if t not in seen]
+        seen.update(terms)
+        rank = error_line_kind(line, failed=in_traceback)
+        if rank is not None and rank <= SUMMARY:
+            out.append(1)
+        elif new or _PATHISH.search(line):
+            out.append(2)
+        elif terms:
+            out.append(3)
+        else:
+            out.append(4)
+    return out
