@@ -193,14 +193,14 @@ _TELLING: tuple[tuple[int, re.Pattern[str]], ...] = (
     (TEST, re.compile(r"^\S+::\S+ (?:FAILED|ERROR)\b.*$")),
     (TEST, re.compile(r"^(?:FAIL|ERROR): \w+ \([\w.]+\).*$")),
     (TEST, re.compile(r"^--- FAIL: \S+.*$")),
-    (TEST, re.compile(r"^(?:✕|\u00d7|✗) .+$")),
+    (TEST, re.compile(r"^(?:✕|\u00d7) .+$")),
     # Messages.
     (MESSAGE, re.compile(r"^E {2,}" + _EXCEPTION_NAME + r"\b(?::.*)?$")),
     (MESSAGE, re.compile(r"^error(?:\[E\d{4}\])?: .+$")),
     (MESSAGE, re.compile(r"^thread '[^']*' panicked at.*$")),
     (MESSAGE, re.compile(r"^(?:panic|fatal error|fatal): .+$")),
     (MESSAGE, re.compile(r"^npm ERR! .+$")),
-    (MESSAGE, re.compile(r"^ERROR: .+$")),
+    (MESSAGE, re.compile(r"^(?:collecting \.\.\. )?ERROR: .+$")),
     (MESSAGE, re.compile(r"^Exception in thread \S+ .+$")),
     (MESSAGE, re.compile(r"^[^\s:][^:\n]*:\d+(?::\d+)?: (?:fatal )?error: .+$")),
     (
@@ -221,11 +221,13 @@ _TELLING: tuple[tuple[int, re.Pattern[str]], ...] = (
     (SUMMARY, re.compile(r"^Tests?: .*\b\d+ failed\b.*$")),
 )
 # Lines that count only in a result that failed.
+_DOTTED_EXCEPTION = re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*(?:: .*)?$")
+_RUFF_LINE = re.compile(r"^[^\s:]+:\d+:\d+: [A-Z]{1,4}\d{2,4}\b.*$")
 _WEAK: tuple[tuple[int, re.Pattern[str]], ...] = (
     (MESSAGE, re.compile(r"^(?:Uncaught )?" + _EXCEPTION_NAME + r"\b(?::.*)?$")),
-    (MESSAGE, re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*(?:: .*)?$")),
+    (MESSAGE, _DOTTED_EXCEPTION),
     (MESSAGE, re.compile(r"^Caused by: \S+.*$")),
-    (MESSAGE, re.compile(r"^[^\s:]+:\d+:\d+: [A-Z]{1,4}\d{2,4}\b.*$")),
+    (MESSAGE, _RUFF_LINE),
     (MESSAGE, re.compile(r"^.*\b(?:No such file or directory|Permission denied)\b.*$")),
     (SUMMARY, re.compile(r"^Found \d+ errors?\b.*$")),
 )
@@ -240,18 +242,30 @@ _NO_TESTS = re.compile(r"^=+ (?:no tests ran|.*\b0 items\b).*=+$|^collected 0 it
 _QUIET_ONE = frozenset(
     {"grep", "egrep", "fgrep", "rg", "ag", "ack", "diff", "cmp", "test", "[", "[["}
 )
-# The keywords any error line holds one of: an output with none is skipped in one scan.
-_KEYWORDS = re.compile(
-    r"Error|error|ERROR|ERR!|Exception|FAIL|Fail|fail|panic|fatal|Traceback|No such file"
-    r"|not found|denied|Hunk|patch|✕|\u00d7|✗|Caused by|Interrupt|Exit|Fault|\d+:\d+: [A-Z]"
-)
+# Every telling error line holds one of these: an output without any is skipped, and
+# only the lines holding one are matched against the patterns (``str.find`` is fast).
+_KEYWORDS = (
+    "rror", "ERR", "xception", "FAIL", "fail", "Fail", "panic", "fatal", "Exit",
+    "Interrupt", "Fault", "✕", "\u00d7", "patch", "Patch", "PATCH", "Hunk", "not found",
+    "denied", "No such file",
+)  # fmt: skip
+# Weak lines that may hold none of them: ``pkg.mod.SomeProblem: ...``, ruff's codes.
+_UNKEYED = (_DOTTED_EXCEPTION, _RUFF_LINE)
+
+
+def _has_keyword(text: str) -> bool:
+    return any(word in text for word in _KEYWORDS)
 
 
 def error_line_kind(line: str, *, failed: bool = True) -> int | None:
     """The rank of ``line`` as an error line, or None if it is not one; with
     ``failed`` False only the lines that tell a failure by themselves count."""
     text = line.strip()
-    if not text or _KEYWORDS.search(text) is None:
+    if not text:
+        return None
+    if not _has_keyword(text):
+        if failed and any(p.match(text) for p in _UNKEYED):
+            return MESSAGE
         return None
     for rank, pattern in _TELLING:
         if pattern.match(text):
@@ -294,22 +308,19 @@ def _traceback_lines(text: str) -> list[tuple[int, ErrorLine]]:
 def _scan(text: str, failed: bool) -> list[ErrorLine]:
     """The error lines of ``text``'s end, most telling first (see the module's docstring).
 
-    Only the lines holding one of :data:`_KEYWORDS` are looked at, found in one scan,
-    so a long output that says nothing wrong costs one regex search."""
+    Looking for the telling lines only (``failed`` False, the common case), just the
+    lines that hold one of :data:`_KEYWORDS` are matched, found with ``str.find``."""
     tail = text[-SCAN_CHARS:]
     if len(text) > SCAN_CHARS:
         tail = tail[tail.find("\n") + 1 :]  # cut mid-line
     found: list[tuple[int, ErrorLine]] = []
     if _TRACEBACK in tail:
-        found = [(p, e) for p, e in _traceback_lines(tail)]
+        found = _traceback_lines(tail)
     taken = {p for p, _ in found}
-    start_of_last = -1
-    for m in _KEYWORDS.finditer(tail):
-        start = tail.rfind("\n", 0, m.start()) + 1
-        if start == start_of_last or start in taken:
+    for start in _line_starts(tail) if failed else _keyword_line_starts(tail):
+        if start in taken:
             continue
-        start_of_last = start
-        end = tail.find("\n", m.end())
+        end = tail.find("\n", start)
         line = tail[start : end if end >= 0 else len(tail)].strip()
         rank = error_line_kind(line, failed=failed)
         if rank is None and failed and _PYTEST_FRAME.match(line):
@@ -328,6 +339,29 @@ def _scan(text: str, failed: bool) -> list[ErrorLine]:
     return out
 
 
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    pos = text.find("\n")
+    while pos >= 0:
+        starts.append(pos + 1)
+        pos = text.find("\n", pos + 1)
+    return starts
+
+
+def _keyword_line_starts(text: str) -> list[int]:
+    """Where the lines that hold a keyword start, in order."""
+    starts: set[int] = set()
+    for word in _KEYWORDS:
+        pos = text.find(word)
+        while pos >= 0:
+            starts.add(text.rfind("\n", 0, pos) + 1)
+            end = text.find("\n", pos)
+            if end < 0:
+                break
+            pos = text.find(word, end)
+    return sorted(starts)
+
+
 def _content_lines(text: str) -> list[str]:
     return [ln.strip() for ln in text.splitlines() if ln.strip() and not _TAG_LINE.match(ln)]
 
@@ -339,7 +373,7 @@ def outcome(text: str, *, is_error: bool = False, command: str | None = None) ->
     telling = _scan(text, failed=False)
     nonzero = code not in (None, 0) and not (code == 1 and _quiet_on_one(command))
     if is_error or nonzero:
-        lines = _scan(text, failed=True) if _KEYWORDS.search(text[-SCAN_CHARS:]) else []
+        lines = _scan(text, failed=True)
         if not lines:
             content = _content_lines(text[:SCAN_CHARS] if is_error else text[-SCAN_CHARS:])
             said = [ln for ln in content if not _EXIT_PHRASE.fullmatch(ln)]
@@ -639,16 +673,24 @@ class _Resolver:
         return any(_covers(done, failed) for failed in checks.tests for done in self.tests)
 
 
+Outcomes = dict[int, Outcome]  # by the ``id`` of the tool result's entry
+
+
 def _results(
-    entries: Sequence[Entry], calls: Mapping[str, _Call]
+    entries: Sequence[Entry], calls: Mapping[str, _Call], cache: Outcomes | None
 ) -> Iterator[tuple[int, Entry, _Call | None, Outcome]]:
     for index in range(len(entries) - 1, -1, -1):
         entry = entries[index]
         if entry.role != "tool":
             continue
         call = calls.get(entry.tool_call_id or "")
-        command = call.command if call is not None else None
-        yield index, entry, call, outcome(entry.text(), is_error=entry.is_error, command=command)
+        result = cache.get(id(entry)) if cache is not None else None
+        if result is None:
+            command = call.command if call is not None else None
+            result = outcome(entry.text(), is_error=entry.is_error, command=command)
+            if cache is not None:
+                cache[id(entry)] = result
+        yield index, entry, call, result
 
 
 def _anchor(index: int, entry: Entry, call: _Call | None, result: Outcome) -> ErrorAnchor:
@@ -665,10 +707,11 @@ def _anchor(index: int, entry: Entry, call: _Call | None, result: Outcome) -> Er
     )
 
 
-def iter_failures(entries: Sequence[Entry]) -> Iterator[ErrorAnchor]:
-    """The failed tool results of ``entries``, newest first, lazily."""
+def iter_failures(entries: Sequence[Entry], cache: Outcomes | None = None) -> Iterator[ErrorAnchor]:
+    """The failed tool results of ``entries``, newest first, lazily. ``cache`` keeps
+    the outcomes worked out, for a caller that asks again about the same entries."""
     calls = _calls(entries)
-    for index, entry, call, result in _results(entries, calls):
+    for index, entry, call, result in _results(entries, calls, cache):
         if result.failed:
             yield _anchor(index, entry, call, result)
 
@@ -683,12 +726,15 @@ def failures(entries: Sequence[Entry], limit: int | None = None) -> list[ErrorAn
     return out
 
 
-def latest_unresolved_error(entries: Sequence[Entry]) -> ErrorAnchor | None:
+def latest_unresolved_error(
+    entries: Sequence[Entry], cache: Outcomes | None = None
+) -> ErrorAnchor | None:
     """The newest failure of ``entries`` that no later result resolves (see the
-    module's docstring), or None. Reads from the newest result back and stops there."""
+    module's docstring), or None. Reads from the newest result back and stops there;
+    ``cache`` as for :func:`iter_failures`."""
     calls = _calls(entries)
     resolver = _Resolver()
-    for index, entry, call, result in _results(entries, calls):
+    for index, entry, call, result in _results(entries, calls, cache):
         checks = call.checks if call is not None else _Checks(frozenset())
         if not result.failed:
             resolver.add(checks, result)
@@ -697,13 +743,13 @@ def latest_unresolved_error(entries: Sequence[Entry]) -> ErrorAnchor | None:
     return None
 
 
-def is_resolved(command: str, entries: Sequence[Entry]) -> bool:
+def is_resolved(command: str, entries: Sequence[Entry], cache: Outcomes | None = None) -> bool:
     """Whether a failure of the shell ``command`` (run before ``entries``) is resolved
     by a result in ``entries``: a previous summary's unresolved error, carried forward."""
     checks = _shell_checks(command)
     calls = _calls(entries)
     resolver = _Resolver()
-    for _, _, call, result in _results(entries, calls):
+    for _, _, call, result in _results(entries, calls, cache):
         if not result.failed:
             resolver.add(call.checks if call is not None else _Checks(frozenset()), result)
     return resolver.settles(checks)

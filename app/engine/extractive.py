@@ -60,6 +60,7 @@ NOTE = (
 NONE_RECORDED = "(none recorded)"
 ORIGINAL_LABEL = "Original request:"
 FAILED_MARK = " — failed"
+PINNED_LABEL = "Unresolved:"
 LATEST_LABEL = "Latest requests (newest first):"
 
 # Per-item limits, in characters.
@@ -144,6 +145,9 @@ class SummaryFacts:
     # The instructions and what the history says of their terms: the head of
     # Critical Context (a previous summary's are read back as critical items).
     focus: list[str] = field(default_factory=list)
+    # The latest unresolved error ("line — after `command`"): the head of Blocked,
+    # never trimmed (a previous summary's is read back as its first Blocked item too).
+    pinned: str | None = None
 
     def items(self, key: str) -> list[str]:
         """The list of section ``key`` (one of the keys of :data:`HEADINGS` but goal)."""
@@ -305,6 +309,7 @@ class _History:
     result_of: dict[str, Entry] = field(default_factory=dict)
     call_of: dict[str, _Call] = field(default_factory=dict)
     context_summary: str | None = None
+    outcomes: anchors.Outcomes = field(default_factory=dict)  # how each result went
 
 
 def _command(part: Part) -> str | None:
@@ -339,9 +344,13 @@ def _read(entries: Sequence[Entry]) -> _History:
     return h
 
 
-def _outcome(entry: Entry, call: _Call | None) -> anchors.Outcome:
-    command = call.command if call is not None else None
-    return anchors.outcome(entry.text(), is_error=entry.is_error, command=command)
+def _outcome(h: _History, entry: Entry, call: _Call | None) -> anchors.Outcome:
+    result = h.outcomes.get(id(entry))
+    if result is None:
+        command = call.command if call is not None else None
+        result = anchors.outcome(entry.text(), is_error=entry.is_error, command=command)
+        h.outcomes[id(entry)] = result
+    return result
 
 
 def _error_items(result: anchors.Outcome) -> list[anchors.ErrorLine]:
@@ -386,10 +395,41 @@ def _file_key(item: str) -> str:
     return m[1] if m else _key(item)
 
 
+def _pinned_item(anchor: anchors.ErrorAnchor) -> str | None:
+    """The latest unresolved error as Blocked shows it: its line exactly (clipped only
+    beyond :data:`ERROR_CHARS`, its start kept: it names the exception), and the
+    command that produced it (the part that ran the failing check)."""
+    line = anchor.line.strip()
+    if not line or "\n" in line:
+        return None
+    if len(line) > ERROR_CHARS:
+        line = line[: ERROR_CHARS - 1].rstrip() + "…"
+    label = _one_line(anchor.label, anchors.LABEL_CHARS)
+    return f"{line} — after {_code(label)}" if label else line
+
+
+_AFTER = re.compile(r" — after (`+) ?(.+?) ?\1$")
+
+
+def _pinned_command(item: str) -> str | None:
+    """The command a pinned item names, to tell whether a later history resolved it
+    (a clipped one without its last, cut word)."""
+    m = _AFTER.search(item)
+    if m is None:
+        return None
+    command: str = m[2]
+    return command.rsplit(" ", 1)[0] if command.endswith("…") else command
+
+
+def _same_error(a: str, b: str) -> bool:
+    ka, kb = _blocked_key(a).rstrip("…"), _blocked_key(b).rstrip("…")
+    return ka.startswith(kb) or kb.startswith(ka)
+
+
 def _done_line(h: _History, call: _Call) -> str:
     line = _call_line(call, COMMAND_CHARS)
     result = h.result_of.get(call.part["id"])
-    if result is not None and _outcome(result, call).failed:
+    if result is not None and _outcome(h, result, call).failed:
         line += FAILED_MARK
     return line
 
@@ -420,7 +460,7 @@ def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[st
     hints: list[str] = []
     for result in reversed(h.results):
         origin = h.call_of.get(result.tool_call_id or "")
-        outcome = _outcome(result, origin)
+        outcome = _outcome(h, result, origin)
         if not outcome.failed:
             continue
         after = f" — after {_call_line(origin, 80)}" if origin is not None else ""
@@ -739,6 +779,10 @@ def parse_summary(text: str) -> SummaryFacts:
             facts.items(key).extend(_items(sections.get(key, []), PARSED_ITEM_CHARS))
     if turn.strip():
         facts.critical.insert(0, "Split turn: " + _one_line(turn, STATE_CHARS))
+    for k, item in enumerate(facts.blocked):
+        if item.startswith(PINNED_LABEL):
+            facts.blocked[k] = facts.pinned = item.removeprefix(PINNED_LABEL).strip()
+            break
     return facts
 
 
@@ -756,6 +800,7 @@ def _merge(new: SummaryFacts, old: SummaryFacts) -> SummaryFacts:
     original = _key(merged.original or "")
     merged.latest = _dedupe((t for t in later if _key(t) != original), CAPS["latest"])
     merged.focus = new.focus
+    merged.pinned = new.pinned or old.pinned
     focused = {_key(i) for i in new.focus}
     for key in LISTS:
         if key in ("in_progress", "next"):
@@ -787,6 +832,9 @@ def _render_list(facts: SummaryFacts, key: str) -> str:
     items = facts.items(key)
     if key == "critical":
         items = facts.focus + items
+    elif key == "blocked" and facts.pinned:
+        pinned = facts.pinned
+        items = [f"{PINNED_LABEL} {pinned}", *(i for i in items if not _same_error(i, pinned))]
     body = "\n".join(f"- {i}" for i in items) if items else NONE_RECORDED
     return f"{HEADINGS[key]}\n{body}"
 
@@ -867,9 +915,17 @@ def extractive_summary(
     """
     history = _read(entries)
     facts = _extract(history, read_files, modified_files)
+    anchor = anchors.latest_unresolved_error(entries, history.outcomes)
+    facts.pinned = _pinned_item(anchor) if anchor is not None else None
     if instructions is not None and instructions.strip():
         _apply_focus(facts, entries, history, instructions.strip())
     previous = previous_summary if previous_summary is not None else history.context_summary
     if previous is not None and previous.strip():
-        facts = _merge(facts, parse_summary(previous))
+        old = parse_summary(previous)
+        if facts.pinned is None and old.pinned is not None:
+            # The previous summary's unresolved error stays pinned until resolved.
+            command = _pinned_command(old.pinned)
+            if command is not None and anchors.is_resolved(command, entries, history.outcomes):
+                old.pinned = None
+        facts = _merge(facts, old)
     return _render(facts, max(max_chars, 0))

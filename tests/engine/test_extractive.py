@@ -122,9 +122,10 @@ def test_example_session() -> None:
     assert section(summary, "### In Progress") == (
         "- Next I will add the changelog entry to `CHANGES.md`."
     )
-    # The exception, then the traceback's last frame.
+    # The exception, then the traceback's last frame; the exception is unresolved
+    # (no later run of that command or of the whole suite), so pinned at the head.
     assert section(summary, "### Blocked") == (
-        "- IndexError: string index out of range"
+        "- Unresolved: IndexError: string index out of range"
         " — after `python -c 'import app.parser as p; p.parse(\"\")'`\n"
         '- File "<string>", line 1, in <module>'
         " — after `python -c 'import app.parser as p; p.parse(\"\")'`"
@@ -166,7 +167,7 @@ def test_tool_errors_without_a_known_pattern_show_their_first_line() -> None:
     summary = extractive_summary(entries, previous_summary=None, read_files=[], modified_files=[])
     assert section(summary, "### Done") == "- `deploy --prod` — failed"
     assert section(summary, "### Blocked") == (
-        "- permission denied for user bob — after `deploy --prod`"
+        "- Unresolved: permission denied for user bob — after `deploy --prod`"
     )
 
 
