@@ -84,6 +84,10 @@ openapi: $(STAMP) ## Regenerate openapi/openapi.json from the app
 bench: $(STAMP) ## Benchmarks on embedded PostgreSQL; prints figures, never fails on time
 	$(BIN)/python -m bench
 
+.PHONY: continuity
+continuity: $(STAMP) ## What compactions keep of the task, modified files and last error, on the traces (engine only, no database)
+	$(BIN)/python -m bench continuity
+
 .PHONY: up
 up: ## docker compose up (Postgres, migrate, API)
 	docker compose up --build -d

@@ -12,7 +12,10 @@ temporary folder) and measures over real HTTP:
 - what one large request costs the others: the worst ``/healthz`` and context
   latency while a maximum-size append (or a hostile body as large) is processed;
 - the proxy's added latency per call, and to a stream's first byte, over calling the
-  scripted upstream directly, at 100 and 10,000 stored messages (:mod:`bench.proxy`).
+  scripted upstream directly, at 100 and 10,000 stored messages (:mod:`bench.proxy`);
+- continuity after compaction: the real traces replayed at a 16k window in the engine
+  alone (no service, no database), and what each compaction's context still holds of
+  the task, the modified files and the last error (:mod:`bench.continuity`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, load, proxy, upstream
+from bench import bounds, continuity, load, proxy, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -466,7 +469,7 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
         await pg.close()
 
 
-SECTIONS = ("append", "context", "budget", "compaction", "bounds", "load", "proxy")
+SECTIONS = ("append", "context", "budget", "compaction", "bounds", "load", "proxy", "continuity")
 
 
 def main() -> int:
@@ -477,9 +480,18 @@ def main() -> int:
         type=float,
         help="length of each open-loop load run (default COMPACTD_BENCH_LOAD_SECONDS or 60)",
     )
+    parser.add_argument(
+        "--json", action="store_true", help="continuity: its figures as one JSON document"
+    )
+    parser.add_argument("--verbose", action="store_true", help="continuity: a line per compaction")
     args = parser.parse_args()
     if unknown := set(args.sections) - set(SECTIONS):
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if "continuity" in (set(args.sections) or set(SECTIONS)):
+        # The engine alone, in this process: no service, no database. It goes first.
+        status = continuity.run(as_json=args.json, verbose=args.verbose)
+        if set(args.sections) == {"continuity"}:
+            return status
     # The naive baselines and the load section count tokens in this process.
     tokens.register_encodings(load_encodings())
     folder = Path(tempfile.mkdtemp(prefix="compactd-bench-"))
