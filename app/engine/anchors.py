@@ -100,6 +100,7 @@ __all__ = [
     "latest_unresolved_error",
     "outcome",
     "task_terms",
+    "unresolved_errors",
 ]
 
 SCAN_CHARS = 16_000  # how much of an output's end is searched for error lines
@@ -296,13 +297,22 @@ def _traceback_lines(text: str) -> list[tuple[int, ErrorLine]]:
         if _FRAME.match(stripped):
             last_frame = (begin, stripped)
             continue
-        if len(line) - len(line.lstrip()) > indent:
-            continue  # a frame's code, or its ^^^^ markers
-        if _EXCEPTION_CLOSING.match(stripped) and last_frame is not None:
+        if len(line) - len(line.lstrip()) > indent or last_frame is None:
+            continue  # a frame's code or its ^^^^ markers, or output printed in between
+        if _EXCEPTION_CLOSING.match(stripped):
             found.append((begin, ErrorLine(stripped, MESSAGE)))
             found.append((last_frame[0], ErrorLine(last_frame[1], FRAME)))
-        break
+            break
+        # Not an exception (``--`` between grep's matches, ``...``): look further.
     return found
+
+
+def _sort_key(position: int, line: ErrorLine, frame_of: int | None) -> tuple[int, int]:
+    """Most telling first, then the later line; a traceback's last frame right after
+    its exception (of all the lines, it says where the failure happened)."""
+    if frame_of is not None:
+        return MESSAGE, -(2 * frame_of)
+    return line.rank, -(2 * position + 1)
 
 
 def _scan(text: str, failed: bool) -> list[ErrorLine]:
@@ -314,8 +324,12 @@ def _scan(text: str, failed: bool) -> list[ErrorLine]:
     if len(text) > SCAN_CHARS:
         tail = tail[tail.find("\n") + 1 :]  # cut mid-line
     found: list[tuple[int, ErrorLine]] = []
+    keys: list[tuple[int, int]] = []
     if _TRACEBACK in tail:
         found = _traceback_lines(tail)
+        if found:
+            (exception, message), (frame, last) = found
+            keys = [_sort_key(exception, message, None), _sort_key(frame, last, exception)]
     taken = {p for p, _ in found}
     for start in _line_starts(tail) if failed else _keyword_line_starts(tail):
         if start in taken:
@@ -327,10 +341,11 @@ def _scan(text: str, failed: bool) -> list[ErrorLine]:
             rank = FRAME
         if rank is not None:
             found.append((start, ErrorLine(line, rank)))
-    found.sort(key=lambda f: (f[1].rank, -f[0]))
+            keys.append(_sort_key(start, found[-1][1], None))
+    ranked = sorted(zip(keys, (error for _, error in found), strict=True), key=lambda f: f[0])
     out: list[ErrorLine] = []
     seen: set[str] = set()
-    for _, error in found:
+    for _, error in ranked:
         if error.text not in seen:
             seen.add(error.text)
             out.append(error)
@@ -531,10 +546,10 @@ def _tests(program: str, args: Sequence[str]) -> list[_Test]:
         if arg.startswith("-"):
             i += valued
             continue
+        if runner == "go test" and arg in ("./...", "..."):
+            continue  # every package: the whole suite
         targets.append(_target(arg))
     narrow = " ".join(narrowed)
-    if runner == "go test" and targets == ["./..."]:
-        targets = []
     return [_Test(runner, t, narrow) for t in targets] or [_Test(runner, "", narrow)]
 
 
@@ -614,9 +629,16 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+_EDITORS = frozenset({"str_replace_based_edit_tool", "str_replace_editor", "text_editor"})
+
+
 def command_of(part: Part) -> str | None:
     """The shell command a tool call's arguments carry (``command``, ``cmd`` or
-    ``script``; an argv list is joined with spaces)."""
+    ``script``; an argv list is joined with spaces); never an editor's ``command``
+    (``view``, ``str_replace``, ...)."""
+    name = part.get("name")
+    if isinstance(name, str) and name.lower().rsplit("__", 1)[-1] in _EDITORS:
+        return None
     raw = part.get("arguments") or ""
     try:
         args: Any = orjson.loads(raw) if isinstance(raw, str) and raw.strip() else None
@@ -726,21 +748,33 @@ def failures(entries: Sequence[Entry], limit: int | None = None) -> list[ErrorAn
     return out
 
 
-def latest_unresolved_error(
-    entries: Sequence[Entry], cache: Outcomes | None = None
-) -> ErrorAnchor | None:
-    """The newest failure of ``entries`` that no later result resolves (see the
-    module's docstring), or None. Reads from the newest result back and stops there;
-    ``cache`` as for :func:`iter_failures`."""
+def unresolved_errors(
+    entries: Sequence[Entry], limit: int = 1, cache: Outcomes | None = None
+) -> list[ErrorAnchor]:
+    """The failures of ``entries`` that no later result resolves (see the module's
+    docstring), newest first, at most ``limit``. Reads from the newest result back and
+    stops there; ``cache`` as for :func:`iter_failures`."""
     calls = _calls(entries)
     resolver = _Resolver()
+    found: list[ErrorAnchor] = []
     for index, entry, call, result in _results(entries, calls, cache):
         checks = call.checks if call is not None else _Checks(frozenset())
         if not result.failed:
             resolver.add(checks, result)
         elif not resolver.settles(checks):
-            return _anchor(index, entry, call, result)
-    return None
+            found.append(_anchor(index, entry, call, result))
+            if len(found) >= limit:
+                break
+    return found
+
+
+def latest_unresolved_error(
+    entries: Sequence[Entry], cache: Outcomes | None = None
+) -> ErrorAnchor | None:
+    """The newest failure of ``entries`` that no later result resolves (see the
+    module's docstring), or None."""
+    found = unresolved_errors(entries, 1, cache)
+    return found[0] if found else None
 
 
 def is_resolved(command: str, entries: Sequence[Entry], cache: Outcomes | None = None) -> bool:
@@ -765,7 +799,7 @@ _TERM = re.compile(
     r"|(?P<url>https?://[^\s<>()\[\]`'\"]+)"
     r"|(?P<opt>(?<![\w-])--[A-Za-z][\w-]+)"
     r"|(?P<issue>(?<![\w&])#\d{2,})"
-    r"|(?P<version>(?<![\w.])v?\d+(?:\.\d+){1,3}(?:[a-z]+\d*)?(?![\w.]))"
+    r"|(?P<version>(?<![\w.])(?:v\d+(?:\.\d+){1,3}|\d+(?:\.\d+){2,3})(?:[a-z]+\d*)?(?![\w.]))"
     r"|(?P<number>(?<![\w.])\d+(?:\.\d+)?[ \u00a0]?"
     r"(?:ms|µs|ns|s|sec|min|h|KB|MB|GB|TB|KiB|MiB|GiB|kb|mb|gb|px|em|rem|%|k|M)(?![\w]))"
     r"|(?P<word>(?:[A-Za-z_~/.][\w~/.:-]*[\w/])|(?:[A-Za-z_]\w*))"

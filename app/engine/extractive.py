@@ -10,7 +10,14 @@ the same shape whichever way its history was compacted.
 - **Constraints & Preferences**: the user's sentences that say must, never,
   don't, always, only, avoid, prefer, make sure or should not.
 - **Progress**: *Done* lists the commands run (marked when they failed),
-  *In Progress* the agent's last statement, *Blocked* the latest errors.
+  *In Progress* the agent's last statement, *Blocked* the latest errors: the lines
+  that say what went wrong, of any shape (:mod:`app.engine.anchors` tells a failure
+  and its lines: exceptions of any name, a traceback's last frame, test runners'
+  failure lines, non-zero exit codes, tool errors). The latest unresolved error
+  (by anchors' rule) opens it, marked ``Unresolved:``, quoted exactly (clipped only
+  beyond :data:`ERROR_CHARS`, its start kept) and never trimmed away; so do the
+  next unresolved one and a previous summary's until this history resolves them
+  (:data:`PINNED` at most, newest first).
 - **Key Decisions**: the agent's sentences that explain a choice.
 - **Files & Artifacts**: the files modified and read, as given.
 - **Next Steps**: what the agent last said it would do.
@@ -32,7 +39,7 @@ merged, the original goal kept and the lists deduplicated and capped, so a
 session compacted many times still opens with what the user first asked.
 
 The output never exceeds ``max_chars``: the sections over their share of it
-lose their oldest items first. The history is read newest first and each
+lose their oldest items first (the unresolved errors are not theirs to lose). The history is read newest first and each
 list stops at its cap, so a 200k-token history takes milliseconds.
 """
 
@@ -61,6 +68,7 @@ NONE_RECORDED = "(none recorded)"
 ORIGINAL_LABEL = "Original request:"
 FAILED_MARK = " — failed"
 PINNED_LABEL = "Unresolved:"
+PINNED = 2  # how many unresolved errors Blocked keeps whatever its size
 LATEST_LABEL = "Latest requests (newest first):"
 
 # Per-item limits, in characters.
@@ -145,9 +153,11 @@ class SummaryFacts:
     # The instructions and what the history says of their terms: the head of
     # Critical Context (a previous summary's are read back as critical items).
     focus: list[str] = field(default_factory=list)
-    # The latest unresolved error ("line — after `command`"): the head of Blocked,
-    # never trimmed (a previous summary's is read back as its first Blocked item too).
-    pinned: str | None = None
+    # The unresolved errors ("line — after `command`"), newest first: the latest of
+    # this history, then the previous summary's if still unresolved (at most
+    # :data:`PINNED` in all). The head of Blocked, never trimmed; a previous summary's are
+    # read back as Blocked items too.
+    pinned: list[str] = field(default_factory=list)
 
     def items(self, key: str) -> list[str]:
         """The list of section ``key`` (one of the keys of :data:`HEADINGS` but goal)."""
@@ -780,9 +790,9 @@ def parse_summary(text: str) -> SummaryFacts:
     if turn.strip():
         facts.critical.insert(0, "Split turn: " + _one_line(turn, STATE_CHARS))
     for k, item in enumerate(facts.blocked):
-        if item.startswith(PINNED_LABEL):
-            facts.blocked[k] = facts.pinned = item.removeprefix(PINNED_LABEL).strip()
-            break
+        if item.startswith(PINNED_LABEL) and len(facts.pinned) < PINNED:
+            facts.blocked[k] = item.removeprefix(PINNED_LABEL).strip()
+            facts.pinned.append(facts.blocked[k])
     return facts
 
 
@@ -800,7 +810,7 @@ def _merge(new: SummaryFacts, old: SummaryFacts) -> SummaryFacts:
     original = _key(merged.original or "")
     merged.latest = _dedupe((t for t in later if _key(t) != original), CAPS["latest"])
     merged.focus = new.focus
-    merged.pinned = new.pinned or old.pinned
+    merged.pinned = _dedupe([*new.pinned, *old.pinned], PINNED, _blocked_key)
     focused = {_key(i) for i in new.focus}
     for key in LISTS:
         if key in ("in_progress", "next"):
@@ -834,7 +844,10 @@ def _render_list(facts: SummaryFacts, key: str) -> str:
         items = facts.focus + items
     elif key == "blocked" and facts.pinned:
         pinned = facts.pinned
-        items = [f"{PINNED_LABEL} {pinned}", *(i for i in items if not _same_error(i, pinned))]
+        items = [
+            *(f"{PINNED_LABEL} {p}" for p in pinned),
+            *(i for i in items if not any(_same_error(i, p) for p in pinned)),
+        ]
     body = "\n".join(f"- {i}" for i in items) if items else NONE_RECORDED
     return f"{HEADINGS[key]}\n{body}"
 
@@ -915,17 +928,19 @@ def extractive_summary(
     """
     history = _read(entries)
     facts = _extract(history, read_files, modified_files)
-    anchor = anchors.latest_unresolved_error(entries, history.outcomes)
-    facts.pinned = _pinned_item(anchor) if anchor is not None else None
+    unresolved = anchors.unresolved_errors(entries, PINNED, history.outcomes)
+    facts.pinned = [p for a in unresolved if (p := _pinned_item(a)) is not None]
     if instructions is not None and instructions.strip():
         _apply_focus(facts, entries, history, instructions.strip())
     previous = previous_summary if previous_summary is not None else history.context_summary
     if previous is not None and previous.strip():
         old = parse_summary(previous)
-        if facts.pinned is None and old.pinned is not None:
-            # The previous summary's unresolved error stays pinned until resolved.
-            command = _pinned_command(old.pinned)
-            if command is not None and anchors.is_resolved(command, entries, history.outcomes):
-                old.pinned = None
+        # The previous summary's unresolved errors stay pinned until resolved.
+        old.pinned = [
+            item
+            for item in old.pinned
+            if (command := _pinned_command(item)) is None
+            or not anchors.is_resolved(command, entries, history.outcomes)
+        ]
         facts = _merge(facts, old)
     return _render(facts, max(max_chars, 0))

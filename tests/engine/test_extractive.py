@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -12,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine import openai_format
+from app.engine.anchors import latest_unresolved_error
 from app.engine.extractive import (
+    ERROR_CHARS,
     NONE_RECORDED,
     SummaryFacts,
     extractive_summary,
@@ -542,3 +545,158 @@ def test_no_instructions_no_focus() -> None:
     summary = extractive_summary(SESSION)
     assert "Focus asked for" not in summary
     assert summary == extractive_summary(SESSION, instructions="   ")
+
+
+# --- The latest unresolved error ------------------------------------------------------
+
+PINNED = "Unresolved:"
+
+
+def blocked_lines(summary: str) -> list[str]:
+    return section(summary, "### Blocked").splitlines()
+
+
+def failing_session(command: str, output: str, *later: tuple[str, str]) -> list[Entry]:
+    entries = [user("Fix the failing import in `app/settings.py`."), assistant("", ("f", command))]
+    entries.append(result("f", output))
+    for k, (cmd, out) in enumerate(later):
+        entries += [assistant(f"Step {k}.", (f"l{k}", cmd)), result(f"l{k}", out)]
+    return entries
+
+
+@pytest.mark.parametrize(
+    ("output", "line"),
+    [
+        (
+            "<returncode>1</returncode>\nTraceback (most recent call last):\n"
+            '  File "manage.py", line 22, in <module>\n    main()\n'
+            "django.core.exceptions.ImproperlyConfigured: Requested setting DEBUG",
+            "django.core.exceptions.ImproperlyConfigured: Requested setting DEBUG",
+        ),
+        (
+            "<returncode>0</returncode>\n=== short test summary info ===\n"
+            "FAILED tests/test_settings.py::test_debug - KeyError: 'DEBUG'\n"
+            "======= 1 failed, 3 passed in 0.12s =======",
+            "FAILED tests/test_settings.py::test_debug - KeyError: 'DEBUG'",
+        ),
+        ("building\nsomething  broke   here\nExit code: 2", "something  broke   here"),
+        ("error: patch failed: app/settings.py:12", "error: patch failed: app/settings.py:12"),
+        ("bash: line 1: pytset: command not found", "bash: line 1: pytset: command not found"),
+        (
+            "thread 'main' panicked at src/main.rs:2:5:",
+            "thread 'main' panicked at src/main.rs:2:5:",
+        ),
+    ],
+)
+def test_the_latest_unresolved_error_opens_blocked_quoted_exactly(output: str, line: str) -> None:
+    command = "cd /app && python -m pytest tests/test_settings.py 2>&1 | tail -20"
+    summary = extractive_summary(
+        failing_session(command, output, ("ls", "<returncode>0</returncode>"))
+    )
+    assert blocked_lines(summary)[0] == f"- {PINNED} {line} — after `{command}`"
+    assert parse_summary(summary).pinned == [f"{line} — after `{command}`"]
+
+
+def test_a_resolved_error_is_not_pinned_but_still_listed() -> None:
+    fail = "<returncode>1</returncode>\nKeyError: 'DEBUG'"
+    ok = "<returncode>0</returncode>\nall good"
+    summary = extractive_summary(failing_session("python check.py", fail, ("python check.py", ok)))
+    assert blocked_lines(summary) == ["- KeyError: 'DEBUG' — after `python check.py`"]
+    assert PINNED not in summary
+
+
+def test_a_long_error_line_is_clipped_keeping_its_start() -> None:
+    line = "pkg.errors.VeryLongProblem: " + "detail " * 100
+    summary = extractive_summary(failing_session("python x.py", f"[exit 1]\n{line}"))
+    first = blocked_lines(summary)[0]
+    clipped = line.strip()[: ERROR_CHARS - 1].rstrip() + "…"
+    assert first == f"- {PINNED} {clipped} — after `python x.py`"
+
+
+def filler(steps: int) -> list[tuple[str, str]]:
+    return [
+        (
+            f"sed -n '{k},{k + 40}p' src/module_{k}.py",
+            "<returncode>0</returncode>\n" + "x = 1\n" * 200,
+        )
+        for k in range(steps)
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 40),
+    st.integers(1_000, 8_000),
+    st.sampled_from(
+        [
+            "<returncode>1</returncode>\nAssertionError: " + "a" * 400,
+            "FAILED tests/t.py::test_x - ValueError: bad",
+            "[exit 3]",
+            "Hunk #1 FAILED at 12.",
+        ]
+    ),
+)
+def test_the_pinned_error_survives_any_cut(steps: int, max_chars: int, output: str) -> None:
+    entries = failing_session("python -m pytest tests/t.py", output, *filler(steps))
+    entries[0] = user("Fix it. " + "Never break the API. " * 200)  # a long request
+    anchor = latest_unresolved_error(entries)
+    assert anchor is not None
+    summary = extractive_summary(entries, max_chars=max_chars, read_files=["a.py"] * 50)
+    assert len(summary) <= max_chars
+    pinned = parse_summary(summary).pinned
+    assert pinned
+    assert pinned[0].startswith(anchor.line[: ERROR_CHARS - 1].rstrip())
+
+
+def test_a_previous_summarys_unresolved_error_is_carried_until_resolved() -> None:
+    fail = "<returncode>1</returncode>\nKeyError: 'DEBUG'"
+    ok = "<returncode>0</returncode>\nall good"
+    first = extractive_summary(failing_session("python check.py", fail))
+    pinned = "KeyError: 'DEBUG' — after `python check.py`"
+    assert parse_summary(first).pinned == [pinned]
+    # Unrelated work: still unresolved.
+    second = extractive_summary(
+        [assistant("", ("a", "sed -i 's/x/y/' app/settings.py")), result("a", ok)],
+        previous_summary=first,
+    )
+    assert parse_summary(second).pinned == [pinned]
+    # A newer failure comes first; the older stays pinned after it.
+    third = extractive_summary(
+        [assistant("", ("b", "pytest tests/test_a.py")), result("b", "FAILED tests/test_a.py::t")],
+        previous_summary=second,
+    )
+    assert parse_summary(third).pinned == [
+        "FAILED tests/test_a.py::t — after `pytest tests/test_a.py`",
+        pinned,
+    ]
+    # The check runs again and goes well: the older is resolved, listed but not pinned.
+    fourth = extractive_summary(
+        [assistant("", ("c", "python check.py | tail")), result("c", ok)], previous_summary=third
+    )
+    assert parse_summary(fourth).pinned == [
+        "FAILED tests/test_a.py::t — after `pytest tests/test_a.py`"
+    ]
+    assert pinned in parse_summary(fourth).blocked
+    # The whole suite passes: nothing is pinned any more.
+    fifth = extractive_summary(
+        [assistant("", ("d", "pytest")), result("d", "===== 9 passed in 1.0s =====")],
+        previous_summary=fourth,
+    )
+    assert parse_summary(fifth).pinned == []
+    assert PINNED not in fifth
+
+
+@needs_traces
+@pytest.mark.parametrize("path", traces.trace_files(), ids=lambda p: p.name.split(".")[0])
+def test_real_trace_keeps_its_latest_unresolved_error_through_compactions(path: Path) -> None:
+    """Compacted in six steps at 2,000 characters: after each, the summary holds the
+    latest unresolved error of the whole history so far (carried forward)."""
+    entries = trace_entries(path)
+    cuts = [len(entries) * k // 6 for k in range(7)]
+    summary: str | None = None
+    for start, end in itertools.pairwise(cuts):
+        summary = extractive_summary(entries[start:end], previous_summary=summary, max_chars=2_000)
+        assert len(summary) <= 2_000
+        anchor = latest_unresolved_error(entries[:end])
+        if anchor is not None:
+            assert anchor.line[: ERROR_CHARS - 1].rstrip() in summary
