@@ -6,7 +6,9 @@ handed on whole, as the bytes the provider sent, as soon as its last line arrive
 accumulators read the same events:
 
 - OpenAI ``chat.completion.chunk`` objects: the deltas of ``content``, ``refusal``,
-  ``reasoning_content`` and ``tool_calls`` (by their ``index``, arguments concatenated),
+  ``reasoning_content`` and ``tool_calls`` (by their ``index``, arguments concatenated;
+  a name concatenated too, except a delta's that repeats the name so far, as some
+  providers repeat a call's whole name in each of its deltas),
   the ``finish_reason``, and the usage-only chunk that ``stream_options.include_usage``
   adds before ``data: [DONE]`` (dropped when the agent did not ask for it);
 - Anthropic events: ``message_start``, ``content_block_start``, ``content_block_delta``
@@ -175,8 +177,10 @@ class OpenAIStream:
                     slot.id = call["id"]
                 fn = call.get("function")
                 if isinstance(fn, dict):
-                    if isinstance(fn.get("name"), str):
-                        slot.name += fn["name"]
+                    name = fn.get("name")
+                    # Some providers (and proxies) repeat the whole name in later deltas.
+                    if isinstance(name, str) and name != slot.name:
+                        slot.name += name
                     if isinstance(fn.get("arguments"), str):
                         slot.arguments.append(fn["arguments"])
         reason = choice.get("finish_reason")

@@ -227,3 +227,40 @@ def test_anthropic_thinking_signature_and_a_bad_tool_input() -> None:
         broken.feed(event)
     assert broken.failed is not None
     assert not broken.complete
+
+
+def _call_chunks(*deltas: dict[str, Any]) -> bytes:
+    chunks = [
+        {"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [d]}, "finish_reason": None}]}
+        for d in deltas
+    ]
+    chunks.append(
+        {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+    )
+    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def test_a_tool_call_name_repeated_in_later_deltas_is_not_doubled() -> None:
+    """Some providers (and proxies in front of them) send a call's whole name again in
+    each of its deltas: the name is kept once. A name sent in pieces is joined."""
+    repeated = _call_chunks(
+        {"index": 0, "id": "c1", "type": "function", "function": {"name": "read_file"}},
+        {"index": 0, "function": {"name": "read_file", "arguments": '{"path": '}},
+        {"index": 0, "function": {"name": "read_file", "arguments": '"a.py"}'}},
+        {"index": 1, "id": "c2", "function": {"name": "ls", "arguments": ""}},
+        {"index": 1, "function": {"name": "ls", "arguments": "{}"}},
+    )
+    pieces = _call_chunks(
+        {"index": 0, "id": "c1", "type": "function", "function": {"name": "read"}},
+        {"index": 0, "function": {"name": "_file", "arguments": '{"path": "a.py"}'}},
+        {"index": 1, "id": "c2", "function": {"name": "ls", "arguments": "{}"}},
+    )
+    for data in (repeated, pieces):
+        reader = OpenAIStream(False)
+        for event in SseEvents().feed(data):
+            reader.feed(event)
+        assert reader.complete
+        calls = reader.message()["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["read_file", "ls"]
+        assert [c["function"]["arguments"] for c in calls] == ['{"path": "a.py"}', "{}"]
+        assert [c["id"] for c in calls] == ["c1", "c2"]
