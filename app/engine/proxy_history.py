@@ -25,6 +25,14 @@ sends its history back untouched, as agents do), only the messages after it are 
 and hashed. The point stops :data:`RAW_TAIL_MESSAGES` short of the end of the previous
 request, where agents move their cache markers.
 
+Pruning adds marks and leaves the stored messages as they were, so the chain (made of
+what was stored, and what the agent sends) is not touched by it. ``prune.erase`` does
+clear a stored tool output: the chain the proxy recorded before still holds its digest,
+and an erased entry that must be read again (the proxy catching up on entries it did not
+store, or locating a divergence) is matched *blind*, by what erasing leaves (its role, its
+name, the call it answers, whether it is an error): compactd no longer has the text to
+compare, and the chain goes on with the digest of what the agent sent.
+
 Pure: the caller reads the stored chain, and writes the new one.
 """
 
@@ -56,8 +64,7 @@ def _arguments(arguments: str) -> Any:
         return arguments.strip()
 
 
-def canonical(entry: Entry) -> bytes:
-    """The entry as SDKs send it back (see the module's docstring), as JSON bytes."""
+def _canonical_parts(entry: Entry) -> list[Any]:
     parts: list[Any] = []
     for part in entry.parts:
         kind = part["type"]
@@ -70,14 +77,52 @@ def canonical(entry: Entry) -> bytes:
             parts.append(["image", part.get("url"), part.get("media_type"), part.get("data")])
         elif kind != "reasoning":
             parts.append([kind, {k: v for k, v in part.items() if k != "extra"}])
+    return parts
+
+
+def canonical(entry: Entry) -> bytes:
+    """The entry as SDKs send it back (see the module's docstring), as JSON bytes."""
     return orjson.dumps(
-        [entry.role, entry.name, entry.tool_call_id, entry.is_error, parts],
+        [entry.role, entry.name, entry.tool_call_id, entry.is_error, _canonical_parts(entry)],
         option=orjson.OPT_SORT_KEYS,
     )
 
 
+def contentless(entry: Entry) -> bool:
+    """An assistant entry with nothing an SDK sends back: no text, no tool call (an empty
+    reply, or one of reasoning only). Agents keep such a reply in their history, or drop
+    it (Anthropic refuses an empty assistant message before the last)."""
+    return entry.role == "assistant" and not _canonical_parts(entry)
+
+
 def digest(entry: Entry) -> bytes:
     return hashlib.sha256(canonical(entry)).digest()
+
+
+def blind_digest(entry: Entry) -> bytes:
+    """What is left to compare of an entry whose content ``prune.erase`` cleared."""
+    return hashlib.sha256(
+        orjson.dumps(["erased", entry.role, entry.name, entry.tool_call_id, entry.is_error])
+    ).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored message entry read back for matching: its digest, or, when pruning erased
+    its content, its :func:`blind_digest`."""
+
+    digest: bytes
+    erased: bool = False
+
+    @classmethod
+    def of(cls, entry: Entry, erased: bool = False) -> Stored:
+        return cls(blind_digest(entry), True) if erased else cls(digest(entry))
+
+    def matches(self, entry: Entry, entry_digest: bytes | None = None) -> bool:
+        """Whether the request's ``entry`` (its digest if already made) is this one."""
+        if self.erased:
+            return blind_digest(entry) == self.digest
+        return (entry_digest or digest(entry)) == self.digest
 
 
 def extend(chain: bytes, digests: Iterable[bytes]) -> bytes:
@@ -165,21 +210,31 @@ class Matched:
 class Diverged:
     """The request's history is not the stored one (``stored_entries`` message entries)
     followed by new messages: ``shorter``, the request ended before the stored history
-    did; ``inside_message``, the stored history ends inside that request message (which
-    cannot be stored in part); else an entry differs."""
+    did (then ``entries`` and ``chain`` are its own: all of it matched the stored
+    history's first entries); ``inside_message``, the stored history ends inside that
+    request message (which cannot be stored in part); else an entry differs."""
 
     stored_entries: int
     shorter: bool = False
     inside_message: int | None = None
+    entries: int = field(default=0, compare=False)
+    chain: bytes = field(default=EMPTY_CHAIN, compare=False, repr=False)
 
 
 def match(
-    messages: Sequence[Any], known: Known, parse: ParseMessage, offset: int = 0
+    messages: Sequence[Any],
+    known: Known,
+    parse: ParseMessage,
+    offset: int = 0,
+    tail: Sequence[Stored] = (),
 ) -> Matched | Diverged:
     """Where the stored history ends in ``messages`` (the request's history, its system
     prompt left out: ``offset`` messages before it in the request), or that it does not.
-    Parses and hashes only what the raw fast path cannot skip; raises what ``parse``
-    raises for a message it parses."""
+    The stored history is ``known``'s entries followed by ``tail``, entries read back
+    whose chain is not known (one of them was erased before the proxy read it); the
+    request's entries are compared with those one by one. Parses and hashes only what
+    the raw fast path cannot skip; raises what ``parse`` raises for a message it parses."""
+    total = known.entry_count + len(tail)
     start, count, chain = 0, 0, EMPTY_CHAIN
     raw = RawDigest()
     fast = False
@@ -195,24 +250,41 @@ def match(
         else:
             raw = RawDigest()
     boundaries = [Boundary(start, count, chain)]
-    new_from = start if count == known.entry_count else None
-    if new_from is not None and chain != known.chain:
-        return Diverged(known.entry_count)
+    if count == known.entry_count and chain != known.chain:
+        return Diverged(total)
+    new_from = start if count == total else None
     for i in range(start, len(messages)):
         entries = parse(messages[i], f"messages[{i + offset}]")
         for entry in entries:
-            chain = hashlib.sha256(chain + digest(entry)).digest()
+            entry_digest = digest(entry)
+            if known.entry_count <= count < total and not tail[count - known.entry_count].matches(
+                entry, entry_digest
+            ):
+                return Diverged(total)
+            chain = hashlib.sha256(chain + entry_digest).digest()
             count += 1
             if count == known.entry_count and chain != known.chain:
-                return Diverged(known.entry_count)
-            if count > known.entry_count and new_from is None:
-                return Diverged(known.entry_count, inside_message=i)
+                return Diverged(total)
+            if count > total and new_from is None:
+                return Diverged(total, inside_message=i)
         boundaries.append(Boundary(i + 1, count, chain))
-        if count == known.entry_count:
+        if count == total:
             new_from = i + 1
     if new_from is None:
-        return Diverged(known.entry_count, shorter=True)
+        return Diverged(total, shorter=True, entries=count, chain=chain)
     return Matched(new_from, boundaries, fast, raw)
+
+
+def replays(found: Diverged, known: Known, tail: Sequence[Stored], last: Entry) -> bool:
+    """Whether the request whose history ``found`` refused is the stored history less
+    its last entry, ``last``, an assistant reply: the call that reply answered, sent
+    again (an SDK's retry of a call whose answer it did not read, say)."""
+    total = known.entry_count + len(tail)
+    if not found.shorter or found.entries != total - 1 or last.role != "assistant":
+        return False
+    if tail:  # the request's entries were compared with all the others
+        return not tail[-1].erased and tail[-1].matches(last)
+    return extend(found.chain, [digest(last)]) == known.chain
 
 
 def raw_point(matched: Matched, total: int) -> int:
@@ -239,7 +311,7 @@ def raw_known(matched: Matched, messages: Sequence[Any], entry_count: int, chain
 
 
 def first_difference(
-    messages: Sequence[Any], parse: ParseMessage, stored: Sequence[bytes], offset: int = 0
+    messages: Sequence[Any], parse: ParseMessage, stored: Sequence[Stored], offset: int = 0
 ) -> tuple[int, int]:
     """Where the request's history first differs from the stored one: the index of the
     first request message whose entries are not the stored ones (``len(messages)`` when
@@ -248,7 +320,7 @@ def first_difference(
     at = 0
     for i, raw in enumerate(messages):
         for entry in parse(raw, f"messages[{i + offset}]"):
-            if at >= len(stored) or digest(entry) != stored[at]:
+            if at >= len(stored) or not stored[at].matches(entry):
                 return i, at
             at += 1
     return len(messages), at

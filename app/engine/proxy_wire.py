@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from app.engine import anthropic_format, openai_format, tokens
 from app.engine.model import Entry, InvalidMessage
 from app.engine.openai_format import _type_name
@@ -85,9 +87,10 @@ def read_request(api: Api, body: Any) -> ProxyRequest:
         system = body.get("system")
         if system is not None and not isinstance(system, str | list):
             raise InvalidMessage("system", "must be a string or a list of text blocks")
+        _at_least_one(messages)
         return ProxyRequest(api, body, model, messages, 0, system, stream, False)
     n = body.get("n")
-    if n is not None and n != 1:
+    if n is not None and (type(n) is not int or n != 1):  # True == 1 in Python, 1.0 too
         raise InvalidMessage(
             "n",
             "must be 1 through the compactd proxy: it stores one reply per call, and the "
@@ -100,11 +103,18 @@ def read_request(api: Api, body: Any) -> ProxyRequest:
         and messages[offset].get("role") in ("system", "developer")
     ):
         offset += 1
+    _at_least_one(messages)
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and options.get("include_usage") is True
     return ProxyRequest(
         api, body, model, messages[offset:], offset, messages[:offset], stream, wants_usage
     )
+
+
+def _at_least_one(messages: list[Any]) -> None:
+    """As the providers refuse a request with no message (nothing is stored of it)."""
+    if not messages:
+        raise InvalidMessage("messages", "must hold at least one message")
 
 
 def system_text(request: ProxyRequest) -> str:
@@ -204,6 +214,175 @@ def reply_of(api: Api, data: Any) -> Reply:
         reason if isinstance(reason, str) else None,
         usage,
     )
+
+
+# A replayed reply (see :func:`replayed_body`) cost the provider nothing this time.
+_NO_USAGE: dict[Api, dict[str, int]] = {
+    "openai": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    "anthropic": {"input_tokens": 0, "output_tokens": 0},
+}
+REPLAY_ID: dict[Api, str] = {
+    "openai": "chatcmpl-compactd-replay",
+    "anthropic": "msg_compactd_replay",
+}
+
+
+def _openai_reply(message: dict[str, Any]) -> dict[str, Any]:
+    """A stored OpenAI assistant message as a completion's: its content a string."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        message = {**message, "content": "".join(t for t in texts if isinstance(t, str))}
+    return message
+
+
+def _finish_reason(api: Api, message: dict[str, Any]) -> str:
+    if api == "openai":
+        return "tool_calls" if message.get("tool_calls") else "stop"
+    uses = [b for b in message["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+    return "tool_use" if uses else "end_turn"
+
+
+def stored_reply(api: Api, entry: Entry) -> dict[str, Any]:
+    """A stored assistant entry as the reply its agent received: OpenAI's assistant
+    message, Anthropic's ``{"role": "assistant", "content": [blocks]}`` (with the keys
+    the provider sent that the store keeps aside)."""
+    if api == "openai":
+        return openai_format.render_message(entry, for_history=True)
+    _, messages = anthropic_format.render_messages([entry], for_history=True)
+    content: Any = messages[0]["content"] if messages else []
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}] if content else []
+    return {"role": "assistant", "content": content}
+
+
+def replayed_body(api: Api, message: dict[str, Any], model: str, created: int) -> dict[str, Any]:
+    """A whole response carrying ``message``, a reply already stored (OpenAI's assistant
+    message; Anthropic's ``{"role": "assistant", "content": [blocks]}``), for a call sent
+    again: its finish reason as the message shows it, its usage none."""
+    reason = _finish_reason(api, message)
+    if api == "openai":
+        return {
+            "id": REPLAY_ID[api],
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": _openai_reply(message),
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+            ],
+            "usage": dict(_NO_USAGE[api]),
+        }
+    return {
+        "id": REPLAY_ID[api],
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": message["content"],
+        "stop_reason": reason,
+        "stop_sequence": None,
+        "usage": dict(_NO_USAGE[api]),
+    }
+
+
+def _sse(data: Any, name: str | None = None) -> bytes:
+    head = b"" if name is None else b"event: " + name.encode() + b"\n"
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def replayed_events(
+    api: Api, message: dict[str, Any], model: str, created: int, wants_usage: bool
+) -> list[bytes]:
+    """:func:`replayed_body` as the API streams it, one server-sent event each (OpenAI's
+    usage chunk only if the agent asked for it)."""
+    reason = _finish_reason(api, message)
+    if api == "openai":
+        reply = _openai_reply(message)
+        base = {
+            "id": REPLAY_ID[api],
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return _sse({**base, "choices": [choice]})
+
+        first: dict[str, Any] = {"role": "assistant"}
+        if isinstance(reply.get("content"), str):
+            first["content"] = reply["content"]
+        out = [chunk(first)]
+        for key in ("refusal", "reasoning_content"):
+            if isinstance(reply.get(key), str):
+                out.append(chunk({key: reply[key]}))
+        for index, call in enumerate(reply.get("tool_calls") or ()):
+            out.append(chunk({"tool_calls": [{"index": index, **call}]}))
+        out.append(chunk({}, reason))
+        if wants_usage:
+            out.append(_sse({**base, "choices": [], "usage": dict(_NO_USAGE[api])}))
+        out.append(b"data: [DONE]\n\n")
+        return out
+    start = replayed_body(api, {"content": []}, model, created)
+    start["stop_reason"] = None
+    out = [_sse({"type": "message_start", "message": start}, "message_start")]
+    for index, block in enumerate(message["content"]):
+        out += _anthropic_block(index, block)
+    out.append(
+        _sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": None},
+                "usage": {"output_tokens": 0},
+            },
+            "message_delta",
+        )
+    )
+    out.append(_sse({"type": "message_stop"}, "message_stop"))
+    return out
+
+
+def _anthropic_block(index: int, block: dict[str, Any]) -> list[bytes]:
+    """One content block as its start, its deltas and its stop."""
+    kind = block.get("type")
+    deltas: list[dict[str, Any]] = []
+    start = dict(block)
+    if kind == "text":
+        start["text"] = ""
+        if block.get("text"):
+            deltas.append({"type": "text_delta", "text": block["text"]})
+        if "citations" in block:
+            start["citations"] = []
+            for citation in block["citations"] or ():
+                deltas.append({"type": "citations_delta", "citation": citation})
+    elif kind == "tool_use":
+        start["input"] = {}
+        if block.get("input"):
+            partial = orjson.dumps(block["input"]).decode()
+            deltas.append({"type": "input_json_delta", "partial_json": partial})
+    elif kind == "thinking":
+        start["thinking"] = ""
+        start.pop("signature", None)
+        if block.get("thinking"):
+            deltas.append({"type": "thinking_delta", "thinking": block["thinking"]})
+        if block.get("signature") is not None:
+            deltas.append({"type": "signature_delta", "signature": block["signature"]})
+    events = [
+        _sse(
+            {"type": "content_block_start", "index": index, "content_block": start},
+            "content_block_start",
+        )
+    ]
+    events += [
+        _sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta")
+        for d in deltas
+    ]
+    events.append(_sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    return events
 
 
 # When an overflow error does not say by how much the prompt was too long, the retry

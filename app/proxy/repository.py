@@ -30,11 +30,20 @@ WHERE s.id = $1 AND s.tenant_id = $2
 # The agent's history is the session's message entries: a compaction's summary and its
 # "continue" note are compactd's own entries.
 _MESSAGES_SQL = """
-SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form
+SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form,
+    erased_bytes IS NOT NULL AS erased
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq > $3 AND kind = 'message'
 ORDER BY seq
 LIMIT $4
+"""
+
+# One message entry whole, the keys its client sent that the store keeps aside included.
+_MESSAGE_SQL = """
+SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form,
+    erased_bytes IS NOT NULL AS erased, extra
+FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND seq = $3 AND kind = 'message'
 """
 
 _LAST_MESSAGE_SQL = """
@@ -70,25 +79,31 @@ class KnownRow:
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
+    """A stored message entry; ``erased``: pruning cleared its content (``prune.erase``)."""
+
     seq: int
     entry: Entry
+    erased: bool = False
 
 
-def _entry(row: Any) -> StoredMessage:
-    parts = row["parts"]
-    if isinstance(parts, str):
-        parts = orjson.loads(parts)
+def _json(value: Any) -> Any:
+    return orjson.loads(value) if isinstance(value, str) else value
+
+
+def _entry(row: Any, with_extra: bool = False) -> StoredMessage:
     return StoredMessage(
         row["seq"],
         Entry(
             role=row["role"],
-            parts=parts or [],
+            parts=_json(row["parts"]) or [],
             tool_call_id=row["tool_call_id"],
             tool_name=row["tool_name"],
             is_error=row["is_error"],
             name=row["name"],
             content_form=row["content_form"],
+            extra=(_json(row["extra"]) or {}) if with_extra else {},
         ),
+        row["erased"],
     )
 
 
@@ -123,6 +138,11 @@ class ProxyRepository:
         """The message entries after ``seq``, oldest first, at most ``limit``."""
         rows = await driver.fetch(_MESSAGES_SQL, session_id, self.tenant_id, seq, limit)
         return [_entry(r) for r in rows]
+
+    async def message_at(self, driver: Driver, session_id: str, seq: int) -> StoredMessage | None:
+        """The message entry ``seq``, with the keys its client sent (None if it is not one)."""
+        row = await driver.fetchrow(_MESSAGE_SQL, session_id, self.tenant_id, seq)
+        return None if row is None else _entry(row, with_extra=True)
 
     async def last_message_after(self, driver: Driver, session_id: str, seq: int) -> int | None:
         """The seq of the session's last message entry after ``seq``, if any."""

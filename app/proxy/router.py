@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -18,7 +19,7 @@ from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.engine.proxy_wire import Api
 from app.proxy.forward import ProxyClient
-from app.proxy.service import SESSION_HEADER, EventStream, ProxyService
+from app.proxy.service import SESSION_HEADER, Delivery, EventStream, ProxyService
 
 router = APIRouter(prefix="/proxy", tags=["proxy"])
 
@@ -113,7 +114,39 @@ async def _call(api: Api, request: Request, tenant: str, engine: Any, settings: 
     )
     if answer.stream is not None:
         return _Streamed(answer.stream, answer.status, answer.headers, answer.media_type)
+    if answer.delivery is not None:
+        return _Delivered(answer.delivery, answer.body, answer.status, answer.headers)
     return Response(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+async def _hung_up(receive: Receive) -> bool:
+    """Whether the client has closed its connection already (waits for nothing)."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # receive() answers at once with a disconnect, else is cancelled
+        message = await receive()
+        return bool(message["type"] == "http.disconnect")
+    return False
+
+
+class _Delivered(Response):
+    """A whole reply that is stored only if it goes out to the agent: an agent that hung
+    up while the model was answering (its SDK timed out, and may be retrying) never got
+    it. Its delivery is told exactly once, however the response ends."""
+
+    def __init__(
+        self, delivery: Delivery, body: bytes, status: int, headers: dict[str, str]
+    ) -> None:
+        super().__init__(body, status_code=status, headers=headers)
+        self.delivery = delivery
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sent = False
+        try:
+            gone = await _hung_up(receive)
+            await super().__call__(scope, receive, send)
+            sent = not gone
+        finally:
+            self.delivery(sent)
 
 
 class _Streamed(StreamingResponse):

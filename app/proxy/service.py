@@ -9,7 +9,10 @@ One call, in order:
    one followed by new messages. A request that diverges (an edited, dropped or
    reordered message, or a history shorter than the stored one) is refused with a 409
    naming the first message that differs; nothing is stored. compactd keeps one linear
-   history per session, and never mixes two.
+   history per session, and never mixes two. A request that is the stored history less
+   its last message, an assistant reply, is the call that reply answered sent again (an
+   SDK's retry of an answer sent but not read): it gets that reply again, from the
+   store, with no upstream call (:meth:`ProxyService._replay`).
 3. The new messages are appended (:class:`app.messages.service.AppendService`, with the
    session's version as ``If-Match``), and the context is read as ``GET /context`` reads
    it (which records the version served).
@@ -21,17 +24,23 @@ One call, in order:
    :mod:`app.budget`: prune, and an emergency compaction when that is not enough) and
    the call retried once, only if the context is now smaller; any other error passes
    through with its status and body.
-6. Once the reply is complete, and on its way to the agent: its usage is reported (with
-   the stop reason and the context version sent), the reply stored, and the proxy's
-   record of the history moved on. A stream that breaks off, or carries an error,
-   stores nothing of the reply. The agent does not wait for the storing; its next call
-   on the session does (it waits for the session's turn), so it always finds its reply
-   stored. A read of the session (GET .../messages) right after a call may come before
-   the reply is stored: it is, a few milliseconds later.
+6. Once the reply is complete: its usage is reported (with the stop reason and the
+   context version sent) and, once it has gone out to the agent, the reply is stored
+   and the proxy's record of the history moved on. A whole reply the agent hung up on
+   before it was sent (its SDK timed out) is not stored (:class:`Delivery`), nor
+   anything of a stream that breaks off, carries an error, or loses its agent before
+   its last event: what the agent did not get is not its history (and should it have
+   got it after all, its next call carries it, and stores it). A reply with nothing to
+   send back (no text, no tool call) waits for the agent's next call to carry it, or
+   not. The agent does not wait for the storing; its next call on the session does (it
+   waits for the session's turn), so it always finds its reply stored. A read of the
+   session (GET .../messages) right after a call may come before the reply is stored:
+   it is, a few milliseconds later.
 
 Calls on one session are served one at a time in a process (:class:`_Turns`): the
 second waits for the first to end, then is matched against the history the first left
-(so a second call that does not carry the first one's reply diverges, 409). Across
+(so a second call that does not carry the first one's reply diverges, 409, and one
+with the same history as the first is answered with its reply). Across
 processes, appends carry the session's version (``If-Match``), and a reply is stored
 only if no message was stored after the call's own; otherwise it is left out, and the
 agent's next call, which carries it, stores it as its own.
@@ -43,6 +52,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -76,11 +86,14 @@ from app.engine.proxy_history import (
     Diverged,
     Known,
     Matched,
+    Stored,
+    contentless,
     digest,
     extend,
     first_difference,
     match,
     raw_known,
+    replays,
 )
 from app.engine.proxy_stream import (
     AnthropicStream,
@@ -97,8 +110,11 @@ from app.engine.proxy_wire import (
     UnreadableReply,
     overhead_tokens,
     read_request,
+    replayed_body,
+    replayed_events,
     reply_of,
     retry_target,
+    stored_reply,
     upstream_body,
 )
 from app.engine.storable import find_unstorable
@@ -107,7 +123,7 @@ from app.messages.schemas import AppendRequest
 from app.messages.service import AppendService, oversized_arguments
 from app.proxy.errors import BadGateway, GatewayTimeout
 from app.proxy.forward import ProxyClient, agent_headers, upstream_headers, upstream_url
-from app.proxy.repository import ProxyRepository
+from app.proxy.repository import ProxyRepository, StoredMessage
 from app.sessions import service as sessions
 from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate
 from app.store.session_row import locked, read_state
@@ -159,10 +175,24 @@ class EventStream:
             await self._on_unstarted()
 
 
+class Delivery:
+    """What a whole reply leaves to do once its response has ended, told exactly once
+    whether its body went out to an agent still connected (only then is it stored)."""
+
+    def __init__(self, then: Callable[[bool], None]) -> None:
+        self._then: Callable[[bool], None] | None = then
+
+    def __call__(self, sent: bool) -> None:
+        then, self._then = self._then, None
+        if then is not None:
+            then(sent)
+
+
 @dataclass(slots=True)
 class Answer:
     """What goes back to the agent: a whole body, or a stream of events (close it once
-    the response has ended)."""
+    the response has ended). A whole reply to store comes with its ``delivery``: tell it,
+    once the response has ended, whether the body was sent."""
 
     status: int
     headers: dict[str, str]
@@ -171,6 +201,7 @@ class Answer:
     media_type: str = "application/json"
     # The session's turn passed on to what the call left to do (storing its reply).
     holds_turn: bool = False
+    delivery: Delivery | None = None
 
 
 @dataclass(slots=True)
@@ -321,8 +352,10 @@ class ProxyService:
         )
         handed_over = False
         try:
-            call = await self._prepare(request, session_id, len(body), headers)
-            answer = await self._exchange(call, release)
+            prepared = await self._prepare(request, session_id, len(body), headers)
+            if isinstance(prepared, StoredMessage):
+                return self._replayed(request, session_id, prepared)
+            answer = await self._exchange(prepared, release)
             handed_over = answer.holds_turn
             return answer
         finally:
@@ -337,20 +370,24 @@ class ProxyService:
         session_id: str,
         body_bytes: int,
         raw_headers: list[tuple[bytes, bytes]],
-    ) -> _Call:
-        """Match the request against the stored history and store its new messages."""
+    ) -> _Call | StoredMessage:
+        """Match the request against the stored history and store its new messages; or,
+        for a request sent again whose reply is stored, that reply (see :meth:`_replay`)."""
         parse = PARSERS[request.api]
         # The system prompt and the tools: the session's overhead, set with the append
         # (so its verdict counts them), and again by the usage report.
         overhead = _overhead(request, catalog.lookup(request.model).encoding)
         created = False
         for _ in range(ATTEMPTS):
+            tail: list[Stored] = []
             async with driver_connection(self.engine) as driver:
                 row = await self.repo.known(driver, session_id)
                 if row is not None:
                     known, last_seq = row.known, row.last_seq
                     if row.behind:
-                        known, last_seq = await self._caught_up(driver, session_id, known, last_seq)
+                        known, last_seq, tail = await self._caught_up(
+                            driver, session_id, known, last_seq
+                        )
             if row is None:
                 if created:  # pragma: no cover - deleted at once after its creation
                     raise Conflict(f"session {session_id!r} was deleted during the call")
@@ -359,11 +396,14 @@ class ProxyService:
                 continue
             try:
                 found = await run_sized(
-                    body_bytes, match, request.messages, known, parse, request.offset
+                    body_bytes, match, request.messages, known, parse, request.offset, tail
                 )
             except InvalidMessage as exc:
                 raise _invalid(exc) from None
             if isinstance(found, Diverged):
+                replayed = await self._replay(session_id, found, known, tail, last_seq)
+                if replayed is not None:
+                    return replayed
                 raise await self._diverged(request, session_id, found)
             new = request.messages[found.new_from :]
             if new:
@@ -402,24 +442,77 @@ class ProxyService:
 
     async def _caught_up(
         self, driver: Driver, session_id: str, known: Known, last_seq: int
-    ) -> tuple[Known, int]:
+    ) -> tuple[Known, int, list[Stored]]:
         """``known`` extended over the message entries stored after ``last_seq`` by
-        others than the proxy (the /v1 API, another process)."""
+        others than the proxy (the /v1 API, another process), and the seq of the last.
+        From the first of them whose content pruning erased on, they are left as a tail
+        for the request to be compared with (their chain cannot be made from the store)."""
+        tail: list[Stored] = []
         while True:
             rows = await self.repo.messages_after(driver, session_id, last_seq, PAGE)
             if not rows:
-                return known, last_seq
-            known = Known(
-                entry_count=known.entry_count + len(rows),
-                chain=extend(known.chain, (digest(r.entry) for r in rows)),
-                raw_count=known.raw_count,
-                raw_digest=known.raw_digest,
-                raw_entry_count=known.raw_entry_count,
-                raw_chain=known.raw_chain,
-            )
+                return known, last_seq, tail
+            chained = 0
+            while not tail and chained < len(rows) and not rows[chained].erased:
+                chained += 1
+            if chained:
+                known = Known(
+                    entry_count=known.entry_count + chained,
+                    chain=extend(known.chain, (digest(r.entry) for r in rows[:chained])),
+                    raw_count=known.raw_count,
+                    raw_digest=known.raw_digest,
+                    raw_entry_count=known.raw_entry_count,
+                    raw_chain=known.raw_chain,
+                )
+            tail += (Stored.of(r.entry, r.erased) for r in rows[chained:])
             last_seq = rows[-1].seq
             if len(rows) < PAGE:
-                return known, last_seq
+                return known, last_seq, tail
+
+    async def _replay(
+        self, session_id: str, found: Diverged, known: Known, tail: list[Stored], last_seq: int
+    ) -> StoredMessage | None:
+        """The stored reply, when the request is exactly the one that reply answered, sent
+        again: the stored history less its last message, an assistant reply (an SDK
+        retrying a call whose answer it did not read, or a second call with the same
+        history). It is answered with that reply, not a new one: the stored history stays
+        what the agent sent and received."""
+        if not found.shorter or found.entries != found.stored_entries - 1:
+            return None
+        async with driver_connection(self.engine) as driver:
+            last = await self.repo.message_at(driver, session_id, last_seq)
+        if last is None or last.erased or not replays(found, known, tail, last.entry):
+            return None
+        return last
+
+    def _replayed(self, request: ProxyRequest, session_id: str, stored: StoredMessage) -> Answer:
+        """The answer to a call sent again: its stored reply, whole or streamed, with no
+        upstream call (so no usage) and nothing stored."""
+        log.info(
+            "proxied call sent again: answered with its stored reply",
+            extra={"session_id": session_id, "seq": stored.seq},
+        )
+        message = stored_reply(request.api, stored.entry)
+        created = int(time.time())
+        headers = {"x-compactd-replay": str(stored.seq)}
+        if not request.stream:
+            body = orjson.dumps(replayed_body(request.api, message, request.model, created))
+            return Answer(200, {**headers, "content-type": "application/json"}, body)
+        events = replayed_events(request.api, message, request.model, created, request.wants_usage)
+
+        async def stream() -> AsyncGenerator[bytes, None]:
+            for event in events:
+                yield event
+
+        async def unstarted() -> None:
+            pass
+
+        return Answer(
+            200,
+            {**headers, "cache-control": "no-cache"},
+            stream=EventStream(stream(), unstarted),
+            media_type="text/event-stream",
+        )
 
     async def _create(self, session_id: str, model: str) -> None:
         async with self.sessionmaker() as db:
@@ -438,12 +531,12 @@ class ProxyService:
     ) -> ProblemError:
         """The 409 for a request whose history is not the stored one plus new messages,
         naming the first message that differs (the stored digests are read only here)."""
-        stored: list[bytes] = []
+        stored: list[Stored] = []
         async with driver_connection(self.engine) as driver:
             after = 0
             while True:
                 rows = await self.repo.messages_after(driver, session_id, after, PAGE)
-                stored.extend(digest(r.entry) for r in rows)
+                stored.extend(Stored.of(r.entry, r.erased) for r in rows)
                 if len(rows) < PAGE:
                     break
                 after = rows[-1].seq
@@ -553,6 +646,7 @@ class ProxyService:
                 holds_turn=True,
             )
         raw = await _read(response, MAX_REPLY_BYTES)
+        headers = agent_headers(response.headers)
         try:
             reply = reply_of(call.request.api, orjson.loads(raw))
         except (orjson.JSONDecodeError, UnreadableReply) as exc:
@@ -561,9 +655,24 @@ class ProxyService:
                 extra={"session_id": call.session_id, "reason": str(exc)},
             )
             self._later(call, self._record(call), release)
-        else:
-            self._later(call, self._finish(call, reply), release)
-        return Answer(response.status_code, agent_headers(response.headers), raw, holds_turn=True)
+            return Answer(response.status_code, headers, raw, holds_turn=True)
+
+        def delivered(sent: bool) -> None:
+            if sent:
+                self._later(call, self._finish(call, reply), release)
+                return
+            # The agent gave up waiting (its SDK may be retrying): a reply it never got
+            # is not its history. The call's new messages are, and recorded; the tokens
+            # the provider spent on it are reported all the same.
+            log.warning(
+                "proxied reply not stored: the agent hung up before it was sent",
+                extra={"session_id": call.session_id},
+            )
+            self._later(call, self._unsent(call, reply), release)
+
+        return Answer(
+            response.status_code, headers, raw, holds_turn=True, delivery=Delivery(delivered)
+        )
 
     def _later(
         self, call: _Call, work: Coroutine[Any, Any, None], release: Callable[[], None]
@@ -689,6 +798,13 @@ class ProxyService:
         finally:
             await self._record(call)
 
+    async def _unsent(self, call: _Call, reply: Reply) -> None:
+        """Report the usage of a reply the agent never got, and record the history."""
+        try:
+            await self._report(call, reply)
+        finally:
+            await self._record(call)
+
     async def _report(self, call: _Call, reply: Reply) -> None:
         if reply.usage is None:
             return
@@ -719,6 +835,15 @@ class ProxyService:
             log.warning(
                 "proxied reply not stored: the store refuses it",
                 extra={"session_id": call.session_id, "reason": f"{exc.path}: {exc.detail}"},
+            )
+            return
+        if all(contentless(e) for e in entries):
+            # Nothing in it to match (no text, no tool call): agents keep such a reply, or
+            # drop it (Anthropic refuses an empty assistant message before the last). It
+            # is stored if the agent's next call carries it, as one of its new messages.
+            log.info(
+                "proxied reply not stored yet: it has no content",
+                extra={"session_id": call.session_id},
             )
             return
         appender = AppendService(self.engine, self.tenant_id)

@@ -15,12 +15,15 @@ from app.engine.proxy_history import (
     Diverged,
     Known,
     Matched,
+    Stored,
     canonical,
+    contentless,
     digest,
     extend,
     first_difference,
     match,
     raw_known,
+    replays,
 )
 from app.engine.proxy_wire import PARSERS
 from tests.engine.strategies import anthropic_conversations, openai_conversations
@@ -158,7 +161,7 @@ def test_an_edited_or_dropped_message_diverges_where_it_differs(
     messages: list[Any], data: st.DataObject
 ) -> None:
     known = stored(messages, OPENAI)
-    digests = [digest(e) for e in entries_of(messages, OPENAI)]
+    digests = [Stored.of(e) for e in entries_of(messages, OPENAI)]
     i = data.draw(st.integers(0, len(messages) - 1))
     edited = copy.deepcopy(messages)
     if data.draw(st.booleans()):
@@ -173,7 +176,7 @@ def test_an_edited_or_dropped_message_diverges_where_it_differs(
     assert isinstance(found, Diverged)
     index, at = first_difference(edited, OPENAI, digests)
     assert index <= i
-    assert [digest(e) for e in entries_of(edited[:index], OPENAI)] == digests[:at]
+    assert [Stored.of(e) for e in entries_of(edited[:index], OPENAI)] == digests[:at]
 
 
 def test_a_shorter_history_diverges() -> None:
@@ -185,7 +188,7 @@ def test_a_shorter_history_diverges() -> None:
     known = stored(messages, OPENAI)
     found = match(messages[:2], known, OPENAI)
     assert found == Diverged(3, shorter=True)
-    digests = [digest(e) for e in entries_of(messages, OPENAI)]
+    digests = [Stored.of(e) for e in entries_of(messages, OPENAI)]
     assert first_difference(messages[:2], OPENAI, digests) == (2, 2)
 
 
@@ -259,3 +262,105 @@ def test_a_message_the_store_refuses_is_named_with_the_request_offset() -> None:
             2,
         )
     assert refused.value.path == "messages[3].role"
+
+
+def test_a_call_sent_again_is_the_stored_history_less_its_last_reply() -> None:
+    history: list[Any] = [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "three"},
+        {"role": "assistant", "content": "four"},
+    ]
+    known = stored(history, OPENAI)
+    last = OPENAI(history[3], "reply")[0]
+    again = match(history[:3], known, OPENAI)
+    assert isinstance(again, Diverged)
+    assert replays(again, known, (), last)
+    # The same call re-serialised by an SDK is the same call.
+    resent = match([resend_openai(m) for m in history[:3]], known, OPENAI)
+    assert isinstance(resent, Diverged)
+    assert replays(resent, known, (), last)
+    # Shorter by more than the reply, or ending in another history: not that call.
+    for request in (history[:2], history[:1], [*history[:2], {"role": "user", "content": "3"}]):
+        found = match(request, known, OPENAI)
+        assert isinstance(found, Diverged)
+        assert not replays(found, known, (), last)
+    # The stored history's last message is the agent's own, not a reply.
+    mine = stored(history[:3], OPENAI)
+    found = match(history[:2], mine, OPENAI)
+    assert isinstance(found, Diverged)
+    assert not replays(found, mine, (), OPENAI(history[2], "user")[0])
+    # Another reply than the stored one.
+    assert not replays(again, known, (), OPENAI({"role": "assistant", "content": "4"}, "r")[0])
+
+
+def _tool_turn(i: int, output: str) -> list[Any]:
+    call = {"id": f"call_{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": output},
+    ]
+
+
+def test_entries_pruning_erased_are_matched_blind() -> None:
+    """An erased tool output, read back after the proxy's record (stored through /v1,
+    say), no longer holds the text the agent re-sends: it is matched by the call it
+    answers, and the chain goes on with what the agent sent."""
+    head: list[Any] = [{"role": "user", "content": "read them"}]
+    turns = [m for i in range(3) for m in _tool_turn(i, f"the long output {i}\n" * 50)]
+    history = [*head, *turns, {"role": "assistant", "content": "Read."}]
+    known = stored(head, OPENAI)
+    entries = entries_of(history[1:], OPENAI)
+    erased = [1, 3]  # the first two outputs
+    placeholder = {"role": "tool", "content": "[Old tool result content cleared]"}
+    tail = [
+        Stored.of(
+            OPENAI({**placeholder, "tool_call_id": e.tool_call_id}, "x")[0] if k in erased else e,
+            erased=k in erased,
+        )
+        for k, e in enumerate(entries)
+    ]
+    request = [*history, {"role": "user", "content": "and now?"}]
+    found = match(request, known, OPENAI, 0, tail)
+    assert isinstance(found, Matched)
+    assert found.new_from == len(history)
+    # The chain goes on with the text the agent sent.
+    assert found.boundary(len(history)).chain == stored(history, OPENAI).chain
+    # An erased output answering another call, or another text where none was erased.
+    for k, changed in ((2, {"tool_call_id": "call_9"}), (6, {"content": "other"})):
+        edited = [*request]
+        edited[k] = {**edited[k], **changed}
+        assert isinstance(match(edited, known, OPENAI, 0, tail), Diverged)
+        every = [Stored.of(e) for e in entries_of(head, OPENAI)] + tail
+        assert first_difference(edited, OPENAI, every) == (k, k)
+    assert (
+        first_difference(request, OPENAI, [Stored.of(e) for e in entries_of(head, OPENAI)] + tail)[
+            1
+        ]
+        == len(entries) + 1
+    )
+    # The call before the last reply, sent again, is still a replay with a tail.
+    last = entries[-1]
+    again = match(history[:-1], known, OPENAI, 0, tail)
+    assert isinstance(again, Diverged)
+    assert replays(again, known, tail, last)
+
+
+def test_a_reply_with_nothing_to_send_back_is_contentless() -> None:
+    empty: Any
+    for empty in (
+        {"role": "assistant", "content": []},
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "hm", "signature": "s"}],
+        },
+    ):
+        assert all(contentless(e) for e in ANTHROPIC(empty, "r"))
+    for empty in ({"role": "assistant", "content": ""}, {"role": "assistant", "content": None}):
+        assert contentless(OPENAI(empty, "r")[0])
+    for full in (
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": None, "tool_calls": _tool_turn(0, "")[0]["tool_calls"]},
+    ):
+        assert not contentless(OPENAI(full, "r")[0])

@@ -9,10 +9,13 @@ import pytest
 from app.engine import tokens
 from app.engine.model import InvalidMessage
 from app.engine.overflow_errors import OverflowMatch, classify
+from app.engine.proxy_stream import AnthropicStream, OpenAIStream, SseEvents
 from app.engine.proxy_wire import (
     UnreadableReply,
     overhead_tokens,
     read_request,
+    replayed_body,
+    replayed_events,
     reply_of,
     retry_target,
     upstream_body,
@@ -92,12 +95,103 @@ def test_anthropic_system_prompt_and_the_context_s_own_system_blocks() -> None:
         ("openai", {"model": "m", "messages": [], "n": 2}, "n"),
         ("anthropic", {"model": "m", "messages": [], "system": 3}, "system"),
         ("anthropic", {"model": "m" * 201, "messages": []}, "model"),
+        # bool is int in Python, and True == 1: n must be the integer 1 itself.
+        ("openai", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": True}, "n"),
+        ("openai", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 1.0}, "n"),
+        ("openai", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": "1"}, "n"),
+        # The providers refuse a call with no message.
+        ("openai", {"model": "m", "messages": []}, "messages"),
+        ("openai", {"model": "m"}, "messages"),
+        ("anthropic", {"model": "m", "messages": []}, "messages"),
     ],
 )
 def test_a_request_the_proxy_cannot_use_names_its_field(api: Any, body: Any, field: str) -> None:
     with pytest.raises(InvalidMessage) as refused:
         read_request(api, body)
     assert refused.value.path == field
+
+
+def test_n_of_one_and_a_history_of_system_messages_only_are_read() -> None:
+    hello = [{"role": "user", "content": "hi"}]
+    assert read_request("openai", {"model": "m", "messages": hello, "n": 1}).messages == hello
+    assert read_request("openai", {"model": "m", "messages": hello, "n": None}).messages == hello
+    system = [{"role": "system", "content": "Be brief."}]
+    assert read_request("openai", {"model": "m", "messages": system}).messages == []
+
+
+OPENAI_REPLIES: list[dict[str, Any]] = [
+    {"role": "assistant", "content": "Paris.", "refusal": None, "annotations": []},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "read", "arguments": '{"path": "a b.py"}'},
+            },
+        ],
+    },
+    {"role": "assistant", "content": "Let me look.", "reasoning_content": "Think first."},
+    {"role": "assistant", "content": ""},
+]
+ANTHROPIC_REPLIES: list[dict[str, Any]] = [
+    {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "Which file?", "signature": "sig-1"},
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.py"}},
+            {"type": "tool_use", "id": "t2", "name": "ls", "input": {}},
+        ],
+    },
+    {"role": "assistant", "content": []},
+]
+
+
+@pytest.mark.parametrize("message", OPENAI_REPLIES)
+@pytest.mark.parametrize("wants_usage", [False, True])
+def test_a_stored_openai_reply_replays_whole_and_streamed(
+    message: dict[str, Any], wants_usage: bool
+) -> None:
+    """A call sent again gets its stored reply: the same message whether whole or
+    streamed (as the stream's accumulator reads it back), its usage none."""
+    body = replayed_body("openai", message, "gpt-4o", 1_700_000_000)
+    assert body["choices"][0]["message"] == message
+    assert body["choices"][0]["finish_reason"] == (
+        "tool_calls" if "tool_calls" in message else "stop"
+    )
+    assert body["usage"]["total_tokens"] == 0
+    assert reply_of("openai", body).message == message
+    reader = OpenAIStream(wants_usage)
+    events = SseEvents().feed(
+        b"".join(replayed_events("openai", message, "gpt-4o", 1_700_000_000, wants_usage))
+    )
+    passed = [e for e in events if reader.feed(e)]
+    assert reader.complete
+    assert reader.finish_reason == body["choices"][0]["finish_reason"]
+    expected = {k: v for k, v in message.items() if k not in ("refusal", "annotations")}
+    assert reader.message() == expected
+    assert (reader.usage is not None) == wants_usage
+    assert len(passed) == len(events)
+
+
+@pytest.mark.parametrize("message", ANTHROPIC_REPLIES)
+def test_a_stored_anthropic_reply_replays_whole_and_streamed(message: dict[str, Any]) -> None:
+    body = replayed_body("anthropic", message, "claude-sonnet-4-6", 0)
+    assert reply_of("anthropic", body).message == message
+    uses = [b for b in message["content"] if b["type"] == "tool_use"]
+    assert body["stop_reason"] == ("tool_use" if uses else "end_turn")
+    reader = AnthropicStream()
+    for event in SseEvents().feed(
+        b"".join(replayed_events("anthropic", message, "claude-sonnet-4-6", 0, False))
+    ):
+        reader.feed(event)
+    assert reader.complete
+    assert reader.finish_reason == body["stop_reason"]
+    assert reader.message() == message
 
 
 def test_replies_in_either_shape() -> None:

@@ -18,7 +18,7 @@ from tests.proxy.support import (
     proxy,
     settled,
 )
-from tests.upstream_server import BreakStream, Reply, ToolCalls, Upstream
+from tests.upstream_server import BreakStream, Empty, Reply, ToolCalls, Upstream
 
 MODEL = "claude-sonnet-4-6"
 BUDGET = 200_000 - 32_000
@@ -257,3 +257,59 @@ async def test_two_claude_agents_at_once(
         async with api(base) as http:
             await assert_stored(http, "claude-a", "anthropic", one)
             await assert_stored(http, "claude-b", "anthropic", two)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("keeps_it", [True, False])
+async def test_an_empty_reply_is_handled_and_the_next_call_matches(
+    db_url: str, settings: Settings, upstream: Upstream, stream: bool, keeps_it: bool
+) -> None:
+    """The model stops at once: ``content: []``, ``end_turn``. The agent may keep that
+    empty message in its history, or drop it (Anthropic refuses an empty assistant
+    message before the last): either way its next call is matched, and the stored
+    history is what it sent and received."""
+    upstream.script([Empty(), Reply("Here it is."), Reply("You are welcome.")])
+    sid = f"claude-empty-{stream}-{keeps_it}"
+    with proxy(settings, db_url, upstream) as base:
+        async with anthropic_client(base, sid) as client:
+            history: list[Any] = [{"role": "user", "content": "Say something."}]
+            empty: anthropic.types.Message
+            if stream:
+                async with client.messages.stream(
+                    model=MODEL, max_tokens=64, messages=history
+                ) as streamed:
+                    empty = await streamed.get_final_message()
+            else:
+                empty = await client.messages.create(model=MODEL, max_tokens=64, messages=history)
+            assert empty.content == []
+            assert empty.stop_reason == "end_turn"
+            if keeps_it:
+                history.append(anthropic_message(empty))
+            for text in ("Please, say something.", "Thanks."):
+                history.append({"role": "user", "content": text})
+                reply = await client.messages.create(model=MODEL, max_tokens=64, messages=history)
+                history.append(anthropic_message(reply))
+        assert history[-1]["content"] == [{"type": "text", "text": "You are welcome."}]
+        for request in upstream.requests:
+            assert_valid_upstream(request, "anthropic", budget=BUDGET)
+        async with api(base) as http:
+            await assert_stored(http, sid, "anthropic", history)
+            session = (await http.get(f"/v1/sessions/{sid}")).json()
+        assert session["usage_count"] == 3  # the empty reply's usage is reported too
+
+
+async def test_a_request_with_no_message_is_refused_in_anthropic_s_shape(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    with proxy(settings, db_url, upstream) as base:
+        async with anthropic_client(base, "claude-no-message") as client:
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                await client.messages.create(model=MODEL, max_tokens=64, messages=[])
+        body = refused.value.body
+        assert isinstance(body, dict)
+        assert body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"] == "messages: must hold at least one message"
+        assert upstream.requests == []
+        async with api(base) as http:  # nothing stored: not even the session
+            assert (await http.get("/v1/sessions/claude-no-message")).status_code == 404

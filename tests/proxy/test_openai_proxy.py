@@ -17,6 +17,7 @@ from tests.proxy.support import (
     openai_client,
     openai_stream_message,
     proxy,
+    stored_history,
 )
 from tests.upstream_server import BreakStream, Reply, SlowStream, Status, ToolCalls, Upstream
 
@@ -287,10 +288,17 @@ async def test_a_diverged_history_is_refused_and_stores_nothing(
             assert "diverges" in error["message"]
             assert refused.value.response.headers["x-should-retry"] == "false"
 
-            # A history that dropped the last reply is refused too (it is shorter).
+            # A history that dropped the last reply and goes on is refused too, and so is
+            # a shorter one (the call before the last sent again is not: see
+            # test_a_call_sent_again_gets_its_stored_reply).
+            skipped = [*history, {"role": "user", "content": "Skip that one."}]
+            with pytest.raises(openai.ConflictError) as dropped:
+                await client.chat.completions.create(model="gpt-4o", messages=skipped)
+            assert dropped.value.body["first_difference"] == 3  # type: ignore[index]
             with pytest.raises(openai.ConflictError) as shorter:
-                await client.chat.completions.create(model="gpt-4o", messages=history)
-            assert shorter.value.body["first_difference"] == 3  # type: ignore[index]
+                await client.chat.completions.create(model="gpt-4o", messages=history[:1])
+            assert shorter.value.body["first_difference"] == 1  # type: ignore[index]
+            assert "stored history goes on past them" in shorter.value.message
             assert len(upstream.requests) == 2
             async with api(base) as http:
                 stored = await http.get("/v1/sessions/diverged-1/messages")
@@ -393,3 +401,104 @@ async def test_an_agent_that_hangs_up_mid_stream_leaves_nothing_of_the_reply(
         history.append(again.choices[0].message.model_dump(exclude_unset=True))
         async with api(base) as http:
             await assert_stored(http, "hangup-1", "openai", history)
+
+
+@pytest.mark.parametrize("erase", [False, True])
+@pytest.mark.parametrize("stored_by", ["proxy", "v1"])
+async def test_a_pruned_history_still_matches_what_the_agent_re_sends(
+    db_url: str, settings: Settings, upstream: Upstream, erase: bool, stored_by: str
+) -> None:
+    """Pruning hides old tool outputs (and with ``prune.erase`` clears their stored
+    text); the agent still re-sends them whole. Its history matches: no 409, and only
+    its new messages are stored. The tool calls were made through the proxy, or stored
+    through /v1 before the agent's first proxied call (the proxy then reads them back,
+    pruned)."""
+    sid = f"pruned-{erase}-{stored_by}"
+    calls = tuple(("read_file", {"path": f"f{i}.py"}) for i in range(4))
+    if stored_by == "proxy":
+        upstream.script([ToolCalls(calls), Reply("All four read.")])
+    upstream.script([Reply("Done.")])
+    history: list[Any] = [{"role": "user", "content": "Read the four files."}]
+    config = {"prune": {"erase": erase, "protect_tokens": 100, "minimum_tokens": 10}}
+    with proxy(settings, db_url, upstream) as base:
+        async with api(base) as http:
+            r = await http.post(
+                "/v1/sessions", json={"id": sid, "model": "gpt-4o", "config": config}
+            )
+            assert r.status_code == 201, r.text
+        async with openai_client(base, sid) as client:
+            if stored_by == "proxy":
+                first = await client.chat.completions.create(model="gpt-4o", messages=history)
+                history.append(first.choices[0].message.model_dump(exclude_unset=True))
+            else:
+                made = [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": n, "arguments": "{}"},
+                    }
+                    for i, (n, _) in enumerate(calls)
+                ]
+                history.append({"role": "assistant", "content": None, "tool_calls": made})
+            for i, call in enumerate(history[-1]["tool_calls"]):
+                text = "".join(f"line {j} of the output of call {i}\n" for j in range(300))
+                history.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+            if stored_by == "proxy":
+                second = await client.chat.completions.create(model="gpt-4o", messages=history)
+                history.append(second.choices[0].message.model_dump(exclude_unset=True))
+            async with api(base) as http:
+                if stored_by == "v1":
+                    r = await http.post(f"/v1/sessions/{sid}/messages", json={"messages": history})
+                    assert r.status_code == 201, r.text
+                await assert_stored(http, sid, "openai", history)
+                r = await http.post(f"/v1/sessions/{sid}/prune", json={"protect_turns": 0})
+                assert r.status_code == 200, r.text
+                assert len(r.json()["pruned"]) >= 3, r.json()
+                pruned = await stored_history(http, sid, "openai")
+            # The stored text is cleared only when the session asks for it.
+            cleared = [i for i, m in enumerate(pruned) if m != history[i]]
+            if erase:
+                assert len(cleared) >= 3
+            else:
+                assert cleared == []
+            before = len(history)
+            history.append({"role": "user", "content": "Now summarize them."})
+            last = await client.chat.completions.create(model="gpt-4o", messages=history)
+            history.append(last.choices[0].message.model_dump(exclude_unset=True))
+        assert last.choices[0].message.content == "Done."
+        async with api(base) as http:
+            # What was stored stays as it was; only the new messages are added.
+            await assert_stored(http, sid, "openai", [*pruned, *history[before:]])
+        # The model got the context: the pruned outputs as placeholders.
+        sent = upstream.requests[-1].json["messages"]
+        assert sum("cleared" in str(m.get("content")) for m in sent) >= 3
+
+
+async def test_request_checks_come_in_openai_s_shape_and_store_nothing(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    hello: Any = [{"role": "user", "content": "hi"}]
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "checked-1") as client:
+            # n must be the integer 1 (True == 1 in Python, and was let through).
+            for n in (True, 2):
+                with pytest.raises(openai.BadRequestError) as refused:
+                    await client.chat.completions.create(
+                        model="gpt-4o", messages=hello, n=cast(Any, n)
+                    )
+                assert refused.value.body["param"] == "n"  # type: ignore[index]
+                assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+            with pytest.raises(openai.BadRequestError) as empty:
+                await client.chat.completions.create(model="gpt-4o", messages=[])
+            assert empty.value.body["param"] == "messages"  # type: ignore[index]
+            assert "at least one message" in empty.value.message
+        async with api(base) as http:
+            missing = await http.post(
+                "/proxy/openai/v1/chat/completions",
+                json={"model": "gpt-4o"},
+                headers={"X-Compactd-Session": "checked-1"},
+            )
+            assert missing.status_code == 400
+            assert missing.json()["error"]["param"] == "messages"
+            assert (await http.get("/v1/sessions/checked-1")).status_code == 404
+        assert upstream.requests == []

@@ -269,31 +269,39 @@ async def test_keyed_mode_takes_compactd_s_key_in_its_own_header(
 async def test_calls_on_one_session_take_turns(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
-    """Two calls on one session at once: the second waits for the first, then is matched
-    against the history the first left. Sent with the same history (a retry while the
-    first is still running), it does not carry the first one's reply: 409."""
+    """Calls on one session at once: each waits for the one before, then is matched
+    against the history it left. One that does not carry the first one's reply diverges:
+    409. One sent with the same history (a retry while the first is still running) is
+    the call that reply answered: it gets that reply, stored once, and no upstream call."""
     upstream.script([Hang(0.5, then=Reply("The first answer.")), Reply("Never sent.")])
     history: list[Any] = [{"role": "user", "content": "Answer once."}]
+    other: list[Any] = [*history, {"role": "user", "content": "Something else."}]
     with proxy(settings, db_url, upstream) as base:
         async with openai_client(base, "turns-1") as client:
-            first, second = await asyncio.gather(
+            first = asyncio.ensure_future(
+                client.chat.completions.create(model="gpt-4o", messages=history)
+            )
+            await asyncio.to_thread(upstream.wait_for, 1)  # the first holds the turn
+            again, diverged = await asyncio.gather(
                 client.chat.completions.create(model="gpt-4o", messages=history),
-                client.chat.completions.create(model="gpt-4o", messages=history),
+                client.chat.completions.create(model="gpt-4o", messages=other),
                 return_exceptions=True,
             )
-        answers = [a for a in (first, second) if not isinstance(a, BaseException)]
-        errors = [e for e in (first, second) if isinstance(e, BaseException)]
-        assert len(answers) == 1
-        assert len(errors) == 1
-        assert isinstance(errors[0], openai.ConflictError)
-        assert errors[0].body["first_difference"] == 1  # type: ignore[index]
+            answer = await first
+        assert answer.choices[0].message.content == "The first answer."
+        assert not isinstance(again, BaseException), again
+        assert again.choices[0].message.content == "The first answer."
+        assert again.choices[0].finish_reason == "stop"
+        assert again.id == "chatcmpl-compactd-replay"
+        assert isinstance(diverged, openai.ConflictError)
+        assert diverged.body["first_difference"] == 1  # type: ignore[index]
         assert len(upstream.requests) == 1
         async with api(base) as http:
             await assert_stored(
                 http,
                 "turns-1",
                 "openai",
-                [*history, answers[0].choices[0].message.model_dump(exclude_unset=True)],
+                [*history, answer.choices[0].message.model_dump(exclude_unset=True)],
             )
 
 
