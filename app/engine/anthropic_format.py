@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from app.engine import opaque
 from app.engine.model import ContentForm, Entry, InvalidMessage, Part
 from app.engine.openai_format import _split_extra, _string, _type_name
 
@@ -38,6 +39,16 @@ def _image_part(raw: dict[str, Any], path: str) -> Part:
     )
 
 
+def _image(block: dict[str, Any], path: str) -> Part:
+    """An image block: modelled when its source is base64 or a URL, kept opaquely when
+    it is one compactd does not model (a Files API ``file_id``)."""
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") in opaque.ANTHROPIC_OPAQUE_IMAGE_SOURCES:
+        opaque.check_anthropic(block, path)
+        return opaque.opaque_part("anthropic", block)
+    return _with_extra(_image_part(block, path), block, frozenset({"type", "source"}))
+
+
 def _form_of(content: Any) -> ContentForm:
     return "string" if isinstance(content, str) else "parts"
 
@@ -62,6 +73,9 @@ def _blocks(content: Any, path: str) -> list[dict[str, Any]]:
     return content
 
 
+_RESULT_OPAQUE = sorted(opaque.ANTHROPIC_RESULT_BLOCKS)
+
+
 def _result_content(content: Any, path: str) -> list[Part]:
     if content is None:
         return []
@@ -77,13 +91,15 @@ def _result_content(content: Any, path: str) -> list[Part]:
                 )
             )
         elif block.get("type") == "image":
-            parts.append(
-                _with_extra(_image_part(block, bpath), block, frozenset({"type", "source"}))
-            )
+            parts.append(_image(block, bpath))
+        elif block.get("type") in opaque.ANTHROPIC_RESULT_BLOCKS:
+            opaque.check_anthropic(block, bpath)
+            parts.append(opaque.opaque_part("anthropic", block))
         else:
+            allowed = ", ".join(repr(k) for k in ("text", "image", *_RESULT_OPAQUE))
             raise InvalidMessage(
                 f"{bpath}.type",
-                f"unsupported tool_result content type {block.get('type')!r}; expected 'text' or 'image'",
+                f"unsupported tool_result content type {block.get('type')!r}; expected {allowed}",
             )
     return parts
 
@@ -121,6 +137,21 @@ def system_texts(parts: list[Part]) -> list[str]:
     """What makes two system prompts the same: their text blocks' texts, in
     order (a string is one block; ``cache_control`` and other keys do not count)."""
     return [p["text"] for p in parts if p.get("type") == "text"]
+
+
+_EXPECTED = {
+    "user": ", ".join(["text", "image", "tool_result", *sorted(opaque.ANTHROPIC_USER_BLOCKS)]),
+    "assistant": ", ".join(
+        [
+            "text",
+            "thinking",
+            "redacted_thinking",
+            "tool_use",
+            *sorted(opaque.ANTHROPIC_ASSISTANT_BLOCKS),
+            "a server tool's <name>_tool_result",
+        ]
+    ),
+}
 
 
 def parse_message(raw: Any, path: str) -> list[Entry]:
@@ -163,9 +194,11 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
                 )
             )
         elif kind == "image" and role == "user":
-            parts.append(
-                _with_extra(_image_part(block, bpath), block, frozenset({"type", "source"}))
-            )
+            parts.append(_image(block, bpath))
+        elif opaque.anthropic_opaque(kind, role):
+            # Server tool blocks, documents and the like: kept as sent (app.engine.opaque).
+            opaque.check_anthropic(block, bpath)
+            parts.append(opaque.opaque_part("anthropic", block))
         elif kind == "thinking" and role == "assistant":
             part: Part = {
                 "type": "reasoning",
@@ -219,7 +252,9 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
             )
         else:
             raise InvalidMessage(
-                f"{bpath}.type", f"unsupported content block {kind!r} in a {role} message"
+                f"{bpath}.type",
+                f"unsupported content block {kind!r} in a {role} message; "
+                f"expected {_EXPECTED[role]}",
             )
     if parts or not entries:
         entries.append(Entry(role=role, parts=parts, content_form=form, extra=extra))
@@ -254,6 +289,11 @@ def model_id(call_id: str) -> str:
 
 def _render_block(part: Part, *, for_history: bool) -> dict[str, Any] | None:
     kind = part["type"]
+    if kind == opaque.OPAQUE:
+        if part["format"] == "anthropic":
+            return opaque.native(part, for_history=for_history)
+        # Another format's part: a short text in its place (app.engine.opaque).
+        return {"type": "text", "text": opaque.placeholder(part)}
     if kind == "text":
         if not part["text"] and not for_history:
             return None  # the API rejects empty text blocks

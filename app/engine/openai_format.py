@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from app.engine import opaque
 from app.engine.model import ContentForm, Entry, InvalidMessage, Part
 
 _MESSAGE_KEYS = frozenset(
@@ -64,7 +65,17 @@ def parse_arguments(arguments: str, path: str) -> dict[str, Any]:
     return parsed
 
 
-def _content_parts(content: Any, path: str, *, images: bool) -> tuple[list[Part], ContentForm]:
+# The content parts each role takes: text always; images from users and tools (as
+# before: OpenAI-compatible servers take them in tool results); a user's file and
+# audio, an assistant's refusal kept opaquely (app.engine.opaque).
+_PARTS_BY_ROLE: dict[str, tuple[str, ...]] = {
+    "user": ("text", "image_url", *sorted(opaque.OPENAI_USER_PARTS)),
+    "tool": ("text", "image_url"),
+    "assistant": ("text", *sorted(opaque.OPENAI_ASSISTANT_PARTS)),
+}
+
+
+def _content_parts(content: Any, path: str, *, role: str) -> tuple[list[Part], ContentForm]:
     if isinstance(content, str):
         return ([{"type": "text", "text": content}] if content else []), "string"
     if content is None:
@@ -73,16 +84,23 @@ def _content_parts(content: Any, path: str, *, images: bool) -> tuple[list[Part]
         raise InvalidMessage(
             path, f"must be a string, a list of parts or null, got {_type_name(content)}"
         )
+    allowed = _PARTS_BY_ROLE.get(role, ("text",))
     parts: list[Part] = []
     for i, raw in enumerate(content):
         ppath = f"{path}[{i}]"
         if not isinstance(raw, dict):
             raise InvalidMessage(ppath, f"must be an object, got {_type_name(raw)}")
         kind = raw.get("type")
+        if kind not in allowed:
+            expected = " or ".join(f"{k!r}" for k in allowed)
+            raise InvalidMessage(
+                f"{ppath}.type",
+                f"unsupported content part type {kind!r} in a {role} message; expected {expected}",
+            )
         if kind == "text":
             part: Part = {"type": "text", "text": _string(raw.get("text"), f"{ppath}.text")}
             extra = _split_extra(raw, frozenset({"type", "text"}))
-        elif kind == "image_url" and images:
+        elif kind == "image_url":
             image = raw.get("image_url")
             if not isinstance(image, dict):
                 raise InvalidMessage(f"{ppath}.image_url", "must be an object with a url")
@@ -94,10 +112,9 @@ def _content_parts(content: Any, path: str, *, images: bool) -> tuple[list[Part]
                 part["detail"] = _string(image["detail"], f"{ppath}.image_url.detail")
             extra = _split_extra(raw, frozenset({"type", "image_url"}))
         else:
-            allowed = "'text' or 'image_url'" if images else "'text'"
-            raise InvalidMessage(
-                f"{ppath}.type", f"unsupported content part type {kind!r}; expected {allowed}"
-            )
+            opaque.check_openai(raw, ppath)
+            parts.append(opaque.opaque_part("openai", raw))
+            continue
         if extra:
             part["extra"] = extra
         parts.append(part)
@@ -123,9 +140,7 @@ def parse_message(raw: Any, path: str) -> Entry:
     if "content" not in raw:
         parts, form = [], "absent"
     else:
-        parts, form = _content_parts(
-            raw["content"], f"{path}.content", images=role in ("user", "tool")
-        )
+        parts, form = _content_parts(raw["content"], f"{path}.content", role=role)
     entry = Entry(role=role, parts=parts, name=name, content_form=form, extra=extra)
 
     for key in ("tool_calls", "reasoning_content"):
@@ -189,7 +204,7 @@ def _parse_tool_call(call: Any, path: str) -> Part:
 
 
 def _render_content(entry: Entry, *, for_history: bool) -> Any:
-    content = [p for p in entry.parts if p["type"] in ("text", "image")]
+    content = [p for p in entry.parts if p["type"] in ("text", "image", opaque.OPAQUE)]
     form = entry.content_form
     if form == "string" or (form in ("null", "absent") and content):
         if all(p["type"] == "text" for p in content):
@@ -199,6 +214,13 @@ def _render_content(entry: Entry, *, for_history: bool) -> Any:
         return None
     rendered: list[dict[str, Any]] = []
     for p in content:
+        if p["type"] == opaque.OPAQUE:
+            if p["format"] == "openai":
+                rendered.append(opaque.native(p, for_history=for_history))
+            else:
+                # Another format's block: a short text in its place (app.engine.opaque).
+                rendered.append({"type": "text", "text": opaque.placeholder(p)})
+            continue
         if p["type"] == "text":
             out: dict[str, Any] = {"type": "text", "text": p["text"]}
         else:

@@ -35,6 +35,15 @@ IMAGE_DEFAULT_TOKENS = 765  # a 1024x1024 image at high detail: 4 tiles + base
 MAX_TOKENS_PER_PART = 50_000
 # Opaque text is counted in slices of this many characters, stopping at the cap.
 _OPAQUE_SLICE_CHARS = 65_536
+# Inline binary data in a block kept opaquely (app.engine.opaque) is not text the model
+# reads: it is estimated from its decoded size, never tokenized. A document (a PDF; a
+# file): Anthropic bills a page at 1,500-3,000 tokens of text plus its image, a page of
+# PDF is some tens of kilobytes: one token per 8 bytes, at least one page's worth.
+DOCUMENT_BYTES_PER_TOKEN = 8
+DOCUMENT_MIN_TOKENS = 1_500
+# Audio (OpenAI's input_audio): about 10 tokens a second, and a second of WAV (16 kHz,
+# 16-bit mono) is 32,000 bytes, of MP3 (128 kbit/s) 16,000.
+AUDIO_BYTES_PER_TOKEN = {"wav": 3_200, "mp3": 1_600}
 
 # The encodings counted with, by name: given once per process by register_encodings.
 _encodings: dict[str, tiktoken.Encoding] = {}
@@ -134,8 +143,77 @@ def _image_tokens(part: Part) -> int:
     return IMAGE_TILE_TOKENS * tiles + IMAGE_LOW_DETAIL_TOKENS
 
 
+def _decoded_bytes(data: str) -> int:
+    """The size of base64 ``data`` once decoded (without decoding it)."""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def _document_tokens(data: str) -> int:
+    return max(DOCUMENT_MIN_TOKENS, -(-_decoded_bytes(data) // DOCUMENT_BYTES_PER_TOKEN))
+
+
+def _inline_tokens(media_type: Any, data: str) -> int:
+    """An inline base64 payload: an image by OpenAI's tile formula, else a document."""
+    if isinstance(media_type, str) and media_type.startswith("image/"):
+        return _image_tokens({"type": "image", "media_type": media_type, "data": data})
+    return _document_tokens(data)
+
+
+def _data_url_tokens(value: str) -> int:
+    """A ``file_data`` value: a data URL (``data:application/pdf;base64,...``) or bare base64."""
+    if value.startswith("data:") and ";base64," in value:
+        header, data = value[5:].split(";base64,", 1)
+        return _inline_tokens(header, data)
+    return _document_tokens(value)
+
+
+def count_opaque_block(block: Any, encoding: EncodingName = "o200k_base") -> int:
+    """An estimate for a block kept as sent (:mod:`app.engine.opaque`): the tokens of
+    its compact JSON (the words of a search result, a tool's output, ids and keys: what
+    the provider renders into the prompt, in its own wrapping), counted as
+    :func:`count_opaque` does, with each inline binary payload left out of the text and
+    estimated from its size instead: a base64 image by the tile formula, a base64
+    document or ``file_data`` at :data:`DOCUMENT_BYTES_PER_TOKEN` (at least
+    :data:`DOCUMENT_MIN_TOKENS`), ``input_audio`` at :data:`AUDIO_BYTES_PER_TOKEN`.
+    At most :data:`MAX_TOKENS_PER_PART`, as every estimate. A usage report corrects
+    the estimate as it does any other (calibration and the exact base)."""
+    payload = 0
+
+    def strip(value: Any) -> Any:
+        nonlocal payload
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        if value.get("type") == "base64" and isinstance(value.get("data"), str):
+            payload += _inline_tokens(value.get("media_type"), value["data"])
+            return {k: strip(v) for k, v in value.items() if k != "data"}
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key == "file_data" and isinstance(item, str):
+                payload += _data_url_tokens(item)
+            elif (
+                key == "input_audio"
+                and isinstance(item, dict)
+                and isinstance(item.get("data"), str)
+            ):
+                per_token = AUDIO_BYTES_PER_TOKEN.get(
+                    str(item.get("format")), AUDIO_BYTES_PER_TOKEN["mp3"]
+                )
+                payload += -(-_decoded_bytes(item["data"]) // per_token)
+                out[key] = {k: strip(v) for k, v in item.items() if k != "data"}
+            else:
+                out[key] = strip(item)
+        return out
+
+    text = orjson.dumps(strip(block)).decode()
+    return capped_estimate(count_opaque(text, encoding) + payload)
+
+
 def count_part(part: Part, encoding: EncodingName) -> int:
     kind = part["type"]
+    if kind == "opaque":
+        return count_opaque_block(part["block"], encoding)
     if kind == "text":
         return count_text(part.get("text", ""), encoding)
     if kind == "image":

@@ -87,11 +87,17 @@ class PlaceholderViews:
 
 
 def _has_text_or_call(content: Any, calls: list[Any]) -> bool:
+    """As :func:`~app.engine.context.pair_tool_calls` decides: words, calls, or a part
+    kept opaquely (an assistant's refusal; another format's block is a text here)."""
     if calls:
         return True
     if isinstance(content, str):
         return content != ""
-    return isinstance(content, list) and any(b.get("type") == "text" and b["text"] for b in content)
+    return isinstance(content, list) and any(b.get("type") != "text" or b["text"] for b in content)
+
+
+# The blocks of an assistant's view that say nothing on their own (see pair_tool_calls).
+_SILENT_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 def assemble_openai(items: Sequence[Viewable]) -> tuple[bytes, list[int]]:
@@ -155,8 +161,8 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
                 for b in orjson.loads(blocks)
                 if b["type"] != "tool_use" or b["id"] not in step.drop
             ]
-            if not any(b["type"] in ("text", "tool_use") for b in kept):
-                continue  # as pair_tool_calls: no words and no calls left
+            if all(b["type"] in _SILENT_BLOCKS for b in kept):
+                continue  # as pair_tool_calls: no words, no calls, no opaque blocks left
             blocks = orjson.dumps(kept).decode()
         used.append(step.at)
         result = role == "tool"

@@ -98,9 +98,42 @@ def _call(**function: Any) -> dict[str, Any]:
             "must be a string, got int",
         ),
         (
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_audio"}]},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_video"}]},
             "m.content[1].type",
-            "unsupported content part type 'input_audio'",
+            "unsupported content part type 'input_video' in a user message; expected 'text' "
+            "or 'image_url' or 'file' or 'input_audio'",
+        ),
+        (
+            # An input_audio part is taken (kept as sent), but not without its audio.
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_audio"}]},
+            "m.content[1].input_audio",
+            "must be an object, got null",
+        ),
+        (
+            {"role": "user", "content": [{"type": "file", "file": "f.pdf"}]},
+            "m.content[0].file",
+            "must be an object, got str",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": None}]},
+            "m.content[0].refusal",
+            "must be a string, got null",
+        ),
+        (
+            {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]},
+            "m.content[0].type",
+            "unsupported content part type 'refusal' in a user message",
+        ),
+        (
+            # The chat API takes text only in tool messages (images: OpenAI-compatible servers).
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "file", "file": {}}]},
+            "m.content[0].type",
+            "unsupported content part type 'file' in a tool message",
+        ),
+        (
+            {"role": "system", "content": [{"type": "input_audio", "input_audio": {}}]},
+            "m.content[0].type",
+            "expected 'text'",
         ),
         (
             {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
@@ -184,17 +217,63 @@ RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
             "must be a string",
         ),
         (
-            {"role": "user", "content": [{**RESULT, "content": [{"type": "document"}]}]},
+            {"role": "user", "content": [{**RESULT, "content": [{"type": "video"}]}]},
             "m.content[0].content[0].type",
-            "unsupported tool_result content type",
+            "unsupported tool_result content type 'video'; expected 'text', 'image', "
+            "'browser_state', 'document', 'search_result', 'tool_reference'",
+        ),
+        (
+            # A document is taken in a tool result (kept as sent), but not without its source.
+            {"role": "user", "content": [{**RESULT, "content": [{"type": "document"}]}]},
+            "m.content[0].content[0].source",
+            "must be an object, got null",
         ),
         (
             {
                 "role": "user",
-                "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}],
+                "content": [{"type": "image", "source": {"type": "s3", "key": "f"}}],
             },
             "m.content[0].source.type",
             "unsupported image source",
+        ),
+        (
+            {"role": "user", "content": [{"type": "server_tool_use", "id": "s", "name": "n"}]},
+            "m.content[0].type",
+            "unsupported content block 'server_tool_use' in a user message; expected text, "
+            "image, tool_result, container_upload, document, search_result",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "document", "source": {}}]},
+            "m.content[0].type",
+            "unsupported content block 'document' in a assistant message",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "server_tool_use", "name": "web_search"}]},
+            "m.content[0].id",
+            "must be a string, got null",
+        ),
+        (
+            {
+                "role": "assistant",
+                "content": [{"type": "server_tool_use", "id": "s", "name": "w", "input": "q"}],
+            },
+            "m.content[0].input",
+            "must be an object, got str",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "web_search_tool_result", "content": []}]},
+            "m.content[0].tool_use_id",
+            "must be a string, got null",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "_tool_result", "tool_use_id": "s"}]},
+            "m.content[0].type",
+            "unsupported content block '_tool_result' in a assistant message",
+        ),
+        (
+            {"role": "user", "content": [{"type": "container_upload", "file_id": ""}]},
+            "m.content[0].file_id",
+            "must not be empty",
         ),
         (
             {
