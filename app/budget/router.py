@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Query, Response
 
 from app.budget.schemas import (
+    FORMAT_FIELD_DESCRIPTION,
     USAGE_EXAMPLES,
     ProviderError,
     ProviderErrorVerdict,
@@ -19,6 +20,7 @@ from app.budget.service import BudgetService
 from app.core.database import EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
+from app.history.schemas import Format
 from app.sessions.router import SessionIdPath, checked_id
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["budget"])
@@ -30,6 +32,7 @@ async def report_usage(
     body: Annotated[UsageReport, Body(openapi_examples=USAGE_EXAMPLES)],
     engine: EngineDep,
     tenant: TenantDep,
+    format: Annotated[Format | None, Query(description=FORMAT_FIELD_DESCRIPTION)] = None,
 ) -> UsageResponse:
     """Report the provider's usage for the last model call, right after it,
     before or after appending its reply: the report is about the context that
@@ -41,7 +44,9 @@ async def report_usage(
     response exactly as its SDK returns it (``resp.usage.model_dump()``,
     ``resp.model_dump()``: OpenAI chat completions and Responses, Anthropic
     Messages, Gemini); see ``UsageReport``."""
-    return await BudgetService(engine, tenant).usage(checked_id(session_id), body)
+    return await BudgetService(engine, tenant).usage(
+        checked_id(session_id), body, query_format=format
+    )
 
 
 @router.post("/prune", response_model=PruneResult, responses=problems(404, 413, 422))

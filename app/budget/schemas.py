@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from app.compactions.schemas import CompactionStarted
 from app.engine import provider_usage
 from app.engine.provider_usage import UsageFormat
+from app.history.schemas import Format
 from app.sessions.schemas import Strict
 
 # No prompt is larger than this; anything above is a client bug, not a usage figure.
@@ -38,7 +39,14 @@ class Verdict(BaseModel):
 
 
 # What a usage report says besides the figures, whatever shape the figures come in.
-USAGE_CONTROL_FIELDS = ("context_version", "tools", "tools_tokens")
+USAGE_CONTROL_FIELDS = ("context_version", "tools", "tools_tokens", "format")
+
+FORMAT_FIELD_DESCRIPTION = (
+    "The wire format the agent uses, openai or anthropic, as every route with a format "
+    "takes it (also as the `?format=` query parameter; given both, they must agree). "
+    "Checked, not used to read the figures: their shape is recognised from their "
+    "fields (see `usage_format` in the answer)."
+)
 
 USAGE_EXAMPLES: dict[str, dict[str, Any]] = {
     "native": {
@@ -150,6 +158,15 @@ class UsageReport(Strict):
     422 naming it. Two shapes mixed, negative or non-integer figures, cached
     tokens beyond the prompt and two different stop reasons are 422s naming the
     fields. The answer's ``usage_format`` says which shape was read.
+
+    **Bounds**: every figure is at most 100,000,000, and so is a figure read as the
+    sum of others (the prompt: ``input_tokens + cache_read_tokens +
+    cache_write_tokens``, or Anthropic's input and cache figures; Gemini's output):
+    an over-large one is a 422 naming it.
+
+    ``format`` (``openai`` or ``anthropic``, in the body or as ``?format=``) may go
+    beside any shape, as on every route with a wire format; anything else is a 422
+    naming the field and the allowed values.
     """
 
     model_config = ConfigDict(
@@ -182,6 +199,7 @@ class UsageReport(Strict):
         "calibrates nor triggers anything (`stale` in the answer); one about a context "
         "whose compaction was queued since starts no other.",
     )
+    format: Format | None = Field(None, description=FORMAT_FIELD_DESCRIPTION)
     finish_reason: str | None = Field(
         None,
         max_length=64,

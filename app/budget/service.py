@@ -27,7 +27,9 @@ from app.budget.schemas import (
     Verdict,
 )
 from app.core import metrics
+from app.core.errors import invalid
 from app.engine import budget, catalog, ledger, overflow_errors, tokens
+from app.history.schemas import Format
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store.session_row import SessionState, locked
@@ -100,13 +102,29 @@ def measured_before_pivot(
     )
 
 
+def check_format(report: UsageReport, query_format: Format | None) -> None:
+    """The ``?format=`` query parameter and the body's ``format``, when both are
+    given, agree (as on an append)."""
+    if query_format is not None and report.format is not None and report.format != query_format:
+        raise invalid(
+            "format",
+            f"the query parameter format={query_format!r} and the body's format "
+            f"{report.format!r} differ; give one, or the same in both",
+        )
+
+
 class BudgetService:
     def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
         self.engine = engine
         self.tenant_id = tenant_id
 
-    async def usage(self, session_id: str, report: UsageReport) -> UsageResponse:
-        """Calibrate against the provider's figures and give the new verdict."""
+    async def usage(
+        self, session_id: str, report: UsageReport, *, query_format: Format | None = None
+    ) -> UsageResponse:
+        """Calibrate against the provider's figures and give the new verdict.
+        ``query_format``: the ``?format=`` the report came with, which must agree
+        with its body's ``format`` when both are given."""
+        check_format(report, query_format)
         now = datetime.now(UTC)
         with metrics.after_commit():
             async with locked(self.engine, self.tenant_id, session_id) as unit:
@@ -125,7 +143,10 @@ class BudgetService:
                 # request adds: compare like with like, uncalibrated.
                 counted = measured.context_tokens + overhead + tokens.REPLY_PRIMING_TOKENS
                 usage_json = orjson.dumps(
-                    {**report.model_dump(exclude={"tools"}), "usage_format": report.usage_format}
+                    {
+                        **report.model_dump(exclude={"tools", "format"}),
+                        "usage_format": report.usage_format,
+                    }
                 ).decode()
                 stale = measured_before_pivot(state, measured, prompt, counted)
                 if measured.served:

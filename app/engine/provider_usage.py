@@ -60,6 +60,11 @@ top level), which is refused naming what it looks like. Two shapes mixed,
 a negative or non-integer figure, cached tokens beyond the prompt, and two
 different stop reasons are refused too, naming the fields.
 
+Bounds. Every figure is at most ``MAX_TOKENS``, and so is every figure read as a sum
+of others: the prompt of the native and Anthropic shapes (input + cache read + cache
+write), Gemini's output (candidates + thoughts). An over-large sum is refused naming
+its first part, the detail naming the sum; it never reaches the accounting.
+
 Pure: no I/O. :func:`read_usage` is the entry point.
 """
 
@@ -307,6 +312,22 @@ def _within(prompt: int, prompt_field: str, parts: list[tuple[int, str]]) -> Non
         )
 
 
+def _sum_within_max(what: str, parts: list[tuple[int, str]]) -> int:
+    """A figure that is the sum of others (the prompt of input and cache figures, Gemini's
+    output of candidates and thoughts) is bounded like any one figure: each part may be
+    within ``MAX_TOKENS`` and their sum not. Named by its first part, the detail naming
+    the sum."""
+    total = sum(n for n, _ in parts)
+    if total > MAX_TOKENS:
+        named = " + ".join(f"{f} ({n:,})" for n, f in parts if n)
+        first = next(f for n, f in parts if n)
+        raise UsageError(
+            first,
+            f"{named} is {total:,}, the {what}; no usage figure is above {MAX_TOKENS:,}",
+        )
+    return total
+
+
 def _gemini_get(obj: Mapping[str, Any], camel: str, snake: str, prefix: str) -> tuple[str, Any]:
     """A Gemini field under its REST (camelCase) or SDK (snake_case) name."""
     if camel in obj and snake in obj:
@@ -319,23 +340,32 @@ def _gemini_get(obj: Mapping[str, Any], camel: str, snake: str, prefix: str) -> 
 
 def _figures(fmt: UsageFormat, usage: Mapping[str, Any], prefix: str) -> tuple[int, int, int, int]:
     """``(input, output, cache_read, cache_write)`` of a usage object of shape ``fmt``."""
-    if fmt == "native":
-        return (
+    if fmt in ("native", "anthropic"):
+        # The prompt is the sum of the three (Anthropic's figures as they come).
+        read_name, write_name = (
+            ("cache_read_tokens", "cache_write_tokens")
+            if fmt == "native"
+            else ("cache_read_input_tokens", "cache_creation_input_tokens")
+        )
+        if fmt == "anthropic":
+            _details(usage, "cache_creation", prefix)
+            _details(usage, "server_tool_use", prefix)
+            _details(usage, "output_tokens_details", prefix)
+        figures = (
             _count(usage, "input_tokens", prefix, required=True),
             _count(usage, "output_tokens", prefix),
-            _count(usage, "cache_read_tokens", prefix),
-            _count(usage, "cache_write_tokens", prefix),
+            _count(usage, read_name, prefix),
+            _count(usage, write_name, prefix),
         )
-    if fmt == "anthropic":
-        _details(usage, "cache_creation", prefix)
-        _details(usage, "server_tool_use", prefix)
-        _details(usage, "output_tokens_details", prefix)
-        return (
-            _count(usage, "input_tokens", prefix, required=True),
-            _count(usage, "output_tokens", prefix),
-            _count(usage, "cache_read_input_tokens", prefix),
-            _count(usage, "cache_creation_input_tokens", prefix),
+        _sum_within_max(
+            "prompt",
+            [
+                (figures[0], _path(prefix, "input_tokens")),
+                (figures[2], _path(prefix, read_name)),
+                (figures[3], _path(prefix, write_name)),
+            ],
         )
+        return figures
     if fmt in ("openai_chat", "openai_responses"):
         chat = fmt == "openai_chat"
         prompt_name, output_name = (
@@ -372,9 +402,14 @@ def _figures(fmt: UsageFormat, usage: Mapping[str, Any], prefix: str) -> tuple[i
         _path(prefix, values["promptTokenCount"][0]),
         [(cached, _path(prefix, values["cachedContentTokenCount"][0]))],
     )
-    output = (counts["candidatesTokenCount"] or counts["responseTokenCount"]) + counts[
-        "thoughtsTokenCount"
-    ]
+    candidates = "candidatesTokenCount" if counts["candidatesTokenCount"] else "responseTokenCount"
+    output = _sum_within_max(
+        "output",
+        [
+            (counts[candidates], _path(prefix, values[candidates][0])),
+            (counts["thoughtsTokenCount"], _path(prefix, values["thoughtsTokenCount"][0])),
+        ],
+    )
     return prompt - cached, output, cached, 0
 
 

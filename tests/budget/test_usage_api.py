@@ -186,3 +186,114 @@ async def test_bad_usage_is_rejected_and_changes_nothing(
 async def test_usage_on_a_missing_session_is_404(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/sessions/nope/usage", json={"input_tokens": 5})
     assert_problem(r, 404, "nope")
+
+
+# --- bounds on sums, and the format ------------------------------------------------------
+
+MAX = 100_000_000
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "named"),
+    [
+        (
+            {"input_tokens": MAX, "cache_read_tokens": MAX, "cache_write_tokens": MAX},
+            "input_tokens",
+            "input_tokens (100,000,000) + cache_read_tokens (100,000,000) + cache_write_tokens "
+            "(100,000,000) is 300,000,000, the prompt",
+        ),
+        (
+            {"input_tokens": 1, "cache_read_input_tokens": MAX, "service_tier": "standard"},
+            "input_tokens",
+            "input_tokens (1) + cache_read_input_tokens (100,000,000) is 100,000,001, the prompt",
+        ),
+        (
+            {"type": "message", "usage": {"input_tokens": MAX, "cache_creation_input_tokens": 9}},
+            "usage.input_tokens",
+            "usage.cache_creation_input_tokens (9) is 100,000,009",
+        ),
+        (
+            {
+                "usageMetadata": {
+                    "promptTokenCount": 9,
+                    "candidatesTokenCount": MAX,
+                    "thoughtsTokenCount": 1,
+                }
+            },
+            "usageMetadata.candidatesTokenCount",
+            "the output",
+        ),
+    ],
+)
+async def test_a_sum_of_figures_above_the_bound_is_a_422_naming_it(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str, named: str
+) -> None:
+    await make_session(client, id="sum")
+    await append_ok(client, "sum", turn(1))
+    before = await get_session(client, "sum")
+    r = await client.post("/v1/sessions/sum/usage", json=body)
+    doc = assert_problem(r, 422, field, named)
+    assert doc["errors"][0]["field"] == field
+    assert await get_session(client, "sum") == before
+
+
+async def test_a_prompt_at_the_bound_is_taken(client: httpx.AsyncClient) -> None:
+    await make_session(client, id="edge")
+    await append_ok(client, "edge", turn(1))
+    body = await usage(
+        client, "edge", input_tokens=MAX - 2, cache_read_tokens=1, cache_write_tokens=1
+    )
+    assert body["reported_prompt_tokens"] == MAX
+
+
+@pytest.mark.parametrize(
+    ("query", "body", "field"),
+    [
+        ({"format": "bogus"}, {"input_tokens": 5}, "query.format"),
+        ({"format": "gemini"}, {"promptTokenCount": 5}, "query.format"),
+        ({}, {"input_tokens": 5, "format": "bogus"}, "format"),
+        ({}, {"input_tokens": 5, "cache_read_input_tokens": 3, "format": "bogus"}, "format"),
+        ({}, {"prompt_tokens": 5, "format": 7}, "format"),
+        ({}, {"type": "message", "usage": {"input_tokens": 5}, "format": "OpenAI"}, "format"),
+    ],
+)
+async def test_a_format_that_is_not_openai_or_anthropic_is_a_422_naming_the_choices(
+    client: httpx.AsyncClient, query: dict[str, str], body: dict[str, Any], field: str
+) -> None:
+    await make_session(client, id="fmt")
+    await append_ok(client, "fmt", turn(1))
+    before = await get_session(client, "fmt")
+    r = await client.post("/v1/sessions/fmt/usage", params=query, json=body)
+    doc = assert_problem(r, 422, field, "'openai' or 'anthropic'")
+    assert doc["errors"][0]["field"] == field
+    assert await get_session(client, "fmt") == before
+
+
+async def test_format_is_taken_as_on_every_route_and_both_must_agree(
+    client: httpx.AsyncClient,
+) -> None:
+    await make_session(client, id="fmt")
+    await append_ok(client, "fmt", turn(1))
+    url = "/v1/sessions/fmt/usage"
+    anthropic = {"input_tokens": 500, "cache_read_input_tokens": 1000, "output_tokens": 9}
+    r = await client.post(url, params={"format": "anthropic"}, json=anthropic)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage_format"] == "anthropic"
+    assert r.json()["reported_prompt_tokens"] == 1500
+    r = await client.post(url, json={"prompt_tokens": 700, "format": "openai"})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage_format"] == "openai_chat"
+    r = await client.post(
+        url, params={"format": "openai"}, json={"input_tokens": 9, "format": "openai"}
+    )
+    assert r.status_code == 200, r.text
+    # The last usage records the figures, not the format.
+    assert "format" not in (await get_session(client, "fmt"))["last_usage"]
+
+    before = await get_session(client, "fmt")
+    r = await client.post(
+        url, params={"format": "openai"}, json={**anthropic, "format": "anthropic"}
+    )
+    doc = assert_problem(r, 422, "format", "'openai'", "'anthropic'", "differ")
+    assert doc["errors"][0]["field"] == "format"
+    assert await get_session(client, "fmt") == before

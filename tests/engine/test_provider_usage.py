@@ -549,3 +549,80 @@ def test_shape_of_reads_markers_only() -> None:
     assert shape_of({"prompt_tokens_details": {}}) == "native"
     with pytest.raises(UsageError):
         read_usage({"prompt_tokens_details": {}})
+
+
+# --- sums: a figure read as the sum of others is bounded like any one -----------------------
+
+M = MAX_TOKENS
+SUMS_TOO_LARGE: list[tuple[dict[str, Any], str, str]] = [
+    (
+        {"input_tokens": M, "cache_read_tokens": 1},
+        "input_tokens",
+        f"input_tokens ({M:,}) + cache_read_tokens (1) is {M + 1:,}, the prompt",
+    ),
+    (
+        {"input_tokens": 0, "cache_read_tokens": M, "cache_write_tokens": M},
+        "cache_read_tokens",
+        f"cache_read_tokens ({M:,}) + cache_write_tokens ({M:,}) is {2 * M:,}, the prompt",
+    ),
+    (
+        {"input_tokens": M, "cache_read_input_tokens": M, "cache_creation_input_tokens": M},
+        "input_tokens",
+        "+ cache_read_input_tokens (100,000,000) + cache_creation_input_tokens",
+    ),
+    (
+        {"type": "message", "usage": {"input_tokens": M, "cache_read_input_tokens": 7}},
+        "usage.input_tokens",
+        "usage.input_tokens (100,000,000) + usage.cache_read_input_tokens (7)",
+    ),
+    (
+        {"promptTokenCount": 1, "candidatesTokenCount": M, "thoughtsTokenCount": 1},
+        "candidatesTokenCount",
+        "candidatesTokenCount (100,000,000) + thoughtsTokenCount (1) is 100,000,001, the output",
+    ),
+    (
+        {"prompt_token_count": 1, "response_token_count": M, "thoughts_token_count": 2},
+        "response_token_count",
+        "response_token_count (100,000,000) + thoughts_token_count (2)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "detail"), SUMS_TOO_LARGE)
+def test_a_sum_above_the_bound_is_refused_naming_it(
+    body: dict[str, Any], field: str, detail: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        read_usage(body)
+    assert caught.value.field == field
+    assert detail in caught.value.detail
+    assert f"no usage figure is above {M:,}" in caught.value.detail
+
+
+def test_a_sum_at_the_bound_is_read() -> None:
+    read = read_usage({"input_tokens": M - 2, "cache_read_tokens": 1, "cache_write_tokens": 1})
+    assert read.prompt_tokens == M
+    read = read_usage(
+        {"promptTokenCount": 5, "candidatesTokenCount": M - 1, "thoughtsTokenCount": 1}
+    )
+    assert read.output_tokens == M
+
+
+@given(
+    st.sampled_from(["native", "anthropic"]),
+    st.lists(st.integers(min_value=0, max_value=M), min_size=3, max_size=3),
+)
+def test_a_prompt_of_three_figures_is_read_if_and_only_if_within_the_bound(
+    fmt: str, figures: list[int]
+) -> None:
+    names = (
+        ("input_tokens", "cache_read_tokens", "cache_write_tokens")
+        if fmt == "native"
+        else ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    )
+    body = dict(zip(names, figures, strict=True))
+    if sum(figures) <= M:
+        assert read_usage(body).prompt_tokens == sum(figures)
+    else:
+        with pytest.raises(UsageError, match="the prompt"):
+            read_usage(body)
