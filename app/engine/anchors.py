@@ -38,9 +38,11 @@ denied. Only the last :data:`SCAN_CHARS` of an output are searched: what went wr
 said last.
 
 The lines found are ranked: a test's failure line first, then the exception or error
-message, then a runner's summary, then the traceback's last frame
-(``File "x.py", line 3, in f``); ties go to the later line. With none, a failed
-result is told by its first line (a tool error) or its last (a failing command).
+message (a traceback's last frame, ``File "x.py", line 3, in f``, right after its
+exception), then a runner's summary, then pytest's frame lines (``x.py:12:
+AssertionError``); ties go to the later line. With none, a failed result is told by
+its first line (a tool error) or its last (a failing command; not the line stating
+the exit code, unless it is all there is).
 
 Unresolved
 ----------

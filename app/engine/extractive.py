@@ -39,8 +39,9 @@ merged, the original goal kept and the lists deduplicated and capped, so a
 session compacted many times still opens with what the user first asked.
 
 The output never exceeds ``max_chars``: the sections over their share of it
-lose their oldest items first (the unresolved errors are not theirs to lose). The history is read newest first and each
-list stops at its cap, so a 200k-token history takes milliseconds.
+lose their oldest items first (the pinned unresolved errors are never lost). The
+history is read newest first and each list stops at its cap, so a 200k-token history
+takes milliseconds.
 """
 
 from __future__ import annotations
