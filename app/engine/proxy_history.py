@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from app.engine import opaque
 from app.engine.model import Entry
 
 DIGEST_BYTES = 32
@@ -75,6 +76,8 @@ def _canonical_parts(entry: Entry) -> list[Any]:
             parts.append(["call", part["id"], part["name"], _arguments(part["arguments"])])
         elif kind == "image":
             parts.append(["image", part.get("url"), part.get("media_type"), part.get("data")])
+        elif kind == "opaque":
+            parts.append(["opaque", opaque.comparable(part)])
         elif kind != "reasoning":
             parts.append([kind, {k: v for k, v in part.items() if k != "extra"}])
     return parts

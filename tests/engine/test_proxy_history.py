@@ -364,3 +364,41 @@ def test_a_reply_with_nothing_to_send_back_is_contentless() -> None:
         {"role": "assistant", "content": None, "tool_calls": _tool_turn(0, "")[0]["tool_calls"]},
     ):
         assert not contentless(OPENAI(full, "r")[0])
+
+
+def test_a_server_tool_block_sent_back_without_its_nulls_is_the_same_message() -> None:
+    # The Anthropic SDK's model_dump() writes caller/page_age as null;
+    # model_dump(exclude_none=True), and many agents, leave them out.
+    dumped: dict[str, Any] = {
+        "role": "assistant",
+        "content": [
+            {
+                "type": "server_tool_use",
+                "id": "srvtoolu_1",
+                "name": "web_search",
+                "input": {"query": "pg_auto_failover"},
+                "caller": None,
+            },
+            {
+                "type": "web_search_tool_result",
+                "tool_use_id": "srvtoolu_1",
+                "content": [
+                    {
+                        "type": "web_search_result",
+                        "url": "https://example.org",
+                        "title": "Example",
+                        "encrypted_content": "abc",
+                        "page_age": None,
+                    }
+                ],
+            },
+            {"type": "text", "text": "Found it."},
+        ],
+    }
+    without_nulls = copy.deepcopy(dumped)
+    del without_nulls["content"][0]["caller"]
+    del without_nulls["content"][1]["content"][0]["page_age"]
+    assert digest(ANTHROPIC(dumped, "m")[0]) == digest(ANTHROPIC(without_nulls, "m")[0])
+    changed = copy.deepcopy(dumped)
+    changed["content"][0]["input"]["query"] = "citus"
+    assert digest(ANTHROPIC(changed, "m")[0]) != digest(ANTHROPIC(dumped, "m")[0])
