@@ -29,7 +29,7 @@ from app.engine import budget, catalog, ledger
 from app.engine import compaction as engine
 from app.engine.model import Entry, Role
 from app.engine.relief import FAILURE_LIMIT
-from app.engine.summary import render_context_message
+from app.engine.summary import render_context_message, strip_user_requests
 from app.engine.tokens import EncodingName, count_entry
 from app.engine.view import render_view
 from app.sessions import service as sessions
@@ -123,7 +123,7 @@ def _instructions(configured: str | None, asked: str | None) -> str | None:
 
 def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[engine.Source]:
     """The entries since the pivot in the engine's terms; a pruned output costs
-    its placeholder, as in the view."""
+    its placeholder, as in the view; a pinned entry says so."""
     out = []
     for r in rows:
         entry = Entry(
@@ -142,6 +142,7 @@ def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[engine.Sour
                 entry=entry,
                 link_id=r.link_id,
                 view_call_ids=tuple(r.call_ids or ()),
+                pinned=r.pinned,
             )
         )
     return out
@@ -193,12 +194,16 @@ async def prepare(
         keep=keep,
         previous_details=previous[1] if previous else None,
         threshold_tokens=trigger,
+        keep_requests_tokens=config.compaction.keep_requests_tokens,
+        encoding=catalog.lookup(state.model).encoding,
     )
     if plan is None:
         return None
     return Prepared(
         plan=plan,
-        previous_summary=previous[0] if previous else None,
+        # Without its quoted requests: the new summary quotes them afresh (from
+        # the details), and a summarizer shown them would only copy them again.
+        previous_summary=strip_user_requests(previous[0]) if previous else None,
         context_start_seq=state.context_start_seq,
         summary_seq=state.summary_seq,
     )

@@ -55,6 +55,32 @@ class CompactionRequest(BaseModel):
     )
 
 
+class QuotedRequest(BaseModel):
+    seq: int = Field(description="The request's entry in the history.")
+    text: str = Field(description="As quoted: as written, or clipped.")
+    clipped: bool = Field(False, description="Cut to fit the budget (whole lines kept).")
+
+
+class FirstRequest(QuotedRequest):
+    pinned: bool = Field(
+        False, description="Pinned on append: the context holds it, so it is not quoted."
+    )
+
+
+class UserRequests(BaseModel):
+    """The user's requests the summary quotes verbatim, carried to the next compaction."""
+
+    first: FirstRequest | None = Field(
+        None, description="The session's first request; null until a compaction summarized it."
+    )
+    later: list[QuotedRequest] = Field(
+        default_factory=list, description="The latest requests quoted, oldest first."
+    )
+    omitted: int = Field(0, description="Requests since the first that are not quoted.")
+    budget_tokens: int = Field(0, description="The block's budget (keep_requests_tokens, capped).")
+    tokens: int = Field(0, description="What the block takes, counted.")
+
+
 class CompactionDetails(BaseModel):
     read_files: list[str] = Field(default_factory=list)
     modified_files: list[str] = Field(default_factory=list)
@@ -69,6 +95,12 @@ class CompactionDetails(BaseModel):
     )
     notes: list[str] = Field(
         default_factory=list, description="Why the upstream was not (fully) used, and retries."
+    )
+    pinned_entries: int | None = Field(
+        None, description="Entries before the cut the context keeps: system and pinned ones."
+    )
+    user_requests: UserRequests | None = Field(
+        None, description="The user's requests the summary ends with, verbatim."
     )
 
 

@@ -95,7 +95,7 @@ def extractive(
     )
     notes = [_focus_note(instructions, body)] if instructions and instructions.strip() else []
     return Summarized(
-        summary=final_summary(body, None, plan.file_ops, plan.summary_chars),
+        summary=final_summary(body, None, plan.file_ops, plan.summary_chars, plan.requests),
         short_summary=_short_from(body),
         used="extractive",
         notes=notes,
@@ -318,7 +318,7 @@ async def summarize(
         fallback.upstream_model = call.model
         fallback.usage = call.usage
         return fallback
-    summary = final_summary(history, prefix, plan.file_ops, plan.summary_chars)
+    summary = final_summary(history, prefix, plan.file_ops, plan.summary_chars, plan.requests)
     short: str | None
     notes: list[str] = []
     # Titled after the history, unless there is none: then after the split turn.

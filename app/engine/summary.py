@@ -10,8 +10,10 @@ the chosen strategy (``structured`` sections or ``narrative`` prose).
 
 What comes back is cleaned (:func:`clean_reply`), merged with the summary of a
 split turn's first part (:func:`merge_split_turn`), given the lists of files
-read and modified (:func:`with_file_tags`) and finally shown to the agent's
-model as a user message (:func:`render_context_message`).
+read and modified (:func:`with_file_tags`), followed by the user's requests
+quoted verbatim (:func:`with_user_requests`, clipped beyond their budget by
+:func:`clip_request`) and finally shown to the agent's model as a user message
+(:func:`render_context_message`).
 
 The prompt texts live in ``app/prompts/*.md``. Their ``{name}`` tokens are
 filled by one regex pass that knows only the names it is given, so summaries
@@ -24,11 +26,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
+from app.engine.anchors import clip_keeping_anchors
 from app.engine.model import Entry, Part
 from app.prompts import load_prompt
 
@@ -274,6 +277,109 @@ def with_file_tags(summary: str, read_files: Sequence[str], modified_files: Sequ
     if not text:
         return block
     return f"{text}\n\n{block}"
+
+
+# --- The user's requests, verbatim ----------------------------------------------------
+
+USER_REQUESTS_OPEN = "<user-requests>"
+USER_REQUESTS_CLOSE = "</user-requests>"
+USER_REQUESTS_INTRO = "The user's requests as written: the first, then the latest (oldest first)."
+_USER_REQUESTS = re.compile(r"[ \t]*<user-requests>.*?</user-requests>[ \t]*(?:\n|\Z)", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptRequest:
+    """A user request a summary quotes: its entry's ``seq`` and text, whole, or
+    cut by :func:`clip_request` (``clipped``) when it did not fit its budget.
+    ``first``: the session's first request."""
+
+    seq: int
+    text: str
+    first: bool = False
+    clipped: bool = False
+
+
+def render_request(request: KeptRequest) -> str:
+    """One quoted request, in ``<request>`` tags that give its seq (and whether it
+    is the first, or was clipped). A closing ``</user-requests>`` inside the text
+    gets a backslash (``<\\/user-requests>``), so the block always ends where it
+    should; nothing else of the text is changed."""
+    attrs = f' seq="{request.seq}"'
+    if request.first:
+        attrs += ' first="true"'
+    if request.clipped:
+        attrs += ' clipped="true"'
+    text = request.text.strip("\n").replace(USER_REQUESTS_CLOSE, "<\\/user-requests>")
+    return f"<request{attrs}>\n{text}\n</request>"
+
+
+def omitted_note(count: int) -> str:
+    plural = "s" if count != 1 else ""
+    return f"[{count} other request{plural} not quoted here: the history has them]"
+
+
+def render_user_requests(requests: Sequence[KeptRequest], omitted: int = 0) -> str:
+    """The ``<user-requests>`` block: ``requests`` in order (the first request,
+    then the latest ones), with a note of the ``omitted`` ones between the first
+    and the rest; empty when there is nothing to quote."""
+    if not requests:
+        return ""
+    lines = [USER_REQUESTS_OPEN, USER_REQUESTS_INTRO]
+    noted = omitted <= 0
+    for request in requests:
+        if not noted and not request.first:
+            lines.append(omitted_note(omitted))
+            noted = True
+        lines.append(render_request(request))
+    if not noted:
+        lines.append(omitted_note(omitted))
+    lines.append(USER_REQUESTS_CLOSE)
+    return "\n".join(lines)
+
+
+def strip_user_requests(summary: str) -> str:
+    """``summary`` without its ``<user-requests>`` block (a model may echo it; the
+    next compaction quotes the requests again from the job's details)."""
+    if USER_REQUESTS_OPEN not in summary:
+        return summary.strip()
+    return _BLANK_RUNS.sub("\n\n", _USER_REQUESTS.sub("", summary)).strip()
+
+
+def with_user_requests(summary: str, block: str) -> str:
+    """``summary`` without any block it held, then ``block`` (a
+    :func:`render_user_requests`): last, right before the messages the context
+    keeps, where the agent reads on from."""
+    text = strip_user_requests(summary)
+    if not block:
+        return text
+    return f"{text}\n\n{block}" if text else block
+
+
+def clip_request(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """``text`` within ``max_tokens`` (as ``count`` counts them), unchanged when it fits.
+
+    Otherwise cut by :func:`app.engine.anchors.clip_keeping_anchors`, the one
+    rule that keeps a request's anchors: whole lines, chosen by priority (the
+    opening line; error lines; lines naming a task term first, or a path; other
+    lines naming a term; then the rest from the head and the tail inwards), in
+    their original order, each run of left-out lines marked ``[... N lines
+    omitted ...]``; when no line fits, the head cut to size. That rule counts
+    characters: the character budget starts at the text's own characters per
+    token and shrinks until the result is within ``max_tokens``.
+    """
+    if max_tokens <= 0:
+        return ""
+    total = count(text)
+    if total <= max_tokens:
+        return text
+    chars = min(len(text) - 1, len(text) * max_tokens // total)
+    while chars > 0:
+        clipped = clip_keeping_anchors(text, chars)
+        tokens = count(clipped)
+        if tokens <= max_tokens:
+            return clipped
+        chars = min(chars - 1, chars * max_tokens * 19 // (tokens * 20))
+    return ""
 
 
 def render_context_message(summary: str) -> str:

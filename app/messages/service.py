@@ -87,17 +87,58 @@ def append_document(doc: dict[str, Any]) -> bytes:
 
 def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
     """The batch in the canonical model; raises a 422 naming the first bad field."""
+    return parse_pinned_batch(messages, fmt)[0]
+
+
+def parse_pinned_batch(messages: list[Any], fmt: Format) -> tuple[list[Entry], list[bool]]:
+    """The batch in the canonical model, and whether each entry is pinned; raises
+    a 422 naming the first bad field.
+
+    ``pinned`` is compactd's own key of a message, in both formats: ``true`` marks
+    a message that is never summarized (the context keeps it verbatim wherever a
+    compaction cuts, as it keeps system entries). Like any key the provider does
+    not have, it is kept with the stored message and given back in the history,
+    never shown to the model. What cannot stand alone in a context is refused:
+    a tool result (Anthropic: a user message with ``tool_result`` blocks) stays
+    with the call it answers, and an assistant message with tool calls with
+    their results.
+    """
     entries: list[Entry] = []
+    pinned: list[bool] = []
     try:
         for i, raw in enumerate(messages):
             path = f"messages[{i}]"
             if fmt == "openai":
-                entries.append(openai_format.parse_message(raw, path))
+                parsed = [openai_format.parse_message(raw, path)]
             else:
-                entries.extend(anthropic_format.parse_message(raw, path))
+                parsed = anthropic_format.parse_message(raw, path)
+            pin = _pinned(raw, path, parsed)
+            entries.extend(parsed)
+            pinned.extend(pin for _ in parsed)
     except InvalidMessage as exc:
         raise invalid(exc.path, exc.detail) from None
-    return entries
+    return entries, pinned
+
+
+def _pinned(raw: Any, path: str, parsed: list[Entry]) -> bool:
+    value = raw.get("pinned", False) if isinstance(raw, dict) else False
+    if not isinstance(value, bool):
+        raise InvalidMessage(f"{path}.pinned", "must be true or false")
+    if not value:
+        return False
+    if any(e.role == "tool" for e in parsed):
+        raise InvalidMessage(
+            f"{path}.pinned",
+            "a tool result cannot be pinned: it stays with the call it answers, and is "
+            "summarized with it",
+        )
+    if any(e.call_ids for e in parsed):
+        raise InvalidMessage(
+            f"{path}.pinned",
+            "an assistant message with tool calls cannot be pinned: its calls stay with "
+            "their results, and are summarized with them",
+        )
+    return True
 
 
 def check_batch_size(count: int, max_messages: int) -> None:
@@ -431,6 +472,7 @@ class AppendService:
                     omitted_bytes=shown.omitted_bytes,
                     view_call_id=view_ids[0] if view_ids and entry.role == "tool" else None,
                     call_id_tokens=shown.call_id_tokens,
+                    pinned=batch.pinned[offset],
                 )
             )
             stored.append(
@@ -542,7 +584,7 @@ class _Batch:
     ) -> None:
         check_request_fields(body)
         self.format = body.format
-        self.entries = parse_batch(body.messages, body.format)
+        self.entries, self.pinned = parse_pinned_batch(body.messages, body.format)
         try:
             self.system = (
                 None if body.system is None else anthropic_format.parse_system(body.system)
@@ -597,6 +639,7 @@ class _Batch:
                 omitted_bytes=None,
                 view_call_id=None,
                 call_id_tokens=None,
+                pinned=False,
             )
         return self._system_row[key]
 

@@ -28,6 +28,15 @@ class CompactionConfig(Strict):
         None, gt=0, le=1, description="A fraction of the usable window; wins over reserve_tokens."
     )
     keep_recent_tokens: int = Field(20_000, ge=0, le=10_000_000)
+    keep_requests_tokens: int = Field(
+        20_000,
+        ge=0,
+        le=10_000_000,
+        description="Tokens of the user's requests a compaction's summary quotes verbatim "
+        "(the first request, then the latest ones), within a tenth of the compaction "
+        "threshold; beyond it they are clipped by whole lines, the opening line, errors, "
+        "names and paths first. 0: none quoted.",
+    )
     strategy: Literal["structured", "narrative"] = "structured"
     summarizer: Literal["llm", "extractive"] = "llm"
     model: str | None = Field(None, max_length=200)

@@ -61,6 +61,7 @@ class EntryRow(NamedTuple):
     omitted_bytes: int | None
     view_call_id: str | None  # a result's call as the view names it, when not its own id
     call_id_tokens: int | None  # what that id costs in the view (results only)
+    pinned: bool  # never summarized: the context keeps it wherever a compaction cuts
 
 
 class CallRow(NamedTuple):
@@ -106,7 +107,8 @@ _WINDOW_SQL = {
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
-# The system entries before the cut that the context keeps. A key range, like
+# The entries before the cut that the context keeps (system entries, and those
+# pinned on append). A key range, like
 # the window: lookups by "seq = ANY($3)" (or a join on unnest) were planned as
 # scans of the whole session whenever its statistics lagged.
 _PINNED_SQL = {
@@ -165,7 +167,7 @@ _LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 # array per field and unnest zips them back into rows.
 _ENTRY_TYPES = (
     "bigint", "uuid", "text", "jsonb", "text", "text", "boolean", "text", "text",
-    "jsonb", "int", "jsonb", "text", "text", "int", "int", "text", "int",
+    "jsonb", "int", "jsonb", "text", "text", "int", "int", "text", "int", "boolean",
 )  # fmt: skip
 _CALL_TYPES = ("text", "text", "bigint", "bigint", "text")
 _ANSWER_TYPES = ("text", "bigint", "bigint")
@@ -214,12 +216,12 @@ WITH advanced AS (
     INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
         view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id,
-        call_id_tokens, parent_seq, created_at)
+        call_id_tokens, pinned, parent_seq, created_at)
     SELECT $1, $2, r.seq, r.id, 'message', r.role, r.parts, r.tool_call_id, r.tool_name,
         r.is_error, r.name, r.content_form, r.extra, $3, r.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(r.call_ids) AS c),
         r.view_openai, r.view_anthropic, r.omitted_lines, r.omitted_bytes, r.view_call_id,
-        r.call_id_tokens, NULLIF(r.seq - 1, 0), $4
+        r.call_id_tokens, r.pinned, NULLIF(r.seq - 1, 0), $4
     FROM advanced, {_unnest(_ENTRY_ARG, _ENTRY_TYPES, EntryRow._fields)}
 ), new_calls AS (
     INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq, view_id)
@@ -286,8 +288,9 @@ async def read_window(
     summary_seq: int | None = None,
     pinned_seqs: list[int] | None = None,
 ) -> list[Any]:
-    """The entries of the model's view, in the model's order: the pinned system
-    entries, the summary, then ``start_seq <= seq < end_seq``. Light columns and
+    """The entries of the model's view, in the model's order: the pinned entries
+    (system ones, and those marked pinned on append), the summary, then
+    ``start_seq <= seq < end_seq``. Light columns and
     the fragment rendered for ``fmt``, never the parts. Records (``seq, role,
     link_id, call_ids, tokens, view, is_error, kind``), no per-row ORM pass."""
     records = await driver.fetch(_WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq)
@@ -346,7 +349,8 @@ WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = p.seq AND e.erased_byte
 _SOURCE_SQL = {
     light: f"""
 SELECT seq, kind, role, {"NULL::jsonb" if light else "parts"} AS parts, tool_call_id,
-    tool_name, is_error, name, tokens, coalesce(view_call_id, tool_call_id) AS link_id, call_ids
+    tool_name, is_error, name, tokens, coalesce(view_call_id, tool_call_id) AS link_id, call_ids,
+    pinned
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
 ORDER BY seq
@@ -364,8 +368,8 @@ VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 
 """
 
 # The context's size after the pivot moves, from the stored counts: the kept
-# window (pruned outputs at their placeholder's size), the pinned system
-# entries and the new summary.
+# window (pruned outputs at their placeholder's size), the pinned entries
+# (system ones, and those marked pinned on append) and the new summary.
 _CONTEXT_TOTALS_SQL = """
 WITH window_entries AS (
     SELECT e.seq, e.role, e.tokens FROM entry AS e
@@ -467,6 +471,7 @@ class SourceRow:
     tokens: int
     link_id: str | None  # the result's call as the view names it
     call_ids: list[str] | None  # the calls as the view names them
+    pinned: bool = False  # marked on append: never summarized
 
 
 @dataclass(slots=True)
@@ -702,7 +707,8 @@ class MessageRepository:
     ) -> list[tuple[Entry, datetime | None]]:
         """Entries after ``after_seq`` (and before ``before_seq``), each with the
         time pruning hid it, if it did. ``replaced_only``: what a compaction
-        replaces, the messages without the system entries and summaries."""
+        replaces, the messages without the system entries, the pinned entries
+        (the context keeps both) and summaries."""
         stmt = (
             select(Entry, PruneMark.pruned_at)
             .outerjoin(
@@ -723,6 +729,8 @@ class MessageRepository:
             stmt = stmt.where(Entry.seq < before_seq)
         if replaced_only:
             stmt = stmt.where(
-                Entry.kind != "compaction", Entry.role.not_in(("system", "developer"))
+                Entry.kind != "compaction",
+                Entry.role.not_in(("system", "developer")),
+                Entry.pinned.is_(False),
             )
         return [(row[0], row[1]) for row in await self.db.execute(stmt)]

@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
@@ -126,6 +127,8 @@ class Entry(Base):
     call_id_tokens: Mapped[int | None] = mapped_column(Integer)  # its tokens in the view
     omitted_lines: Mapped[int | None] = mapped_column(Integer)  # ingest truncation of the view
     omitted_bytes: Mapped[int | None] = mapped_column(Integer)
+    # Marked on append: never summarized, kept in the context like a system entry.
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +35,7 @@ from tests.compactions.worker_support import (
     system_of,
 )
 from tests.conftest import make_session
-from tests.helpers import append_ok, get_session, tool_call
+from tests.helpers import append_ok, get_session, history, tool_call
 from tests.upstream_server import (
     Close,
     Drip,
@@ -47,6 +48,16 @@ from tests.upstream_server import (
 )
 
 READ_FILES = [f"src/mod{k}.py" for k in range(10)]  # read before the last user message
+# What a summary of seeded(client, 12) opens with: the user's requests it replaces.
+REQUESTS = """<user-requests>
+The user's requests as written: the first, then the latest (oldest first).
+<request seq="2" first="true">
+Fix the failing date parser in src/dates.py. Never edit tests/.
+</request>
+<request seq="14">
+Keep going with part 1.
+</request>
+</user-requests>"""
 
 
 def _between(text: str, start: str, end: str) -> str:
@@ -95,9 +106,11 @@ async def test_llm_summary_comes_from_the_upstream_reply(
     assert done["summarizer_used"] == "llm"
     assert done["attempts"] == 1
     assert done["error"] is None
-    # The reply itself, then the files read (never modified here), in tags.
+    # The reply itself, then the files read (never modified here), in tags, then
+    # the user's requests it replaces, verbatim (the first, then the later one;
+    # the last is kept).
     files = "\n".join(READ_FILES)
-    assert done["summary"] == f"{SUMMARY}\n\n<read-files>\n{files}\n</read-files>"
+    assert done["summary"] == (f"{SUMMARY}\n\n<read-files>\n{files}\n</read-files>\n\n{REQUESTS}")
     assert done["short_summary"] == SHORT
     assert done["upstream_model"] == "summarizer-2025"
     assert done["upstream_usage"] == {"input_tokens": 3200, "output_tokens": 132}
@@ -536,8 +549,13 @@ async def test_second_compaction_updates_the_previous_summary_and_files_add_up(
     assert second["status"] == "succeeded", second
     assert second["summarizer_used"] == "llm", second
     prompt = prompt_of(upstream.requests[2])
-    # The previous summary (as stored, files and all) is carried into the update prompt.
-    assert prompt.startswith(f"<previous-summary>\n{first['summary']}\n</previous-summary>\n\n")
+    # The previous summary (as stored, files and all) is carried into the update
+    # prompt, but for the user's requests it quoted: the new summary quotes them
+    # again itself, and a model shown them would only copy them.
+    assert first["summary"].endswith(f"</read-files>\n\n{REQUESTS}")
+    carried = first["summary"].removesuffix(f"\n\n{REQUESTS}")
+    assert prompt.startswith(f"<previous-summary>\n{carried}\n</previous-summary>\n\n")
+    assert "<user-requests>" not in prompt
     assert load_prompt("update").splitlines()[0] in prompt
     conversation = _between(prompt, "<conversation>\n", "\n</conversation>")
     assert conversation.startswith("[User]: Keep going with part 2.")  # kept last time
@@ -551,11 +569,24 @@ async def test_second_compaction_updates_the_previous_summary_and_files_add_up(
     assert first["details"]["read_files"] == READ_FILES
     assert second["details"]["read_files"] == read_files
     assert second["details"]["modified_files"] == ["src/dates.py", "src/util.py"]
-    assert second["summary"] == (
+    summary, block = second["summary"].split("\n\n<user-requests>\n")
+    assert summary == (
         f"{second_summary}\n\n<read-files>\n"
         + "\n".join(read_files)
         + "\n</read-files>\n<modified-files>\nsrc/dates.py\nsrc/util.py\n</modified-files>"
     )
+    # The requests: the first, carried from the first compaction's details with
+    # the later one it quoted, then the two this one summarized, all verbatim.
+    seqs = {e["message"]["content"]: e["seq"] for e in await history(client, sid)}
+    written = [
+        "Fix the failing date parser in src/dates.py. Never edit tests/.",
+        "Keep going with part 1.",
+        "Keep going with part 2.",
+        "Now write the fix. " + "Context. " * 300,
+    ]
+    quoted = re.findall(r'<request seq="(\d+)"[^>]*>\n(.*?)\n</request>', block, re.S)
+    assert quoted == [(str(seqs[text]), text) for text in written]
+    assert block.endswith("</user-requests>")
     assert await compaction_count(client, sid) == 2
     assert len(await compaction_entries(client, sid)) == 2
     # The archive of the second holds exactly what it replaced.

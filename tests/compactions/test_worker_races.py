@@ -24,7 +24,7 @@ from app.compactions.summarizer import extractive
 from app.compactions.worker import LeaseLost, Worker
 from app.core.database import driver_connection
 from app.core.settings import Settings
-from app.engine.summary import SPLIT_TURN_SEPARATOR, strip_file_tags
+from app.engine.summary import SPLIT_TURN_SEPARATOR, strip_file_tags, strip_user_requests
 from tests.compactions.helpers import compaction, conversation, drain, worker_config
 from tests.compactions.worker_support import (
     SHORT,
@@ -481,7 +481,9 @@ async def test_an_emergency_compaction_during_the_call_makes_the_job_plan_again(
     assert "Keep going with part" not in replanned
     assert done["first_kept_seq"] > emergency["first_kept_seq"]
     assert done["details"]["split_turn"] is True
-    carried = strip_file_tags(emergency["summary"])
+    # The emergency's summary, carried without its file tags and quoted requests
+    # (the new summary lists and quotes them afresh).
+    carried = strip_file_tags(strip_user_requests(emergency["summary"]))
     assert done["summary"].startswith(carried + SPLIT_TURN_SEPARATOR + SUMMARY)
     session = await get_session(client, sid)
     assert session["compaction_count"] == 2
