@@ -33,11 +33,14 @@ in a background worker, so the agent may append a turn or more before it commits
 finds calls still running, so adds no "continue"); here it commits at once, as if the
 worker were instant. With an instant worker the replay is the service, turn for turn:
 tests/bench/test_continuity_replay.py runs a trace through both and compares every
-context, the totals and every summary. What the service does in async code
-(``app.compactions.pivot.prepare`` and ``commit_pivot``, the worker's rules) is mirrored
-in :meth:`Session.compact`: a change there must be made here too, and that test says
-when it is not. Reused tool call ids (renamed in the view by the service) do not occur
-in these traces; the replay refuses them.
+context, the totals and every summary. The compaction's decisions (what to keep, the
+plan's arguments, the previous summary as the summarizer reads it, the entries
+appended, the pinned entries, whether it is committed and whether its yield holds the
+next one) are :mod:`app.engine.pivot_rules`, which ``app.compactions.pivot.prepare``
+and ``commit_pivot`` call too: :meth:`Session.compact` does only the reads the service
+does in SQL (the entries since the pivot, the kept window's totals, the log's tail).
+Reused tool call ids (renamed in the view by the service) do not occur in these traces
+(the replay refuses them), nor do messages pinned on append.
 """
 
 from __future__ import annotations
@@ -54,16 +57,14 @@ from pathlib import Path
 from typing import Any
 
 from app.budget.prune import _TYPICAL_CALL_ID_TOKENS
-from app.compactions.pivot import CONTINUE_TEXT, CUT_OFF, LOW_YIELD_SHARE
 from app.compactions.summarizer import extractive
 from app.core.tokenizer import load_encodings
-from app.engine import budget, catalog, ledger, relief, tokens, truncate
+from app.engine import budget, catalog, ledger, pivot_rules, relief, tokens, truncate
 from app.engine import compaction as engine
 from app.engine.context import check_openai_pairing, pair_tool_calls
 from app.engine.model import Entry
 from app.engine.openai_format import parse_message, render_message
 from app.engine.prune import Item, PruneSettings, plan_prune
-from app.engine.summary import render_context_message
 from app.engine.view import placeholder_entry
 from app.sessions.schemas import SessionConfig
 from bench import continuity_rules as rules
@@ -297,13 +298,16 @@ class Session:
         self.totals = ledger.apply(self.totals, ledger.Pruned(saved, step.urgent))
         return saved
 
-    # Compaction (app.compactions.pivot.prepare and commit_pivot, the worker's rules).
+    # Compaction: app.compactions.pivot.prepare and commit_pivot, the worker's rules.
+    # Every decision is app.engine.pivot_rules', as there; only the reads differ
+    # (the log in memory, where the service reads its rows).
 
     def _by_seq(self, seq: int) -> Stored:
         return self.log[seq - 1]
 
     def _calls_pending(self, seq: int) -> bool:
-        """The latest assistant entry with calls at or before ``seq`` still waits on one."""
+        """The latest assistant entry with calls at or before ``seq`` still waits on
+        one (the repository's ``calls_pending``)."""
         at = next(
             (s for s in reversed(self.log[:seq]) if s.role == "assistant" and s.entry.call_ids),
             None,
@@ -315,34 +319,21 @@ class Session:
 
     def _should_continue(self, seq: int) -> bool:
         tail = self._by_seq(seq)
-        if tail.kind != "message":
-            return False
-        if tail.role == "tool":
-            return not self._calls_pending(seq)
-        if tail.role == "assistant":
-            return not tail.entry.call_ids and FINISH_REASON in CUT_OFF
-        return False
-
-    def _new_entry(self, seq: int, kind: str, text: str) -> Stored:
-        entry = Entry(role="user", parts=[{"type": "text", "text": text}], content_form="string")
-        return Stored(seq, kind, entry, entry, tokens.count_entry(entry, self.encoding))
-
-    def _estimate_from_counts(self, context_tokens: int) -> int:
-        acc = dataclasses.replace(
-            self.accounting(),
-            context_tokens=context_tokens,
-            reported_prompt_tokens=None,
-            context_tokens_at_report=None,
+        return pivot_rules.continues(
+            role=tail.role,
+            kind=tail.kind,
+            makes_calls=bool(tail.entry.call_ids),
+            finish_reason=FINISH_REASON,
+            calls_pending=tail.kind == "message"
+            and tail.role == "tool"
+            and self._calls_pending(seq),
         )
-        return budget.estimate(acc)
 
-    def compact(self, reason: str, *, auto: bool = True) -> None:
-        t, c = self.totals, self.config.compaction
-        trigger = self.thresholds.trigger_tokens(self.window.usable_tokens)
-        keep = engine.keep_tokens(
-            c.keep_recent_tokens, trigger, emergency=reason in ("emergency", "overflow")
-        )
-        sources = [
+    def _sources(self) -> list[engine.Source]:
+        """The entries since the pivot as ``pivot.sources_of`` gives them: a pruned
+        output costs its placeholder. (No reused call ids, nothing pinned on append
+        here: the view's ids are the entries' own.)"""
+        return [
             engine.Source(
                 seq=s.seq,
                 kind=s.kind,
@@ -356,47 +347,45 @@ class Session:
                     tokens=self.marks.get(s.seq, s.tokens),
                 ),
             )
-            for s in self.log[t.context_start_seq - 1 :]
+            for s in self.log[self.totals.context_start_seq - 1 :]
         ]
-        plan = engine.plan(
-            sources,
+
+    def compact(self, reason: str, *, auto: bool = True) -> None:
+        t, c = self.totals, self.config.compaction
+        plan = pivot_rules.plan(
+            self._sources(),
+            reason=reason,
             start_seq=t.context_start_seq,
             end_seq=t.next_seq,
-            keep=keep,
+            context_tokens=t.context_tokens,
+            trigger_tokens=self.thresholds.trigger_tokens(self.window.usable_tokens),
+            keep_recent_tokens=c.keep_recent_tokens,
+            keep_requests_tokens=c.keep_requests_tokens,
             previous_details=self.previous[1] if self.previous else None,
-            threshold_tokens=trigger,
+            encoding=self.encoding,
         )
         if plan is None:  # nothing to cut: held until new history arrives
             self.held_seq = t.next_seq
             self.not_committed["nothing to cut"] += 1
             return
-        summarized = extractive(plan, self.previous[0] if self.previous else None, c.instructions)
+        previous = pivot_rules.previous_summary(self.previous[0] if self.previous else None)
+        summarized = extractive(plan, previous, c.instructions)
         seq = t.next_seq
-        text = render_context_message(summarized.summary)
-        new = [self._new_entry(seq, "compaction", text)]
         continued = auto and c.auto_continue and self._should_continue(seq - 1)
-        if continued:
-            new.append(self._new_entry(seq + 1, "continue", CONTINUE_TEXT))
-        pinned = tuple(sorted(set(t.pinned_seqs) | set(plan.pinned)))
-        kept, tool = ledger.recount(self.log, self.marks, plan.first_kept_seq, seq, pinned)
-        moved = ledger.PivotMoved(
-            added=tuple(e.tokens for e in new),
-            context_start_seq=plan.first_kept_seq,
-            summary_seq=seq,
-            pinned_seqs=pinned,
-            window_tokens=kept,
-            window_tool_tokens=tool,
+        new = pivot_rules.pivot_entries(
+            seq, summarized.summary, continued=continued, encoding=self.encoding
         )
-        if moved.context_tokens >= t.context_tokens:  # NoGain: not committed, held
+        pinned = pivot_rules.pinned_after(t.pinned_seqs, plan)
+        kept, tool = ledger.recount(self.log, self.marks, plan.first_kept_seq, seq, pinned)
+        moved = pivot_rules.moved(plan, new, pinned, window_tokens=kept, window_tool_tokens=tool)
+        judged = pivot_rules.judge(self.accounting(), moved)
+        if not judged.gain:  # NoGain: not committed, held
             self.held_seq = t.next_seq
             self.not_committed["no gain"] += 1
             return
-        before = self._estimate_from_counts(t.context_tokens)
-        after = self._estimate_from_counts(moved.context_tokens)
-        self.log.extend(new)
+        self.log.extend(Stored(n.seq, n.kind, n.entry, n.entry, n.entry.tokens) for n in new)
         self.totals = ledger.apply(t, moved)
-        low_yield = before - after < LOW_YIELD_SHARE * before
-        self.held_seq = self.totals.next_seq if low_yield else None
+        self.held_seq = self.totals.next_seq if judged.low_yield else None
         self.previous = (summarized.summary, plan.details)
         first_kept = next(
             (
@@ -412,7 +401,7 @@ class Session:
                 first_kept_seq=plan.first_kept_seq,
                 cut_index=first_kept,
                 appended=self.appended,
-                summary_tokens=new[0].tokens,
+                summary_tokens=new[0].entry.tokens,
                 summary_budget_chars=plan.summary_chars,
                 summary_chars=len(summarized.summary),
                 tokens_before=t.context_tokens,

@@ -9,7 +9,6 @@ totals and pivot are set, and the job is finished, together or not at all.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -25,12 +24,13 @@ from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
 from app.core import metrics
 from app.core.driver import Driver
-from app.engine import budget, catalog, ledger
+from app.engine import catalog, pivot_rules
 from app.engine import compaction as engine
 from app.engine.model import Entry, Role
+from app.engine.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
+from app.engine.pivot_rules import CUT_OFF as CUT_OFF
+from app.engine.pivot_rules import LOW_YIELD_SHARE as LOW_YIELD_SHARE
 from app.engine.relief import FAILURE_LIMIT
-from app.engine.summary import render_context_message, strip_user_requests
-from app.engine.tokens import EncodingName, count_entry
 from app.engine.view import render_view
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
@@ -38,11 +38,6 @@ from app.store.log import LogRepository, NewEntry, SourceRow
 from app.store.session_row import SessionState, Unit
 
 log = logging.getLogger("compactd.compaction")
-
-LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
-CONTINUE_TEXT = "Continue if you have next steps."
-# Finish reasons of a reply cut off by the output limit (OpenAI, Anthropic, Gemini).
-CUT_OFF = frozenset({"length", "max_tokens", "model_length"})
 
 
 def started(job: JobRow, created: bool) -> CompactionStarted:
@@ -180,30 +175,25 @@ async def prepare(
         else await CompactionRepository(tenant_id).previous(driver, session_id, state.summary_seq)
     )
     window, _ = sessions.window_of(state)
-    trigger = sessions.thresholds_of(config).trigger_tokens(window.usable_tokens)
-    urgent = reason in ("emergency", "overflow")
-    keep = engine.keep_tokens(config.compaction.keep_recent_tokens, trigger, emergency=urgent)
-    if reason == "overflow":
-        # The provider refused a prompt this session's estimate thought would fit:
-        # keep a share of what the context holds, whatever the window says.
-        keep = min(keep, state.context_tokens // 4)
-    plan = engine.plan(
+    # What to keep and what the plan is made with: the engine's rules (shared
+    # with bench/continuity.py's replay), the session's values.
+    plan = pivot_rules.plan(
         sources_of(rows, marks),
+        reason=reason,
         start_seq=state.context_start_seq,
         end_seq=state.next_seq,
-        keep=keep,
-        previous_details=previous[1] if previous else None,
-        threshold_tokens=trigger,
+        context_tokens=state.context_tokens,
+        trigger_tokens=sessions.thresholds_of(config).trigger_tokens(window.usable_tokens),
+        keep_recent_tokens=config.compaction.keep_recent_tokens,
         keep_requests_tokens=config.compaction.keep_requests_tokens,
+        previous_details=previous[1] if previous else None,
         encoding=catalog.lookup(state.model).encoding,
     )
     if plan is None:
         return None
     return Prepared(
         plan=plan,
-        # Without its quoted requests: the new summary quotes them afresh (from
-        # the details), and a summarizer shown them would only copy them again.
-        previous_summary=strip_user_requests(previous[0]) if previous else None,
+        previous_summary=pivot_rules.previous_summary(previous[0] if previous else None),
         context_start_seq=state.context_start_seq,
         summary_seq=state.summary_seq,
     )
@@ -242,56 +232,33 @@ class NoGain:
         )
 
 
-def _estimate_from_counts(state: SessionState, context_tokens: int) -> int:
-    """The estimate of a context of ``context_tokens`` counted tokens from the
-    counts alone (calibrated, plus overhead), without the reported base: the
-    base measured the context as it was, so before and after a compaction only
-    estimates made this way compare like with like."""
-    return budget.estimate(
-        dataclasses.replace(
-            sessions.accounting_of(state),
-            context_tokens=context_tokens,
-            reported_prompt_tokens=None,
-            context_tokens_at_report=None,
-        )
-    )
-
-
-def _new_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> NewEntry:
-    entry = Entry(role="user", parts=[{"type": "text", "text": text}], content_form="string")
-    tokens = count_entry(entry, encoding)
+def _stored(new: pivot_rules.PivotEntry) -> NewEntry:
+    entry = new.entry
     view_openai, view_anthropic = render_view(entry)
     return NewEntry(
-        seq=seq,
-        kind=kind,
+        seq=new.seq,
+        kind=new.kind,
         parts_json=orjson.dumps(entry.parts).decode(),
-        tokens=tokens,
+        tokens=entry.tokens,
         view_openai=view_openai,
         view_anthropic=view_anthropic,
     )
 
 
 async def _should_continue(driver: Driver, repo: LogRepository, session_id: str, seq: int) -> bool:
-    """Whether a synthetic "continue" should follow an automatic compaction.
-
-    Only when the agent was interrupted mid-work: its last entry is a tool
-    result and every call of that turn has its result (a user message while
-    calls still run would hide them from the view), or its last reply was cut
-    off by the output limit. Not after a reply that ended on its own (no
-    calls, any other finish reason), nor after a user message, which already
-    asks for the next step.
-    """
+    """Whether a synthetic "continue" should follow an automatic compaction whose
+    log ends at ``seq``: :func:`app.engine.pivot_rules.continues` on the log's tail
+    (whether calls are pending is read for a tool result only)."""
     tail = await repo.tail(driver, session_id, seq)
     if tail is None:
         return False
     role, kind, calls, finish_reason = tail
-    if kind != "message":
-        return False
-    if role == "tool":
-        return not await repo.calls_pending(driver, session_id, seq)
-    if role == "assistant":
-        return not calls and (finish_reason or "").lower() in CUT_OFF
-    return False
+    pending = (
+        kind == "message" and role == "tool" and await repo.calls_pending(driver, session_id, seq)
+    )
+    return pivot_rules.continues(
+        role=role, kind=kind, makes_calls=calls, finish_reason=finish_reason, calls_pending=pending
+    )
 
 
 async def commit_pivot(
@@ -307,55 +274,45 @@ async def commit_pivot(
     """Append the compaction entry and move the session's pivot to it, in the
     caller's unit of work (the session row locked); its state is updated and saved.
 
+    The entries, the move and whether it is committed are
+    :mod:`app.engine.pivot_rules`' (shared with bench/continuity.py's replay).
     A summary that would leave the context no smaller is not committed
-    (:class:`NoGain`): nothing is written. That is judged on counted tokens
-    before and after, never against the estimate before: its exact base is the
-    provider's last reported prompt, another tokenizer than ours, which the
-    calibration factor (one EMA step per report) may not have caught up with,
-    so a compaction that shrinks the context could look like one that grows it.
+    (:class:`NoGain`): nothing is written (judged on counted tokens, see
+    :func:`~app.engine.pivot_rules.judge`).
     """
     state, driver, session_id = unit.state, unit.driver, unit.session_id
     repo = LogRepository(unit.tenant_id)
     plan = prepared.plan
     before = sessions.verdict_of(state, config).estimated_tokens
-    encoding = catalog.lookup(state.model).encoding
     seq = state.next_seq
-    new = [_new_entry(seq, "compaction", render_context_message(summarized.summary), encoding)]
-    continued = False
-    if (
+    continued = (
         auto
         and config.compaction.auto_continue
         and await _should_continue(driver, repo, session_id, seq - 1)
-    ):
-        new.append(_new_entry(seq + 1, "continue", CONTINUE_TEXT, encoding))
-        continued = True
-    pinned = sorted(set(state.pinned_seqs) | set(plan.pinned))
+    )
+    new = pivot_rules.pivot_entries(
+        seq,
+        summarized.summary,
+        continued=continued,
+        encoding=catalog.lookup(state.model).encoding,
+    )
+    pinned = pivot_rules.pinned_after(state.pinned_seqs, plan)
     # The kept window's totals, read before the new entries exist (they are
     # user messages: they add to the context, never to its tool outputs).
     kept, tool_context = await repo.context_totals(
-        driver, session_id, plan.first_kept_seq, pinned, seq
+        driver, session_id, plan.first_kept_seq, list(pinned), seq
     )
-    moved = ledger.PivotMoved(
-        added=tuple(e.tokens for e in new),
-        context_start_seq=plan.first_kept_seq,
-        summary_seq=seq,
-        pinned_seqs=tuple(pinned),
-        window_tokens=kept,
-        window_tool_tokens=tool_context,
+    moved = pivot_rules.moved(
+        plan, new, pinned, window_tokens=kept, window_tool_tokens=tool_context
     )
-    context = moved.context_tokens
-    if context >= state.context_tokens:
-        return NoGain(state.context_tokens, context)
-    # The yield, like with like too: both sides estimated from counts (the
-    # overhead, which no compaction removes, in both).
-    before_from_counts = _estimate_from_counts(state, state.context_tokens)
-    after_from_counts = _estimate_from_counts(state, context)
+    judged = pivot_rules.judge(sessions.accounting_of(state), moved)
+    if not judged.gain:
+        return NoGain(judged.tokens_before, judged.tokens_after)
     for entry in new:
-        await repo.insert_entry(driver, session_id, entry, now)
+        await repo.insert_entry(driver, session_id, _stored(entry), now)
     unit.apply(moved)
     # Low yield: hold automatic compaction until new history arrives.
-    low_yield = before_from_counts - after_from_counts < LOW_YIELD_SHARE * before_from_counts
-    state.compaction_held_seq = state.next_seq if low_yield else None
+    state.compaction_held_seq = state.next_seq if judged.low_yield else None
     if not auto or state.compaction_failures < FAILURE_LIMIT:
         state.compaction_failures = 0
     if state.active_compaction_id == job_id:
