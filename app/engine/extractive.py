@@ -6,7 +6,10 @@ the structured prompt (``app/prompts/structured.md``), so that the agent reads
 the same shape whichever way its history was compacted.
 
 - **Goal**: the first user request, verbatim (clipped), and the latest
-  requests after it.
+  requests after it. When the summary's ``<user-requests>`` block quotes the first
+  request (``first_request_quoted``), Goal gives only its first
+  :data:`GOAL_SHORT_CHARS` characters on one line, followed by
+  :data:`QUOTED_NOTE`: the tokens are not spent twice.
 - **Constraints & Preferences**: the user's sentences that say must, never,
   don't, always, only, avoid, prefer, make sure or should not.
 - **Progress**: *Done* lists the commands run (marked when they failed),
@@ -74,6 +77,8 @@ LATEST_LABEL = "Latest requests (newest first):"
 
 # Per-item limits, in characters.
 GOAL_CHARS = 1_500
+GOAL_SHORT_CHARS = 200  # the first request, when the <user-requests> block quotes it
+QUOTED_NOTE = "(verbatim in <user-requests> below)"
 LATEST_CHARS = 600
 STATE_CHARS = 600
 SENTENCE_CHARS = 300
@@ -828,6 +833,18 @@ def _merge(new: SummaryFacts, old: SummaryFacts) -> SummaryFacts:
 # --- Writing it out ------------------------------------------------------------------
 
 
+def _short_goal(original: str, quoted: bool) -> str:
+    """The first request as Goal gives it: whole (as parsed or clipped) when no block
+    quotes it, else its head on one line and :data:`QUOTED_NOTE`. Idempotent: a
+    previous summary's short goal is read back and written again unchanged."""
+    text = original.removesuffix(QUOTED_NOTE).rstrip()
+    if not quoted:
+        return text if text else original
+    if m := _CLIPPED.search(text):
+        text = text[: m.start()]
+    return f"{_one_line(text, GOAL_SHORT_CHARS)} {QUOTED_NOTE}"
+
+
 def _render_goal(facts: SummaryFacts) -> str:
     parts = [HEADINGS["goal"]]
     if facts.original:
@@ -916,6 +933,7 @@ def extractive_summary(
     modified_files: Sequence[str] = (),
     max_chars: int = DEFAULT_MAX_CHARS,
     instructions: str | None = None,
+    first_request_quoted: bool = False,
 ) -> str:
     """A structured summary of ``entries`` without a model, at most ``max_chars`` long.
 
@@ -924,6 +942,8 @@ def extractive_summary(
     summary message (:func:`app.engine.summary.render_context_message`), that
     one is. ``read_files`` and ``modified_files`` are the cumulative file lists.
     ``instructions`` are the focus asked for (see the module's docstring).
+    ``first_request_quoted``: the summary's ``<user-requests>`` block quotes the
+    first request, so Goal only names it in short.
     The result has no file tags; add them with
     :func:`app.engine.summary.with_file_tags` like any other summary.
     """
@@ -944,4 +964,6 @@ def extractive_summary(
             or not anchors.is_resolved(command, entries, history.outcomes)
         ]
         facts = _merge(facts, old)
+    if facts.original:
+        facts.original = _short_goal(facts.original, first_request_quoted)
     return _render(facts, max(max_chars, 0))
