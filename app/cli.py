@@ -194,6 +194,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from app.compactions.worker import WorkerConfig, WorkerPool
     from app.core.database import create_engine, resolve_database_url
+    from app.core.tls import client_context
     from app.core.tokenizer import load_encodings
     from app.engine.tokens import register_encodings
 
@@ -210,7 +211,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     async def run() -> None:
         engine = create_engine(url, settings)
         http = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0)
+            timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0),
+            verify=client_context(),
         )
         pool = WorkerPool(
             engine,

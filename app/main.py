@@ -23,6 +23,7 @@ from app.core.limits import LimitMiddleware, Limits
 from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
+from app.core.tls import client_context
 from app.core.tokenizer import load_encodings
 from app.engine.storable import find_unstorable
 from app.engine.tokens import register_encodings
@@ -92,6 +93,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0),
             limits=httpx.Limits(max_connections=max(4, settings.compaction_workers * 4)),
+            verify=client_context(),
         )
         app.state.compaction_wake = wake = asyncio.Event()
         workers = WorkerPool(

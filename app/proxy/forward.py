@@ -1,5 +1,5 @@
-"""The proxy's line to the providers: one HTTP client per process, and the headers that
-cross it.
+"""The proxy's line to the providers: one HTTP client per process, made at start-up,
+and the headers that cross it.
 
 The agent's own headers go upstream as it sent them: its credentials
 (``Authorization``, ``x-api-key``), ``anthropic-version``, ``anthropic-beta``,
@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from app.core.settings import Settings
+from app.core.tls import client_context
 from app.engine.proxy_wire import Api
 
 log = logging.getLogger("compactd.proxy")
@@ -92,17 +93,30 @@ def upstream_url(api: Api, settings: Settings) -> str:
 
 
 class ProxyClient:
-    """The process's HTTP client for proxied calls, made on the first one (an app that
-    proxies nothing does not pay for its TLS context). Timeouts suit model calls: a
-    short connect, and reads as long as a model may stay silent (per read: a stream may
-    go on for longer, as long as it keeps coming).
+    """The process's HTTP client for proxied calls, made with the app at start-up (its
+    TLS context is the process's, :mod:`app.core.tls`), so that no call pays for it.
+    Timeouts suit model calls: a short connect, and reads as long as a model may stay
+    silent (per read: a stream may go on for longer, as long as it keeps coming).
 
     It also holds the work a call leaves behind once its reply is delivered (storing
     the reply), so that shutting down waits for it."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._client: httpx.AsyncClient | None = None
+        s = settings
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                s.proxy_timeout_seconds,
+                connect=s.proxy_connect_timeout_seconds,
+                pool=s.proxy_connect_timeout_seconds,
+            ),
+            # One connection per call in flight at most: each holds a request slot.
+            limits=httpx.Limits(
+                max_connections=s.max_concurrent_requests, max_keepalive_connections=32
+            ),
+            follow_redirects=False,
+            verify=client_context(),
+        )
         self._pending: set[asyncio.Task[None]] = set()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -113,20 +127,6 @@ class ProxyClient:
         return task
 
     def get(self) -> httpx.AsyncClient:
-        if self._client is None:
-            s = self.settings
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(
-                    s.proxy_timeout_seconds,
-                    connect=s.proxy_connect_timeout_seconds,
-                    pool=s.proxy_connect_timeout_seconds,
-                ),
-                # One connection per call in flight at most: each holds a request slot.
-                limits=httpx.Limits(
-                    max_connections=s.max_concurrent_requests, max_keepalive_connections=32
-                ),
-                follow_redirects=False,
-            )
         return self._client
 
     async def aclose(self) -> None:
@@ -138,6 +138,4 @@ class ProxyClient:
                     task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.gather(*late, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._client.aclose()
