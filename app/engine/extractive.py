@@ -78,7 +78,8 @@ LATEST_LABEL = "Latest requests (newest first):"
 # Per-item limits, in characters.
 GOAL_CHARS = 1_500
 GOAL_SHORT_CHARS = 200  # the first request, when the <user-requests> block quotes it
-QUOTED_NOTE = "(verbatim in <user-requests> below)"
+# Never the tag itself: a "<user-requests>" in the text would be read as the block's start.
+QUOTED_NOTE = "(verbatim in the user-requests block below)"
 LATEST_CHARS = 600
 STATE_CHARS = 600
 SENTENCE_CHARS = 300

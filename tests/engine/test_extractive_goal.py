@@ -69,3 +69,15 @@ def test_without_the_block_the_note_is_dropped_not_left_pointing_at_nothing() ->
     summary = extractive_summary([user("Go on.")], previous_summary=previous)
     assert goal(summary) == "Fix the crash in app/parser.py."
     assert QUOTED_NOTE not in summary
+
+
+def test_the_note_never_reads_as_the_block_it_points_at() -> None:
+    """The next compaction strips the summary's <user-requests> block: a note naming
+    the tag would be taken for the block's start and take the sections with it."""
+    from app.engine.summary import KeptRequest, render_user_requests, with_user_requests
+
+    body = extractive_summary([user(LONG)], first_request_quoted=True)
+    block = render_user_requests([KeptRequest(1, LONG, first=True)])
+    summary = with_user_requests(body, block)
+    assert "<user-requests>" not in body
+    assert with_user_requests(summary, "") == body.strip()
