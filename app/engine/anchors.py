@@ -27,7 +27,17 @@ A tool result *failed* when
    and ``prog: x: No such file or directory``, ``...: command not found``,
    ``...: Permission denied``; or
 4. no exit code is reported and the output starts with ``Error:``, ``error:`` or
-   ``ERROR:`` (how tools other than a shell say they failed).
+   ``ERROR:`` (how tools other than a shell say they failed); or
+5. it is the output of a shell command that ran something (not a look-up: see
+   *Unresolved* below), whatever its exit code, and a line of it says what went
+   wrong the way a program prints it, at the start of the line: an exception and
+   its message (``TypeError: object of type 'X' has no len()``, dotted names too;
+   a caught exception printed, a traceback whose header ``| tail`` cut off, an
+   exception ``| grep`` picked out) or ``Error: <message>`` (``print(f"Error:
+   {e}")``, indented too; not a bare number, ``None`` or ``0``). An indented
+   exception line is not one (a docstring's ``Raises:`` shows them so). The same
+   lines printed by a look-up (``cat``, ``grep``, ``sed -n``...) are the file's
+   text, not a failure.
 
 In a failed result, weaker lines count too: any line that names an exception
 (``KeyError: 'x'``, ``AssertionError``, dotted names such as
@@ -238,6 +248,12 @@ _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^File "[^"\n]+", line \d+(?:, in .+)?$')
 _PYTEST_FRAME = re.compile(r"^[^\s:]+\.py:\d+: \w+$")
 _EXCEPTION_CLOSING = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
+# Rule 5: what a program prints when something went wrong, at the start of a line.
+_PRINTED_ERROR = re.compile(
+    r"^(?:" + _EXCEPTION_NAME + r"|(?:[a-z_]\w*\.)+[A-Z]\w*|[ \t]+Error): "
+    r"(?!(?:[-+]?[\d.,]+(?:[eE][-+]?\d+)?%?|None|null|nil|false|False|-)?\s*$)\S.*$",
+    re.M,
+)
 _TAG_LINE = re.compile(r"^\s*</?[A-Za-z_][\w-]*>(?:[^<>\n]{0,20}</[A-Za-z_][\w-]*>)?\s*$")
 _TOOL_ERROR_START = re.compile(r"^(?:Error|error|ERROR)\b\s*[:!-]")
 _NO_TESTS = re.compile(r"^=+ (?:no tests ran|.*\b0 items\b).*=+$|^collected 0 items\b", re.M)
@@ -322,9 +338,7 @@ def _scan(text: str, failed: bool) -> list[ErrorLine]:
 
     Looking for the telling lines only (``failed`` False, the common case), just the
     lines that hold one of :data:`_KEYWORDS` are matched, found with ``str.find``."""
-    tail = text[-SCAN_CHARS:]
-    if len(text) > SCAN_CHARS:
-        tail = tail[tail.find("\n") + 1 :]  # cut mid-line
+    tail = _tail(text)
     found: list[tuple[int, ErrorLine]] = []
     keys: list[tuple[int, int]] = []
     if _TRACEBACK in tail:
@@ -354,6 +368,14 @@ def _scan(text: str, failed: bool) -> list[ErrorLine]:
         if len(out) >= MAX_LINES:
             break
     return out
+
+
+def _tail(text: str) -> str:
+    """The end of ``text`` searched for error lines: :data:`SCAN_CHARS`, whole lines."""
+    tail = text[-SCAN_CHARS:]
+    if len(text) > SCAN_CHARS:
+        tail = tail[tail.find("\n") + 1 :]  # cut mid-line
+    return tail
 
 
 def _line_starts(text: str) -> list[int]:
@@ -398,6 +420,9 @@ def outcome(text: str, *, is_error: bool = False, command: str | None = None) ->
                 lines = [ErrorLine(said[0] if is_error else said[-1], FALLBACK)]
             elif m := (_RETURNCODE_TAG.search(text) or _EXIT_PHRASE.search(text)):
                 lines = [ErrorLine(m[0].strip(), FALLBACK)]
+            elif tags := [ln.strip() for ln in text.splitlines() if ln.strip()]:
+                # Nothing but tags (``<error/>``): still what the result said.
+                lines = [ErrorLine(tags[0] if is_error else tags[-1], FALLBACK)]
         return Outcome(True, code, tuple(lines))
     if telling:
         return Outcome(True, code, tuple(_scan(text, failed=True)))
@@ -405,7 +430,14 @@ def outcome(text: str, *, is_error: bool = False, command: str | None = None) ->
         content = _content_lines(text[:2_000])
         if content and _TOOL_ERROR_START.match(content[0]):
             return Outcome(True, None, (ErrorLine(content[0], MESSAGE),))
+    if command is not None and _PRINTED_ERROR.search(_tail(text)) and _runs(command):
+        return Outcome(True, code, tuple(_scan(text, failed=True)))
     return Outcome(False, code, (), ran_no_tests=_NO_TESTS.search(text[-SCAN_CHARS:]) is not None)
+
+
+def _runs(command: str) -> bool:
+    """Whether ``command`` ran something, rather than only looked around (rule 5)."""
+    return bool(command.strip()) and not _shell_checks(command).lookup
 
 
 def _quiet_on_one(command: str | None) -> bool:

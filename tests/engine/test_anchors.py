@@ -368,6 +368,91 @@ def test_a_tool_error_entry_is_told_by_its_first_line() -> None:
     assert outcome("", is_error=True).failed
 
 
+# Rule 5: what a program the agent ran prints when something went wrong (exit 0).
+PRINTED = [
+    # A caught exception printed by a reproduction script.
+    ("python repro.py", "Created\nTypeError: object of type 'PersonName' has no len()\nDone"),
+    ("python repro.py", "Trying equal bounds...\nError: ('Iterations exceeded maximum', ' NaN')"),
+    ("python -c 'import x; x.f()'", "  Error: TypeError: object of type 'map' has no len()"),
+    ("cd /r && python t.py", "UnicodeEncodeError: 'charmap' codec can't encode character"),
+    ("python t.py", "marshmallow.exceptions.ValidationError: {'bar': ['Not a valid mapping.']}"),
+    ("node t.js", "Error: Cannot find module './x'"),
+    # A traceback whose header ``| tail`` cut off.
+    (
+        "cd /r && python -m pytest t.py -xvs 2>&1 | tail -4",
+        '  File "/r/_pytest/config/__init__.py", line 1814, in _getini_toml\n'
+        "    raise TypeError(\n"
+        "TypeError: /r/pyproject.toml: config option 'testpaths' expects a list",
+    ),
+    # An exception ``| grep`` picked out of the output.
+    (
+        "python -c 'from t import *; test_rules()' 2>&1 | grep -i 'ERROR' | head -20",
+        "NameError: name 'test_rules' is not defined. Did you mean: 'get_ruleset'?",
+    ),
+    # Code written, then run, in one command.
+    ("cat > t.py << 'EOF'\nprint(1)\nEOF\npython t.py", "Error: Dropped elements in sequence"),
+]
+
+
+@pytest.mark.parametrize(("command", "output"), PRINTED)
+def test_an_error_a_program_prints_fails_its_output_whatever_its_exit_code(
+    command: str, output: str
+) -> None:
+    # The line printed: the last that opens (indented or not) with an error's name.
+    printed = [ln.strip() for ln in output.splitlines() if re.match(r"\s*[\w.]*(?:Error|n):", ln)]
+    assert printed
+    for reported in (rc(0, output + "\n"), output, "exit code 0\n" + output):
+        result = outcome(reported, command=command)
+        assert result.failed, reported
+        assert printed[-1] in [line.text for line in result.lines], reported
+    # The same text read from a file is not a failure; nor is it without a command.
+    for look_up in ("cat repro.log", "grep -rn Error . | head", "sed -n '1,20p' t.py", "ls"):
+        assert not outcome(rc(0, output + "\n"), command=look_up).failed, look_up
+    assert not outcome(rc(0, output + "\n")).failed
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        # Indented exception names: a docstring's Raises section, help() output.
+        "Help on function f:\n    Raises:\n        ValueError: if x is negative",
+        "    TypeError: if the input is not a string.",
+        # An error that is a figure, or no error at all.
+        "Error: 0.00123",
+        "Relative Error: 1.5e-07",
+        "Error: 3%",
+        "Error: None",
+        "  Error: 0",
+        "Error:",
+        # Not at the start of a line, or not an error's name.
+        "Expected TypeError: raised as it should be",
+        "print('Error: x')  # in the code shown",
+        "ErrorHandler: registered",
+        "Errors: 0",
+        "errors.py: 3 functions",
+    ],
+)
+def test_printed_near_misses_are_not_failures(output: str) -> None:
+    assert not outcome(rc(0, output + "\n"), command="python t.py").failed, output
+
+
+def test_a_printed_error_is_resolved_when_the_script_runs_clean() -> None:
+    printed = rc(0, "Testing...\nError: argument of type 'PersonName' is not iterable\n")
+    entries = run(("python repro.py", printed), ("sed -i 's/a/b/' src/a.py", OK))
+    anchor = latest_unresolved_error(entries)
+    assert anchor is not None
+    assert anchor.line == "Error: argument of type 'PersonName' is not iterable"
+    assert anchor.label == "python repro.py"
+    entries = run(("python repro.py", printed), ("python repro.py", rc(0, "Testing...\nok\n")))
+    assert latest_unresolved_error(entries) is None
+
+
+def test_a_failed_result_of_tags_only_is_told_by_its_tag() -> None:
+    assert lines_of("<A>", is_error=True) == ["<A>"]
+    assert lines_of("\n  <error/>\n<b>\n", is_error=True) == ["<error/>"]
+    assert lines_of("<output>\n<b>\n</output>\nexit code 1") == ["exit code 1"]
+
+
 def test_only_the_end_of_a_long_output_is_searched() -> None:
     early = "FAILED tests/a.py::test_old - AssertionError\n"
     assert not outcome(early + "x" * (anchors.SCAN_CHARS + 10)).failed

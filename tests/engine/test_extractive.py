@@ -239,7 +239,14 @@ def test_goal_survives_five_successive_compactions() -> None:
         chunk = [
             user(first if n == 0 else f"Request number {n}: now handle subcommand {n}."),
             assistant(f"Working on step {n}.", (f"c{n}", f"python step{n}.py")),
-            result(f"c{n}", f"<returncode>{n % 2}</returncode>\nValueError: step {n} failed"),
+            # Odd steps fail; even ones say they went well (an error a script prints
+            # fails its output whatever the exit code: anchors' rule 5).
+            result(
+                f"c{n}",
+                f"<returncode>1</returncode>\nValueError: step {n} failed"
+                if n % 2
+                else f"<returncode>0</returncode>\nstep {n} done",
+            ),
         ]
         summary = extractive_summary(
             chunk,
