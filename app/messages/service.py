@@ -46,7 +46,7 @@ from app.store.log import (
     LogRepository,
     StoredCall,
 )
-from app.store.session_row import Unit, advance
+from app.store.session_row import SessionState, Unit, advance, snapshot
 
 # No prompt is larger than this (the usage report's bound on its figures).
 MAX_OVERHEAD_TOKENS = provider_usage.MAX_TOKENS
@@ -331,6 +331,19 @@ def link_batch(entries: list[Entry], stored: dict[str, StoredCall], first_seq: i
     return Linking(new_calls, answers, view_ids)
 
 
+class Appended(NamedTuple):
+    """An append as its caller may need it beyond the response: the proxy reads the
+    stored entries' seqs from it, and extends the context it last sent with the rows
+    written when the session moved by nothing else (:mod:`app.proxy.context`)."""
+
+    document: dict[str, Any]  # the AppendResponse, before it becomes JSON
+    version: int
+    replay: bool
+    rows: list[EntryRow]  # the entries written, as written (none for a replay)
+    before: SessionState | None  # the session as the append read it (None for a replay)
+    after: SessionState | None  # as the append (and its relief) left it
+
+
 class AppendService:
     """Appending to one tenant's sessions: the hottest write of the service.
 
@@ -369,6 +382,33 @@ class AppendService:
         session's overhead; it wins over the body's ``tools``. None: the body's
         ``tools`` say, or the overhead stays as it was.
         """
+        done = await self.store(
+            session_id,
+            body,
+            idempotency_key=idempotency_key,
+            if_match=if_match,
+            body_bytes=body_bytes,
+            query_format=query_format,
+            overhead_tokens=overhead_tokens,
+        )
+        return append_document(done.document), done.version, done.replay
+
+    async def store(
+        self,
+        session_id: str,
+        body: AppendRequest,
+        *,
+        idempotency_key: str | None,
+        if_match: str | None,
+        body_bytes: int = 0,
+        query_format: Format | None = None,
+        overhead_tokens: int | None = None,
+        driver: Driver | None = None,
+    ) -> Appended:
+        """:meth:`append`, its outcome as it is rather than as the response's JSON.
+        ``driver``: the caller's connection, to store on (outside a transaction
+        block), in place of one of the pool's (a proxied call reads its history
+        and its context on the same one)."""
         if overhead_tokens is not None and not 0 <= overhead_tokens <= MAX_OVERHEAD_TOKENS:
             raise invalid("overhead_tokens", f"must be between 0 and {MAX_OVERHEAD_TOKENS:,}")
         body = resolve_format(body, query_format)
@@ -376,27 +416,30 @@ class AppendService:
         # Appends to one session in this process take turns here, before they
         # hold a connection: they would only lose races to each other in the
         # database. Other processes are still ordered by the version check.
-        async with (
-            _turns.turn((self.tenant_id, session_id)),
-            driver_connection(self.engine) as driver,
-        ):
-            with metrics.after_commit() as observed:
-                outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
-                if outcome is None:
-                    # Another append came first, or this one must prune: take the
-                    # session's row lock, so the append (and its prune) cannot lose.
-                    observed.clear()  # that attempt wrote nothing
-                    async with driver.transaction():
-                        outcome = await self._attempt(
-                            driver, session_id, batch, if_match, lock=True
-                        )
-            if outcome is None:  # pragma: no cover - the row lock rules this out
-                raise RuntimeError("a locked append lost its race")
-            return outcome
+        async with _turns.turn((self.tenant_id, session_id)):
+            if driver is not None:
+                return await self._store_on(driver, session_id, batch, if_match)
+            async with driver_connection(self.engine) as own:
+                return await self._store_on(own, session_id, batch, if_match)
+
+    async def _store_on(
+        self, driver: Driver, session_id: str, batch: _Batch, if_match: str | None
+    ) -> Appended:
+        with metrics.after_commit() as observed:
+            outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
+            if outcome is None:
+                # Another append came first, or this one must prune: take the
+                # session's row lock, so the append (and its prune) cannot lose.
+                observed.clear()  # that attempt wrote nothing
+                async with driver.transaction():
+                    outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
+        if outcome is None:  # pragma: no cover - the row lock rules this out
+            raise RuntimeError("a locked append lost its race")
+        return outcome
 
     async def _attempt(
         self, driver: Driver, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
-    ) -> tuple[bytes, int, bool] | None:
+    ) -> Appended | None:
         """One read and one write: the response document, the version, and
         whether it is a replay. None, with nothing written, when another append
         got there first, or when the append must prune and holds no lock.
@@ -423,7 +466,7 @@ class AppendService:
                     errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
                 )
             first = orjson.loads(response)
-            return append_document(first), first["version"], True
+            return Appended(first, first["version"], True, [], None, None)
         session = read.session
         sessions.check_if_match(if_match, session.version)
         config = sessions.effective_config(session.config)
@@ -480,6 +523,7 @@ class AppendService:
             )
 
         read_version = session.version
+        before = snapshot(session)
         advance(
             session,
             ledger.Appended(
@@ -536,7 +580,7 @@ class AppendService:
                 await self.repo.replace_idempotent_response(
                     driver, session_id, batch.idempotency_key, append_document(document).decode()
                 )
-        return append_document(document), session.version, False
+        return Appended(document, session.version, False, rows, before, session)
 
 
 class _Turns:
