@@ -291,18 +291,57 @@ def split_heredocs(command: str) -> tuple[str, list[str]]:
     return "\n".join(kept), bodies
 
 
+# Operator characters inside quotes are text: they stand in as private-use characters
+# while the lexer reads the line (which drops the quotes), so that a quoted ";;" or
+# ">" is never taken for a separator or a redirection. A word made of them alone keeps
+# the stand-ins; any other word gets its characters back.
+_OPERATOR_CHARS = "();<>|&"
+_STAND_IN = {c: chr(0xE000 + i) for i, c in enumerate(_OPERATOR_CHARS)}
+_STAND_INS = frozenset(_STAND_IN.values())
+_RESTORE = str.maketrans({v: k for k, v in _STAND_IN.items()})
+
+
+def _quoted_operators_set_apart(shell: str) -> str:
+    out: list[str] = []
+    quote: str | None = None
+    escaped = comment = False
+    for i, ch in enumerate(shell):
+        if comment:
+            comment = ch != "\n"
+        elif escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote is None:
+            if ch in "'\"":
+                quote = ch
+            elif ch == "#" and (i == 0 or shell[i - 1] in " \t\n;&|("):
+                comment = True
+        elif ch == quote:
+            quote = None
+        elif ch in _STAND_IN:
+            ch = _STAND_IN[ch]
+        out.append(ch)
+    return "".join(out)
+
+
+def _restored(token: str) -> str:
+    return token if set(token) <= _STAND_INS else token.translate(_RESTORE)
+
+
 def _tokens(shell: str) -> list[str]:
     # A comment runs to the end of its line, and the lexer eats that line's newline
     # with it: each newline is doubled so that one is still there to end the command.
     shell = shell.replace("\\\n", " ").replace("\n", "\n\n")
+    shell = _quoted_operators_set_apart(shell)
     lexer = shlex.shlex(shell, posix=True, punctuation_chars="();<>|&\n")
     lexer.whitespace = " \t\r"
     lexer.whitespace_split = True
     lexer.commenters = "#"
     try:
-        return list(lexer)
+        return [_restored(t) for t in lexer]
     except ValueError:  # an unclosed quote: words as they stand
-        return shell.replace("\n", " \n ").split(" ")
+        return [_restored(t) for t in shell.replace("\n", " \n ").split(" ")]
 
 
 def _segments(tokens: list[str]) -> list[list[str]]:

@@ -128,6 +128,11 @@ def test_edit_and_patch_tools_modify_the_files_they_name(
         ("python run.py > /dev/null 2>&1", []),
         ('python -c "print(1 > 0)"', []),
         ("echo 'a > b' | grep a", []),
+        # A quoted operator alone is a word, not a redirection nor a separator.
+        ('grep -n ">" notes.txt', []),
+        ("echo ';' > semi.txt", ["semi.txt"]),
+        ("awk -F'|' '{print $1}' t.csv > cols.txt", ["cols.txt"]),
+        ("grep -c \"it's\" a.txt # don't\necho x > after.txt", ["after.txt"]),
         ("cat <<'EOF' > conf.ini\n[a]\nx = 1 > 0\nEOF", ["conf.ini"]),
         ("cat > conf.ini << EOF\nredirect > not_a_file\nEOF\ncat conf.ini", ["conf.ini"]),
         # tee.
@@ -343,6 +348,11 @@ def test_a_search_that_finds_nothing_did_not_fail() -> None:
     assert rules.failure_of(output(1, ""), "cd /testbed && grep -n foo src/a.py") is None
     assert rules.failure_of(output(1, ""), "pip list | grep -E numpy") is None
     assert rules.failure_of(output(1, ""), "diff a b") is None
+    # Its pattern quoted: ";;" is the pattern, grep still the last command (found in
+    # the traces: cd /testbed && grep -n ";;" test/core/linter_test.py -B2 -A2).
+    assert rules.failure_of(output(1, ""), 'cd /t && grep -n ";;" t.py -B2 -A2') is None
+    assert rules.failure_of(output(1, ""), "grep -c '|' a.txt") is None
+    assert rules.failure_of(output(1, ""), "echo ';' | python check.py") is not None
     # grep's 2 is an error; a failing command with no output is named by its command.
     assert rules.failure_of(output(2, ""), "grep -n foo missing.py") == Failure(
         "exit-code", "grep -n foo missing.py", 2
