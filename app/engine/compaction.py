@@ -20,6 +20,17 @@ first request, then the latest ones, within a token budget
 and error lines (:func:`app.engine.summary.clip_request`). What one compaction
 quotes is kept in its details and carried by the next, like the file lists, so
 the tenth compaction still quotes the first request as it was written.
+
+What the context after the cut must still name (:mod:`app.engine.continuity`: the
+task's key terms, every modified file, the latest unresolved error) is worked out
+with the plan (:attr:`Plan.anchors`, and the kept window the gate reads,
+:attr:`Plan.kept`); the first request's terms, the working directory the history
+states and the unresolved error are carried in the details to the next compaction.
+
+The file lists end the summary (:func:`capped_files`): the modified files first and
+whole up to half the summary's size, the read ones in what is left of a quarter of
+it; an absolute path under the stated working directory is dropped when its
+relative form is listed too (the same file).
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.engine import anchors as anchor_rules
+from app.engine import continuity
 from app.engine import cut as cuts
 from app.engine import tokens as token_counts
 from app.engine.fileops import FileOps, collect
@@ -37,6 +50,7 @@ from app.engine.summary import (
     clip_request,
     merge_split_turn,
     omitted_note,
+    render_context_message,
     render_request,
     render_user_requests,
     with_file_tags,
@@ -104,10 +118,24 @@ class Plan:
     details: dict[str, Any] = field(default_factory=dict)
     summary_chars: int = 12_000  # how long an extractive summary may be
     requests: KeptRequests | None = None  # the user's requests the summary quotes
+    # What the context after the cut must name (the continuity gate), and the
+    # entries it keeps: those after the cut, and the pinned ones before it.
+    anchors: continuity.Anchors = field(default_factory=continuity.Anchors)
+    kept: tuple[Entry, ...] = ()
+    # What leaves the context with this compaction: the summarized entries and the
+    # previous summary (tokens as counted); and the session's encoding.
+    replaced_tokens: int = 0
+    encoding: token_counts.EncodingName = "o200k_base"
 
     @property
     def split_turn(self) -> bool:
         return bool(self.turn_prefix)
+
+    @property
+    def first_request_quoted(self) -> bool:
+        """Whether the summary's ``<user-requests>`` block quotes the first request."""
+        r = self.requests
+        return r is not None and r.quoting and r.first is not None and not r.first_pinned
 
 
 def keep_tokens(keep_recent_tokens: int, threshold_tokens: int, *, emergency: bool) -> int:
@@ -359,14 +387,27 @@ def plan(
     history = [s.entry for s in summarized_sources[:turn_start] if s.kind not in SYNTHETIC_KINDS]
     prefix = [s.entry for s in summarized_sources[turn_start:] if s.kind not in SYNTHETIC_KINDS]
     pinned = [s.seq for s in sources if s.kept_whole and s.seq < first_kept_seq]
+    workdir = _workdir(sources, previous_details)
     previous = FileOps.from_details(previous_details) if previous_details else None
-    ops = collect(summarized, previous)
+    ops = _deduped(collect(summarized, previous), workdir)
     requests = keep_requests(
         summarized_sources,
         [s for s in sources if s.pinned and s.kind == "message"],
         KeptRequests.from_details(previous_details),
         requests_tokens(keep_requests_tokens, threshold_tokens),
         lambda text: token_counts.count_text(text, encoding),
+    )
+    first_terms, terms = _task_terms(summarized_sources, sources, requests, previous_details)
+    error = _unresolved_error([*history, *prefix], previous_details)
+    kept = tuple(
+        s.entry
+        for s in sources
+        if s.kind != "compaction" and (s.seq >= first_kept_seq or s.kept_whole)
+    )
+    # The newest compaction entry since the pivot is the summary the new one replaces.
+    previous_summary = next((s for s in reversed(sources) if s.kind == "compaction"), None)
+    replaced = cut.summarized_tokens + (
+        previous_summary.entry.tokens if previous_summary is not None else 0
     )
     return Plan(
         start_seq=start_seq,
@@ -379,6 +420,10 @@ def plan(
         file_ops=ops,
         summary_chars=summary_chars(threshold_tokens, cut.summarized_tokens),
         requests=requests,
+        anchors=continuity.Anchors(terms, ops.modified, error, workdir),
+        kept=kept,
+        replaced_tokens=replaced,
+        encoding=encoding,
         details={
             **ops.to_details(),
             "split_turn": bool(prefix),
@@ -387,27 +432,149 @@ def plan(
             "kept_tokens": cut.kept_tokens,
             "pinned_entries": len(pinned),
             "user_requests": requests.to_details(),
+            "task_terms": first_terms,
+            "unresolved_error": error.to_details() if error is not None else None,
+            "working_directory": workdir,
         },
     )
 
 
+def _workdir(sources: Sequence[Source], previous: Mapping[str, Any] | None) -> str | None:
+    """The working directory the history states (carried once found; see
+    :func:`app.engine.continuity.stated_workdir`)."""
+    carried = previous.get("working_directory") if previous is not None else None
+    if isinstance(carried, str) and carried.startswith("/"):
+        return carried
+    texts = (
+        s.entry.text()
+        for s in sources
+        if s.entry.role in ("user", "system", "developer") and s.kind == "message"
+    )
+    return continuity.stated_workdir(texts)
+
+
+def _deduped(ops: FileOps, workdir: str | None) -> FileOps:
+    """``ops`` without the absolute paths under ``workdir`` whose relative form it
+    lists too: the same file, named two ways. A file read under one form and
+    modified under the other is modified."""
+    if not workdir:
+        return ops
+    root = workdir.rstrip("/") + "/"
+    modified = continuity.dedupe_under(ops.modified, (), workdir)
+    changed = set(modified)
+    read = [
+        p
+        for p in continuity.dedupe_under(ops.read, modified, workdir)
+        if root + p not in changed and p.removeprefix(root) not in changed
+    ]
+    if len(modified) == len(ops.modified) and len(read) == len(ops.read):
+        return ops
+    return FileOps.of(read, modified)
+
+
+def _task_terms(
+    summarized: Sequence[Source],
+    sources: Sequence[Source],
+    requests: KeptRequests,
+    previous: Mapping[str, Any] | None,
+) -> tuple[list[str], tuple[str, ...]]:
+    """The first request's key terms (carried), and all the task terms the gate checks.
+
+    The first request's come from its whole text when this compaction sees it (it
+    summarizes it, or it is pinned), else from the previous details (``task_terms``,
+    or the quoted text of a compaction made before they were kept); then those of
+    the later requests the summary quotes (their whole text when this history holds
+    them), or of the newest request summarized when none is quoted."""
+    texts = {
+        s.seq: text
+        for s in sources
+        if s.entry.role == "user" and s.kind == "message" and (text := _request_text(s.entry))
+    }
+    carried = previous.get("task_terms") if previous is not None else None
+    first_terms: list[str]
+    if isinstance(carried, list):
+        first_terms = [t for t in carried if isinstance(t, str) and t]
+    elif requests.first is not None:
+        text = texts.get(requests.first.seq, requests.first.text)
+        first_terms = anchor_rules.task_terms(text)[: continuity.MAX_TERMS]
+    else:
+        first_terms = []
+    later = [texts.get(r.seq, r.text) for r in requests.later]
+    if not later:
+        newest = next(
+            (
+                text
+                for s in reversed(summarized)
+                if s.entry.role == "user"
+                and s.kind == "message"
+                and (requests.first is None or s.seq != requests.first.seq)
+                and (text := _request_text(s.entry))
+            ),
+            None,
+        )
+        later = [newest] if newest is not None else []
+    terms = [*first_terms, *(t for text in later for t in anchor_rules.task_terms(text))]
+    return first_terms, tuple(dict.fromkeys(terms))[: continuity.MAX_TERMS]
+
+
+def _unresolved_error(
+    summarized: Sequence[Entry], previous: Mapping[str, Any] | None
+) -> continuity.UnresolvedError | None:
+    """The latest unresolved error of the summarized history; when it has none, the
+    one the previous compaction carried, unless this history resolves it (the rule
+    the extractive summary applies to the errors it pins)."""
+    latest = anchor_rules.latest_unresolved_error(summarized)
+    if latest is not None:
+        line = latest.line.strip()
+        return continuity.UnresolvedError(line, latest.label) if line else None
+    carried = continuity.UnresolvedError.from_details(
+        previous.get("unresolved_error") if previous is not None else None
+    )
+    if carried is None:
+        return None
+    if carried.command and anchor_rules.is_resolved(carried.command, summarized):
+        return None
+    return carried
+
+
+# The file lists' share of the summary's size: both lists within a quarter (and
+# at least MIN_FILES_CHARS); the modified files alone may take up to half.
+FILES_SHARE = 4
+MODIFIED_SHARE = 2
+MIN_FILES_CHARS = 400
+
+
+def _listed(paths: Sequence[str], budget: int) -> tuple[list[str], int]:
+    """The head of ``paths`` that fits ``budget`` characters (a line each), then
+    ``(and N more)`` when some do not; and the characters used."""
+    shown: list[str] = []
+    used = 0
+    for path in paths:
+        if used + len(path) + 1 > budget:
+            break
+        shown.append(path)
+        used += len(path) + 1
+    hidden = len(paths) - len(shown)
+    if hidden:
+        shown.append(f"(and {hidden} more)")
+    return shown, used
+
+
 def capped_files(ops: FileOps, max_chars: int) -> tuple[list[str], list[str]]:
-    """The file lists as the summary shows them, within ``max_chars``: modified
-    files first, then read ones; what does not fit is counted, not listed (the
-    job's details keep every path). Without a cap the lists, cumulative across
-    compactions, would grow each summary until it filled the window."""
-    budget = max_chars
-    shown: dict[str, list[str]] = {"modified": [], "read": []}
-    for kind, paths in (("modified", ops.modified), ("read", ops.read)):
-        for path in paths:
-            if len(path) + 1 > budget:
-                break
-            shown[kind].append(path)
-            budget -= len(path) + 1
-        hidden = len(paths) - len(shown[kind])
-        if hidden:
-            shown[kind].append(f"(and {hidden} more)")
-    return shown["read"], shown["modified"]
+    """The file lists as the summary of ``max_chars`` characters shows them.
+
+    The modified files come first and get what they need, up to half of
+    ``max_chars`` (and at least the lists' own budget); the read files get what is
+    left of the lists' budget, a quarter of ``max_chars`` (at least
+    ``MIN_FILES_CHARS``). So the read files are cut first, and the modified list
+    only beyond its hard cap, both with ``(and N more)``: the job's details keep
+    every path, and the continuity gate says which modified files the summary does
+    not name. Without a cap the lists, cumulative across compactions, would grow
+    each summary until it filled the window."""
+    budget = max(MIN_FILES_CHARS, max_chars // FILES_SHARE)
+    modified, used = _listed(ops.modified, max(budget, max_chars // MODIFIED_SHARE))
+    read, _ = _listed(ops.read, max(0, budget - used))
+    return read, modified
 
 
 def final_summary(
@@ -416,15 +583,104 @@ def final_summary(
     ops: FileOps,
     max_chars: int = 12_000,
     requests: KeptRequests | None = None,
+    anchors: str = "",
 ) -> str:
     """The stored summary: the history, the split turn's prefix under its own
-    heading, the files read and modified so far (at most a quarter of
-    ``max_chars``, the summary's size), and last the user's requests quoted
-    verbatim (``requests``' block, within its own token budget). A block or
-    file tags the summarizer echoed are replaced, never repeated."""
+    heading, the continuity gate's ``<continuity-anchors>`` block (``anchors``,
+    when the gate completed the summary), the files read and modified so far
+    (:func:`capped_files` of ``max_chars``, the summary's size), and last the
+    user's requests quoted verbatim (``requests``' block, within its own token
+    budget). Blocks or file tags the summarizer echoed are replaced, never
+    repeated."""
     text = history_summary
     if turn_prefix_summary:
         text = merge_split_turn(history_summary, turn_prefix_summary)
-    read, modified = capped_files(ops, max(400, max_chars // 4))
-    text = with_file_tags(with_user_requests(text, ""), read, modified)
+    text = continuity.strip_block(with_user_requests(text, ""))
+    if anchors:
+        text = f"{text}\n\n{anchors}" if text else anchors
+    read, modified = capped_files(ops, max_chars)
+    text = with_file_tags(text, read, modified)
     return with_user_requests(text, requests.block() if requests is not None else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A summary before the continuity gate: its parts, rendered with a block or without."""
+
+    history_summary: str
+    turn_prefix_summary: str | None
+    plan: Plan
+
+    def render(self, anchors: str = "") -> str:
+        p = self.plan
+        return final_summary(
+            self.history_summary,
+            self.turn_prefix_summary,
+            p.file_ops,
+            p.summary_chars,
+            p.requests,
+            anchors,
+        )
+
+
+# --- The continuity gate --------------------------------------------------------------
+
+# Room kept for the synthetic "continue" an automatic compaction may add after
+# the summary (about a dozen tokens).
+CONTINUE_MARGIN_TOKENS = 16
+
+
+def summary_entry_tokens(summary: str, encoding: token_counts.EncodingName) -> int:
+    """What the compaction entry of ``summary`` costs in the context, counted as the
+    commit counts it (the user message :func:`render_context_message` makes)."""
+    text = render_context_message(summary)
+    entry = Entry(role="user", parts=[{"type": "text", "text": text}], content_form="string")
+    return token_counts.count_entry(entry, encoding)
+
+
+def check_draft(draft: Draft, kept: str | None = None) -> continuity.Missing:
+    """What ``draft``, rendered without a block, and the kept window leave unnamed
+    (``kept``: the window's text, when worked out already)."""
+    plan = draft.plan
+    window = continuity.kept_text(plan.kept) if kept is None else kept
+    return continuity.check(draft.render(), window, plan.anchors)
+
+
+def complete_draft(
+    draft: Draft,
+    missing: continuity.Missing,
+    record: continuity.GateRecord,
+    kept: str | None = None,
+) -> tuple[str, continuity.GateRecord]:
+    """The summary of ``draft`` completed with a block naming ``missing`` (within
+    :func:`app.engine.continuity.block_chars` of the summary's size), and ``record``
+    saying what the block names and what is still missing.
+
+    The block never turns a compaction that would be committed into one that is
+    not: when the summary without it would leave the context smaller (its entry
+    below :attr:`Plan.replaced_tokens`, less room for a "continue") and the block
+    would not, the block's last items are dropped until it fits (the terms first,
+    then the files, the error last), and ``record.trimmed`` says which.
+    ``record.missing_after`` is what the summary returned still does not name.
+    ``kept``: the kept window's text, when worked out already."""
+    plan = draft.plan
+    window = continuity.kept_text(plan.kept) if kept is None else kept
+    cap = continuity.block_chars(plan.summary_chars)
+    completion = continuity.complete(draft.render, missing, cap)
+    record = replace(record, completed=completion.added)
+    limit = plan.replaced_tokens - CONTINUE_MARGIN_TOKENS - 1
+
+    def count(text: str) -> int:
+        return summary_entry_tokens(text, plan.encoding)
+
+    if (
+        not completion.added.empty
+        and plan.replaced_tokens > 0
+        and count(completion.summary) > limit
+        and count(draft.render()) <= limit
+    ):
+        completion = continuity.fit(draft.render, completion, limit, count)
+        still = continuity.check(completion.summary, window, plan.anchors)
+        return completion.summary, record.refit(completion, still)
+    still = continuity.check(completion.summary, window, plan.anchors)
+    return completion.summary, replace(record, missing_after=still)

@@ -222,6 +222,17 @@ def build_prompt(
     return PromptRequest(system=load_prompt("system"), prompt="\n\n".join(sections))
 
 
+def add_must_name(request: PromptRequest, items: Sequence[str]) -> PromptRequest:
+    """``request`` asked again with the things its summary must name: the
+    continuity gate's retry (``must_name.md``, one item a line, after the rest of
+    the prompt). Unchanged without items."""
+    if not items:
+        return request
+    listed = "\n".join(f"- {item}" for item in items)
+    section = fill(load_prompt("must_name"), {"items": listed})
+    return PromptRequest(system=request.system, prompt=f"{request.prompt}\n\n{section}")
+
+
 def build_turn_prefix_prompt(conversation: str, instructions: str | None = None) -> PromptRequest:
     """The request that summarizes the first part of a split turn; the rest is kept."""
     sections = [_tagged("conversation", conversation), load_prompt("turn_prefix")]
@@ -422,7 +433,7 @@ _ECHO_LINES = 3
 
 @cache
 def _prompt_lines() -> tuple[str, ...]:
-    names = ("system", "structured", "narrative", "update", "turn_prefix", "short")
+    names = ("system", "structured", "narrative", "update", "turn_prefix", "short", "must_name")
     lines = {
         line.strip()
         for name in names
