@@ -81,6 +81,57 @@ class UserRequests(BaseModel):
     tokens: int = Field(0, description="What the block takes, counted.")
 
 
+class UnresolvedError(BaseModel):
+    """The latest error of the history no later result resolved."""
+
+    line: str = Field(description="The error's line, as the output wrote it.")
+    command: str = Field("", description="The command that produced it, on one line.")
+
+
+class GateItems(BaseModel):
+    """Anchors of the task, by kind."""
+
+    terms: list[str] = Field(default_factory=list, description="Key terms of the task.")
+    files: list[str] = Field(default_factory=list, description="Modified files, by path.")
+    error: str | None = Field(None, description="The latest unresolved error's line.")
+
+
+class GateChecked(BaseModel):
+    terms: int = Field(0, description="How many task terms were checked.")
+    files: int = Field(0, description="How many modified files were checked.")
+    error: str | None = Field(None, description="The unresolved error checked, if any.")
+
+
+class ContinuityGate(BaseModel):
+    """What the continuity gate found before the commit: what the summary (with the
+    context's kept window) did not name of the task's key terms, the modified files
+    and the latest unresolved error, and what became of it."""
+
+    checked: GateChecked = Field(default_factory=GateChecked)
+    missing_before: GateItems = Field(
+        default_factory=GateItems, description="Not named by the summary as first written."
+    )
+    retried: bool = Field(
+        False, description="A model's summary was asked for again, with the missing named."
+    )
+    retry_missing: GateItems | None = Field(
+        None, description="What the summary asked for again still did not name."
+    )
+    retry_error: str | None = Field(None, description="Why the second ask gave nothing.")
+    completed: GateItems = Field(
+        default_factory=GateItems,
+        description="Named by the <continuity-anchors> block the summary was completed with.",
+    )
+    trimmed: GateItems = Field(
+        default_factory=GateItems,
+        description="Left out of the block so that the compaction still makes the context smaller.",
+    )
+    missing_after: GateItems = Field(
+        default_factory=GateItems,
+        description="Still not named: beyond the block's size cap, or trimmed.",
+    )
+
+
 class CompactionDetails(BaseModel):
     read_files: list[str] = Field(default_factory=list)
     modified_files: list[str] = Field(default_factory=list)
@@ -101,6 +152,18 @@ class CompactionDetails(BaseModel):
     )
     user_requests: UserRequests | None = Field(
         None, description="The user's requests the summary ends with, verbatim."
+    )
+    task_terms: list[str] | None = Field(
+        None, description="The first request's key terms, carried to the next compaction."
+    )
+    unresolved_error: UnresolvedError | None = Field(
+        None, description="The latest unresolved error before the cut, carried until resolved."
+    )
+    working_directory: str | None = Field(
+        None, description="The working directory the history states, if it states one."
+    )
+    gate: ContinuityGate | None = Field(
+        None, description="What the continuity gate found and did before the commit."
     )
 
 

@@ -7,24 +7,33 @@ summarizer's window, tool outputs are clipped harder, and then the history is
 summarized in chunks, each chunk updating the summary of the ones before (the
 update prompt with ``<previous-summary>``). A provider's "too long" reply
 shrinks the budget and goes the same way.
+
+Every summary passes the continuity gate (:mod:`app.engine.continuity`) before it
+is handed back: what it and the kept window do not name of the task's key terms,
+the modified files and the latest unresolved error is completed from those
+anchors in a ``<continuity-anchors>`` block. A model's summary is first asked for
+again, once, with the missing things named (``must_name.md`` after the same
+prompt); the better of the two is completed. :attr:`Summarized.gate` records it all.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import anyio.to_thread
 import httpx
 
-from app.engine import catalog, tokens
-from app.engine.compaction import Plan, final_summary
-from app.engine.extractive import FOCUS_LABEL, extractive_summary, focus_terms
+from app.engine import catalog, continuity, tokens
+from app.engine.compaction import Draft, Plan, check_draft, complete_draft
+from app.engine.extractive import FOCUS_LABEL, QUOTED_NOTE, extractive_summary, focus_terms
 from app.engine.extractive import NOTE as EXTRACTIVE_NOTE
 from app.engine.model import Entry
 from app.engine.summary import (
+    PromptRequest,
+    add_must_name,
     build_prompt,
     build_short_prompt,
     build_turn_prefix_prompt,
@@ -68,6 +77,10 @@ class Summarized:
     upstream_model: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # why the LLM was not (fully) used
+    # What the continuity gate found, and the summary's parts (to render it again
+    # with a shorter block, should the commit find it too long).
+    gate: continuity.GateRecord | None = None
+    draft: Draft | None = None
 
 
 class RetryLater(Exception):
@@ -87,18 +100,28 @@ def extractive(
     entries = [*plan.history, *plan.turn_prefix]
     body = extractive_summary(
         entries,
-        previous_summary=previous_summary,
+        # The gate's block of the previous summary is its own, rebuilt every time:
+        # not a section to carry forward.
+        previous_summary=(
+            continuity.strip_block(previous_summary) if previous_summary is not None else None
+        ),
         read_files=plan.file_ops.read,
         modified_files=plan.file_ops.modified,
         max_chars=plan.summary_chars,
         instructions=instructions,
+        first_request_quoted=plan.first_request_quoted,
     )
     notes = [_focus_note(instructions, body)] if instructions and instructions.strip() else []
+    draft = Draft(body, None, plan)
+    missing = check_draft(draft)
+    summary, gate = complete_draft(draft, missing, continuity.GateRecord(plan.anchors, missing))
     return Summarized(
-        summary=final_summary(body, None, plan.file_ops, plan.summary_chars, plan.requests),
+        summary=summary,
         short_summary=_short_from(body),
         used="extractive",
         notes=notes,
+        gate=gate,
+        draft=draft,
     )
 
 
@@ -124,7 +147,8 @@ def _short_from(summary: str) -> str | None:
     """A one-line summary for UIs, from the summary's first real line (not the
     extractive summary's note, nor a label such as "Original request:")."""
     for line in summary.splitlines():
-        text = line.strip().lstrip("#-*> ").strip()
+        # Not the note that the request is quoted whole further on.
+        text = line.strip().lstrip("#-*> ").strip().removesuffix(QUOTED_NOTE).rstrip()
         if line.strip() == EXTRACTIVE_NOTE or text.endswith(":"):
             continue
         if text and not text.lower().startswith(("goal", "the conversation")):
@@ -218,8 +242,9 @@ async def _summarize_entries(
     previous: str | None,
     instructions: str | None,
     budget: int,
-) -> str:
-    """The summary of ``entries`` (updating ``previous``), chunked when needed."""
+) -> tuple[str, PromptRequest | None]:
+    """The summary of ``entries`` (updating ``previous``), chunked when needed; and
+    the request that wrote it (the last chunk's), for the gate's retry."""
     for attempt in range(MAX_OVERFLOW_RETRIES + 1):
         try:
             conversation = serialize_conversation(entries, clip_chars=CLIP_CHARS)
@@ -239,16 +264,17 @@ async def _summarize_entries(
                     instructions=instructions,
                 )
             if _fits(request.system + request.prompt, budget):
-                return await call.ask(request.system, request.prompt)
+                return await call.ask(request.system, request.prompt), request
             # Progressive: each chunk updates the summary so far.
             room = max(1_024, budget - tokens.count_text(previous or "") - 2_048)
             summary = previous
+            last: PromptRequest | None = None
             for piece in _chunks(entries, room):
-                request = build_prompt(
+                last = build_prompt(
                     piece, strategy=strategy, previous_summary=summary, instructions=instructions
                 )
-                summary = await call.ask(request.system, request.prompt)
-            return summary or ""
+                summary = await call.ask(last.system, last.prompt)
+            return summary or "", last
         except UpstreamError as exc:
             if exc.overflow is None or attempt == MAX_OVERFLOW_RETRIES:
                 raise
@@ -259,7 +285,7 @@ async def _summarize_entries(
 
 async def _summarize_prefix(
     call: _Call, entries: Sequence[Entry], instructions: str | None, budget: int
-) -> str:
+) -> tuple[str, PromptRequest]:
     conversation = serialize_conversation(entries, clip_chars=CLIP_CHARS)
     request = build_turn_prefix_prompt(conversation, instructions)
     if not _fits(request.system + request.prompt, budget):
@@ -267,7 +293,42 @@ async def _summarize_prefix(
         # The turn's start and its latest steps matter most for continuing it.
         conversation = pieces[0] if len(pieces) == 1 else pieces[0] + "\n[...]\n" + pieces[-1]
         request = build_turn_prefix_prompt(conversation, instructions)
-    return await call.ask(request.system, request.prompt)
+    return await call.ask(request.system, request.prompt), request
+
+
+async def _gate(
+    call: _Call,
+    draft: Draft,
+    history_request: PromptRequest | None,
+    prefix_request: PromptRequest | None,
+) -> tuple[Draft, str, continuity.GateRecord]:
+    """The continuity gate on a model's summary: checked, asked for again once
+    with what it misses named (the history's request, or the split turn's when
+    there is no history), the better of the two kept (the retry's unless it misses
+    more), then completed. An upstream failure of the retry is recorded, not
+    raised: the first summary is completed instead."""
+    plan = draft.plan
+    kept = continuity.kept_text(plan.kept)
+    missing = check_draft(draft, kept)
+    record = continuity.GateRecord(plan.anchors, missing)
+    request = history_request or prefix_request
+    if not missing.empty and request is not None:
+        retry = add_must_name(request, missing.items())
+        try:
+            text = await call.ask(retry.system, retry.prompt)
+        except UpstreamError as exc:
+            record = replace(record, retried=True, retry_error=f"upstream {exc.kind}: {exc}")
+        else:
+            if history_request is not None:
+                again = replace(draft, history_summary=text)
+            else:
+                again = replace(draft, turn_prefix_summary=text)
+            still = check_draft(again, kept)
+            record = replace(record, retried=True, retry_missing=still)
+            if still.count <= missing.count:
+                draft, missing = again, still
+    summary, record = complete_draft(draft, missing, record, kept)
+    return draft, summary, record
 
 
 async def summarize(
@@ -289,8 +350,10 @@ async def summarize(
     call = _Call(llm)
     budget = input_budget(llm.model, llm.config.max_output_tokens)
     try:
+        history_request: PromptRequest | None = None
+        prefix_request: PromptRequest | None = None
         if plan.history:
-            history = await _summarize_entries(
+            history, history_request = await _summarize_entries(
                 call,
                 plan.history,
                 strategy=strategy,
@@ -302,7 +365,9 @@ async def summarize(
             history = previous_summary or "(No earlier history: the turn below began the session.)"
         prefix = None
         if plan.turn_prefix:
-            prefix = await _summarize_prefix(call, plan.turn_prefix, instructions, budget)
+            prefix, prefix_request = await _summarize_prefix(
+                call, plan.turn_prefix, instructions, budget
+            )
     except UpstreamError as exc:
         if exc.retryable and attempt < backoff.max_attempts:
             delay = backoff_delay(
@@ -318,7 +383,10 @@ async def summarize(
         fallback.upstream_model = call.model
         fallback.usage = call.usage
         return fallback
-    summary = final_summary(history, prefix, plan.file_ops, plan.summary_chars, plan.requests)
+    draft, summary, gate = await _gate(
+        call, Draft(history, prefix, plan), history_request, prefix_request
+    )
+    history, prefix = draft.history_summary, draft.turn_prefix_summary
     short: str | None
     notes: list[str] = []
     # Titled after the history, unless there is none: then after the split turn.
@@ -336,4 +404,6 @@ async def summarize(
         upstream_model=call.model,
         usage=call.usage,
         notes=notes,
+        gate=gate,
+        draft=draft,
     )

@@ -11,6 +11,13 @@ the lease ends.
 
 Workers sleep until a ``NOTIFY`` on the jobs channel (or a wake-up from the API
 in the same process), and poll as the fallback.
+
+The continuity gate (:mod:`app.engine.continuity`) has completed the summary
+before the commit; the job's details record what it found (``gate``), whether the
+summary is committed or not. Its block never makes a compaction that would save
+tokens without it into one that does not: when the commit finds the context would
+not be smaller, and would be without the block, the block's last items are
+dropped to fit (``gate.trimmed``) and the commit is made again.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from app.core import metrics
 from app.core.database import DriverBounds, driver_bounds, driver_connection, unavailable_cause
 from app.core.driver import Driver
 from app.core.settings import Settings
+from app.engine import catalog, continuity, tokens
+from app.engine.compaction import summary_entry_tokens
 from app.engine.relief import FAILURE_LIMIT
 from app.sessions import service as sessions
 from app.store.session_row import Unit, lock, read_state
@@ -355,9 +364,27 @@ class Worker:
                 now=datetime.now(UTC),
             )
             if isinstance(committed, NoGain):
+                encoding = catalog.lookup(state.model).encoding
+                fitted = _fit_gate(summarized, committed, encoding)
+                if fitted is not None:
+                    summarized = fitted
+                    committed = await commit_pivot(
+                        unit,
+                        config,
+                        prepared,
+                        summarized,
+                        job_id=job.id,
+                        auto=job.auto,
+                        now=datetime.now(UTC),
+                    )
+            prepared = _with_gate(prepared, summarized)
+            if isinstance(committed, NoGain):
                 # Nothing went wrong, there was nothing to gain: not a failure, and
                 # held until new history arrives, as after a low-yield compaction.
-                await self._end(unit, repo, job, "cancelled", committed.reason, hold=True)
+                details = {**prepared.plan.details, "notes": summarized.notes}
+                await self._end(
+                    unit, repo, job, "cancelled", committed.reason, hold=True, details=details
+                )
             else:
                 fell_back = (
                     job.summarizer == "llm"
@@ -418,10 +445,12 @@ class Worker:
         error: str,
         *,
         hold: bool,
+        details: dict[str, Any] | None = None,
     ) -> int:
         """Record the end on the job and the session's guards, in the caller's
-        transaction (session and job locked); the failures in a row now."""
-        await repo.finish(unit.driver, job, status, error)
+        transaction (session and job locked); the failures in a row now. ``details``
+        replace the job's (a summary not committed says what it was)."""
+        await repo.finish(unit.driver, job, status, error, details)
         state = unit.state
         if status == "failed" and job.auto:
             state.compaction_failures += 1
@@ -450,6 +479,38 @@ class Worker:
             return
         if later.delay_seconds <= 0:
             self.wake.set()
+
+
+def _with_gate(prepared: Prepared, summarized: Summarized) -> Prepared:
+    """``prepared`` whose plan's details (what the job records) hold the gate's record."""
+    if summarized.gate is None:
+        return prepared
+    details = {**prepared.plan.details, "gate": summarized.gate.to_details()}
+    return dataclasses.replace(prepared, plan=dataclasses.replace(prepared.plan, details=details))
+
+
+def _fit_gate(
+    summarized: Summarized, no_gain: NoGain, encoding: tokens.EncodingName
+) -> Summarized | None:
+    """``summarized`` with its gate's block cut down so that the context comes out
+    smaller (its entry ``tokens_after - tokens_before`` tokens and one shorter), or
+    None when the block is not what stands in the way: there is none, or the
+    summary without it is already too long (not committed either way)."""
+    gate, draft = summarized.gate, summarized.draft
+    if gate is None or draft is None or gate.completed.empty:
+        return None
+
+    def count(text: str) -> int:
+        return summary_entry_tokens(text, encoding)
+
+    limit = count(summarized.summary) - (no_gain.tokens_after - no_gain.tokens_before) - 1
+    if count(draft.render()) > limit:
+        return None
+    completion = continuity.Completion(summarized.summary, gate.completed, gate.missing_after)
+    fitted = continuity.fit(draft.render, completion, limit, count)
+    plan = draft.plan
+    still = continuity.check(fitted.summary, continuity.kept_text(plan.kept), plan.anchors)
+    return dataclasses.replace(summarized, summary=fitted.summary, gate=gate.refit(fitted, still))
 
 
 def _transition(job: JobRow, status: str, **fields: Any) -> None:
