@@ -432,7 +432,8 @@ def plan(
             "kept_tokens": cut.kept_tokens,
             "pinned_entries": len(pinned),
             "user_requests": requests.to_details(),
-            "task_terms": first_terms,
+            # None until the first request is known: then worked out once, and carried.
+            "task_terms": first_terms if requests.first is not None else None,
             "unresolved_error": error.to_details() if error is not None else None,
             "working_directory": workdir,
         },

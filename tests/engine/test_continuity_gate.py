@@ -402,6 +402,32 @@ def test_a_plan_knows_the_anchors_and_carries_them() -> None:
     assert plan_of(fixed, previous_details=plan.details, keep=5).anchors.error is None
 
 
+def test_the_first_requests_terms_wait_for_the_first_request() -> None:
+    """A compaction that summarizes no request yet carries no terms, so the next one,
+    which does, works them out."""
+    opening = [
+        Entry(role="system", parts=[{"type": "text", "text": "Be brief."}]),
+        call("c0", "ls"),
+        result("c0", "x" * 4_000),
+        user("Fix `parse_date` in src/dates.py."),
+    ]
+    early = plan_of(opening, keep=20)
+    assert early.requests is not None
+    assert early.requests.first is None
+    assert early.details["task_terms"] is None
+    later = plan_of(
+        [
+            user("Fix `parse_date` in src/dates.py."),
+            call("c1", "ls"),
+            result("c1", "ok"),
+            user("Go."),
+        ],
+        previous_details=early.details,
+        keep=5,
+    )
+    assert later.details["task_terms"] == ["parse_date", "src/dates.py"]
+
+
 # --- The extractive summary through the gate --------------------------------------------------------
 
 
