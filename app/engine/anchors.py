@@ -89,6 +89,7 @@ request by whole lines and keeps those that matter.
 from __future__ import annotations
 
 import bisect
+import heapq
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -885,27 +886,37 @@ def clip_keeping_anchors(text: str, max_chars: int) -> str:
     """``text`` if it fits in ``max_chars``, else whole lines of it that do, in their
     order, each run of left-out lines marked ``[... N lines omitted ...]``.
 
-    The lines are chosen by priority: the first line (the request's opening), the
-    error lines, the lines that name a task term for the first time or a path, the
-    other lines naming a term; then the others from the head and the tail inwards.
-    Within a priority, earlier lines first. A line too long to fit is left out; when
-    no line fits, the text's head is cut to size instead."""
+    The lines are chosen in three rounds: the first line (the request's opening) and
+    the error lines, earlier first; then the lines that name task terms or paths, the
+    most terms not yet kept per character first (a line that adds no new term and no
+    path is skipped), so that a few long code lines early in a request do not crowd out
+    the identifiers of its end; then the other lines from the head and the tail inwards.
+    A line too long to fit is left out; when no line fits, the text's head is cut to
+    size instead. The second round is a lazy greedy choice (a line's worth only falls
+    as others are kept), so a long text costs O(n log n), not O(n²)."""
     if len(text) <= max_chars:
         return text
     if max_chars <= 0:
         return ""
     lines = text.split("\n")
-    priority = _line_priorities(lines)
     n = len(lines)
-    middle = (n - 1) / 2
-    order = sorted(
-        range(n), key=lambda k: (priority[k], k if priority[k] < 4 else abs(k - middle) * -1, k)
-    )
+    # A pasted log of megabytes: only its head and tail are read for anchors (the
+    # lines between are left out), so the work stays bounded whatever the text.
+    head, tail = _analysed(lines)
+    looked_at = lines[:head] + lines[tail:]
+    some_terms = [
+        frozenset(task_terms(line)) if line.strip() else frozenset() for line in looked_at
+    ]
+    terms = some_terms[:head] + [frozenset()] * (tail - head) + some_terms[head:]
+    some_priorities = _line_priorities(looked_at, some_terms)
+    priority = some_priorities[:head] + [UNREAD] * (tail - head) + some_priorities[head:]
     kept: list[int] = []
     # The output's length is its items' (lines and markers) plus a break between two;
     # counted here as a break after each item, less one. Nothing kept: one marker.
     size = _gap_size(n) - 1
-    for k in order:
+
+    def keep(k: int) -> bool:
+        nonlocal size
         pos = bisect.bisect_left(kept, k)
         before = kept[pos - 1] if pos > 0 else -1
         after = kept[pos] if pos < len(kept) else n
@@ -913,9 +924,32 @@ def clip_keeping_anchors(text: str, max_chars: int) -> str:
         new_gaps = _gap_size(k - before - 1) + _gap_size(after - k - 1)
         delta = len(lines[k]) + 1 + new_gaps - old_gap
         if size + delta > max_chars:
-            continue
+            return False
         size += delta
         kept.insert(pos, k)
+        return True
+
+    covered: set[str] = set()
+    for k in range(n):
+        if priority[k] <= 1 and keep(k):
+            covered |= terms[k]
+    heap = [(-_density(len(terms[k]), lines[k]), k) for k in range(n) if priority[k] in (2, 3)]
+    heapq.heapify(heap)
+    while heap:
+        _, k = heapq.heappop(heap)
+        gain = len(terms[k] - covered)
+        density = _density(gain, lines[k])
+        if heap and density < -heap[0][0]:
+            heapq.heappush(heap, (-density, k))  # worth less now: its turn comes later
+            continue
+        if (gain or priority[k] == 2) and keep(k):
+            covered |= terms[k]
+    middle = (n - 1) / 2
+    rest = sorted(
+        (k for k in range(n) if priority[k] == 4), key=lambda k: (abs(k - middle) * -1, k)
+    )
+    for k in rest:
+        keep(k)
     if not kept:
         return text[: max_chars - 1].rstrip() + "…"
     out: list[str] = []
@@ -930,6 +964,31 @@ def clip_keeping_anchors(text: str, max_chars: int) -> str:
     return "\n".join(out)
 
 
+# Lines the clipping reads for anchors, at most: this many characters from the head,
+# as many from the tail; the lines between are never kept (priority UNREAD).
+ANALYSED_CHARS = 100_000
+UNREAD = 5
+
+
+def _analysed(lines: Sequence[str]) -> tuple[int, int]:
+    """The head ``lines[:head]`` and the tail ``lines[tail:]`` that are read for anchors,
+    each within ANALYSED_CHARS (at least one line each)."""
+    head, size = 0, 0
+    while head < len(lines) and (head == 0 or size + len(lines[head]) <= ANALYSED_CHARS):
+        size += len(lines[head]) + 1
+        head += 1
+    tail, size = len(lines), 0
+    while tail > head and (tail == len(lines) or size + len(lines[tail - 1]) <= ANALYSED_CHARS):
+        size += len(lines[tail - 1]) + 1
+        tail -= 1
+    return head, tail
+
+
+def _density(new_terms: int, line: str) -> float:
+    """What keeping ``line`` is worth: the task terms it adds per character."""
+    return new_terms / (len(line) + 8)
+
+
 def _gap_size(n: int) -> int:
     """What ``n`` left-out lines cost: their marker and its line break."""
     return len(_omitted(n)) + 1 if n > 0 else 0
@@ -938,23 +997,28 @@ def _gap_size(n: int) -> int:
 _PATHISH = re.compile(r"(?:^|[\s`'\"(])(?:[\w.~-]+/)+[\w.-]+|\b[\w-]+\.[A-Za-z]{1,5}\b")
 
 
-def _line_priorities(lines: Sequence[str]) -> list[int]:
+def _line_priorities(
+    lines: Sequence[str], line_terms: Sequence[frozenset[str]] | None = None
+) -> list[int]:
     """0 the opening line, 1 an error line, 2 a line naming a term first or a path,
-    3 another line naming a term, 4 the rest."""
+    3 another line naming a term, 4 the rest. ``line_terms``: each line's task terms,
+    when the caller has them already."""
     seen: set[str] = set()
     out: list[int] = []
     opened = False
     in_traceback = False
-    for line in lines:
+    for index, line in enumerate(lines):
         stripped = line.strip()
+        terms = (
+            line_terms[index] if line_terms is not None else task_terms(line) if stripped else []
+        )
         if not opened and stripped:
             out.append(0)
             opened = True
-            seen.update(task_terms(line))
+            seen.update(terms)
             continue
         if stripped == _TRACEBACK:
             in_traceback = True
-        terms = task_terms(line) if stripped else []
         new = [t for t in terms if t not in seen]
         seen.update(terms)
         rank = error_line_kind(line, failed=in_traceback)

@@ -931,3 +931,39 @@ def test_clipping_keeps_the_error_lines_that_fit_first(lines: list[str], max_cha
     if sum(len(e) + 1 + 2 * marker for e in {opening, *errors}) < max_chars:
         kept = set(clipped.split("\n"))
         assert set(errors) <= kept
+
+
+def test_clipping_prefers_lines_that_add_the_most_terms_per_character() -> None:
+    # Long code lines early in a request, each naming one new identifier, used to take
+    # the budget line by line before the short lines at its end that name what the task
+    # is about.
+    code = [
+        f"    value_{n} = compute_total(report_items, scale=scale_factor) + offset * 2"
+        for n in range(8)
+    ]
+    request = "\n".join(
+        [
+            "Fix the totals report.",
+            *code,
+            "Run `make check` before you submit.",
+            "Put the patch in patch.txt with git diff -- app/report.py.",
+        ]
+    )
+    clipped = clip_keeping_anchors(request, 260)
+    kept = check_clip(request, clipped, 260)
+    assert "Run `make check` before you submit." in kept
+    assert "Put the patch in patch.txt with git diff -- app/report.py." in kept
+    assert {"make check", "patch.txt", "app/report.py"} <= set(task_terms(clipped))
+
+
+def test_a_huge_text_is_read_only_at_its_head_and_tail() -> None:
+    middle = [f"debug line {n} of a pasted log in module_{n}.py" for n in range(60_000)]
+    request = "\n".join(
+        ["Why does the import fail?", *middle, "ImportError: cannot import name 'x'"]
+    )
+    clipped = clip_keeping_anchors(request, 2_000)
+    kept = check_clip(request, clipped, 2_000)
+    assert kept[0] == "Why does the import fail?"
+    assert "ImportError: cannot import name 'x'" in kept
+    # The lines between the read head and tail are never kept.
+    assert "debug line 30000 of a pasted log in module_30000.py" not in kept
