@@ -338,6 +338,9 @@ def outcome(
         tokens_after=committed.tokens_after,
         details={
             **prepared.plan.details,
+            # What the continuity gate found (the worker's path has it in the plan's
+            # details already; the emergency path, compact_now, only here).
+            **({"gate": summarized.gate.to_details()} if summarized.gate else {}),
             "notes": summarized.notes,
             "continued": committed.continued,
         },

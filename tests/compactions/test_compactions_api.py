@@ -403,6 +403,10 @@ async def test_emergency_compacts_in_the_append(client: httpx.AsyncClient) -> No
     job = await compaction(client, "e", body["compaction"]["id"])
     assert job["summarizer_used"] == "extractive"
     assert job["tokens_after"] < job["tokens_before"]
+    # The continuity gate ran on the emergency path too, and the job says what it found.
+    gate = job["details"]["gate"]
+    assert gate["checked"]["terms"] >= 1, gate  # the first request names a term
+    assert "missing_after" in gate, gate
 
 
 async def test_an_emergency_compaction_follows_the_sessions_instructions(
