@@ -69,7 +69,7 @@ EMERGENCY_KEEP_SHARE = 0.25
 # The user's requests quoted verbatim take at most this share of the compaction
 # threshold (and at most the configured keep_requests_tokens): a small window is
 # not filled by them.
-REQUESTS_SHARE = 0.10
+REQUESTS_SHARE = 0.15
 # Below this budget no block is written (the requests are still carried).
 MIN_REQUESTS_TOKENS = 200
 # A later request is quoted clipped only if this much of it fits.
@@ -160,7 +160,7 @@ def summary_chars(threshold_tokens: int, summarized_tokens: int | None = None) -
 
 def requests_tokens(configured: int, threshold_tokens: int) -> int:
     """The budget of the user's requests quoted verbatim: the configured
-    ``keep_requests_tokens``, but never more than a tenth of the compaction
+    ``keep_requests_tokens``, but never more than 15% of the compaction
     threshold, so that a small window is not filled by them."""
     return max(0, min(configured, int(threshold_tokens * REQUESTS_SHARE)))
 

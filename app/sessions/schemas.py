@@ -33,7 +33,7 @@ class CompactionConfig(Strict):
         ge=0,
         le=10_000_000,
         description="Tokens of the user's requests a compaction's summary quotes verbatim "
-        "(the first request, then the latest ones), within a tenth of the compaction "
+        "(the first request, then the latest ones), within 15% of the compaction "
         "threshold; beyond it they are clipped by whole lines, the opening line, errors, "
         "names and paths first. 0: none quoted.",
     )
