@@ -24,6 +24,7 @@ from app.engine.proxy_history import (
     match,
     raw_known,
     replays,
+    start,
 )
 from app.engine.proxy_wire import PARSERS
 from tests.engine.strategies import anthropic_conversations, openai_conversations
@@ -247,6 +248,22 @@ def test_the_raw_fast_path_skips_the_prefix_the_last_call_sent() -> None:
     assert isinstance(fourth, Matched)
     assert not fourth.fast
     assert fourth.new_from == 10
+
+    # The fast path's check asked for first (as the proxy does, before it decides where
+    # to parse the rest) gives the same match.
+    for request in (history, edited, resent):
+        begin = start(request, known)
+        assert begin.fast == (request is history)
+        assert begin.messages == (9 - RAW_TAIL_MESSAGES if begin.fast else 0)
+        given_first, by_itself = (
+            match(request, known, OPENAI, begin=begin),
+            match(request, known, OPENAI),
+        )
+        if isinstance(by_itself, Matched):
+            assert isinstance(given_first, Matched)
+            assert given_first.raw.digest() == by_itself.raw.digest()
+            given_first.raw = by_itself.raw  # the digests' own objects: the same state
+        assert given_first == by_itself
 
 
 def test_a_message_the_store_refuses_is_named_with_the_request_offset() -> None:
