@@ -176,6 +176,39 @@ def upstream_body(
     return body
 
 
+def _spliced(head: bytes, tail: bytes) -> orjson.Fragment:
+    """Two JSON arrays as one, neither parsed."""
+    if head == b"[]":
+        return orjson.Fragment(tail)
+    if tail == b"[]":
+        return orjson.Fragment(head)
+    return orjson.Fragment(head[:-1] + b"," + tail[1:])
+
+
+def upstream_bytes(request: ProxyRequest, messages: bytes, system: bytes | None) -> bytes:
+    """:func:`upstream_body` as the JSON that goes upstream, with the context's
+    ``messages`` (and Anthropic ``system``) spliced in as the JSON arrays they are read
+    as, never parsed and serialized again: the same bytes as
+    ``orjson.dumps(upstream_body(request, orjson.loads(messages), ...))``."""
+    body = dict(request.body)
+    if request.api == "openai":
+        body["messages"] = _spliced(orjson.dumps(request.system), messages)
+        if request.stream:
+            options = body.get("stream_options")
+            body["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+        return orjson.dumps(body)
+    body["messages"] = orjson.Fragment(messages)
+    if system is not None and system != b"[]":
+        agent = request.system
+        if isinstance(agent, str):
+            agent = [{"type": "text", "text": agent}] if agent else []
+        body["system"] = _spliced(orjson.dumps(agent or []), system)
+    return orjson.dumps(body)
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A whole reply: the assistant message to store (as the agent receives it), its

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.engine import tokens
 from app.engine.model import InvalidMessage
 from app.engine.overflow_errors import OverflowMatch, classify
 from app.engine.proxy_stream import AnthropicStream, OpenAIStream, SseEvents
 from app.engine.proxy_wire import (
+    Api,
     UnreadableReply,
     overhead_tokens,
     read_request,
@@ -19,6 +23,7 @@ from app.engine.proxy_wire import (
     reply_of,
     retry_target,
     upstream_body,
+    upstream_bytes,
 )
 
 TOOLS = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
@@ -83,6 +88,67 @@ def test_anthropic_system_prompt_and_the_context_s_own_system_blocks() -> None:
     # With none, the agent's system field stays as it was: absent stays absent.
     bare = read_request("anthropic", {k: v for k, v in body.items() if k != "system"})
     assert "system" not in upstream_body(bare, context, None)
+
+
+_TEXT = st.text(max_size=12)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+_OPENAI_SYSTEM: st.SearchStrategy[list[dict[str, Any]]] = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "developer"]), "content": _TEXT | st.just([])}
+    ),
+    max_size=2,
+)
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]), "content": _TEXT | _JSON}
+)
+_BLOCKS = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=3)
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> tuple[Any, bytes, bytes | None]:
+    """A request as agents send them (other fields of any JSON, streamed or not, a
+    system prompt or none), and a context as read: its messages, and for Anthropic its
+    own system blocks (maybe none, maybe an empty array)."""
+    api: Api = draw(st.sampled_from(["openai", "anthropic"]))
+    body: dict[str, Any] = draw(
+        st.dictionaries(
+            st.sampled_from(["temperature", "tools", "metadata", "top_p", "stream_options"]),
+            _JSON,
+            max_size=3,
+        )
+    )
+    body["model"] = "m"
+    history = draw(st.lists(_MESSAGE, min_size=1, max_size=3))
+    if draw(st.booleans()):
+        body["stream"] = draw(st.booleans())
+    if api == "openai":
+        body["messages"] = [*draw(_OPENAI_SYSTEM), *history]
+    else:
+        body["messages"] = history
+        system = draw(st.none() | _TEXT | _BLOCKS)
+        if system is not None:
+            body["system"] = system
+    request = read_request(api, body)
+    messages = orjson.dumps(draw(st.lists(_MESSAGE, max_size=3)))
+    system_blocks = None if api == "openai" else draw(st.none() | _BLOCKS.map(orjson.dumps))
+    return request, messages, system_blocks
+
+
+@given(_requests())
+def test_the_upstream_body_is_spliced_as_it_would_be_built(
+    case: tuple[Any, bytes, bytes | None],
+) -> None:
+    """The context's JSON spliced into the agent's request is, byte for byte, the
+    request built from the parsed context and serialized."""
+    request, messages, system = case
+    built = upstream_body(
+        request, orjson.loads(messages), None if system is None else orjson.loads(system)
+    )
+    assert upstream_bytes(request, messages, system) == orjson.dumps(built)
 
 
 @pytest.mark.parametrize(
