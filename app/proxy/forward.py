@@ -24,6 +24,7 @@ import httpx
 from app.core.settings import Settings
 from app.core.tls import client_context
 from app.engine.proxy_wire import Api
+from app.proxy.context import Contexts
 
 log = logging.getLogger("compactd.proxy")
 # How long shutting down waits for replies still being stored.
@@ -99,7 +100,7 @@ class ProxyClient:
     silent (per read: a stream may go on for longer, as long as it keeps coming).
 
     It also holds the work a call leaves behind once its reply is delivered (storing
-    the reply), so that shutting down waits for it."""
+    the reply), so that shutting down waits for it, and the contexts calls sent."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -118,6 +119,8 @@ class ProxyClient:
             verify=client_context(),
         )
         self._pending: set[asyncio.Task[None]] = set()
+        # The last context sent on each session lately called (app.proxy.context).
+        self.contexts = Contexts()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` on its own, whatever becomes of the request that started it."""

@@ -4,6 +4,7 @@ and the message entries stored since (a catch-up read, usually empty)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -19,8 +20,8 @@ from app.engine.proxy_history import EMPTY_CHAIN, Known
 # table's (session_id, tenant_id, id) index and filtered every entry of the session,
 # 7 ms a call at 10,000 entries; an ordered scan is the primary key's.
 _KNOWN_SQL = """
-SELECT s.version, p.entry_count, p.last_seq, p.chain, p.raw_count, p.raw_digest,
-    p.raw_entry_count, p.raw_chain,
+SELECT s.version, s.created_at, p.entry_count, p.last_seq, p.chain, p.raw_count,
+    p.raw_digest, p.raw_entry_count, p.raw_chain,
     (
         SELECT e.seq FROM entry AS e
         WHERE e.session_id = s.id AND e.tenant_id = s.tenant_id
@@ -78,12 +79,14 @@ WHERE p.last_seq <= EXCLUDED.last_seq
 class KnownRow:
     """The session's version, and what the proxy recorded of its history (through
     ``last_seq``; 0 and the empty chain when nothing was); ``behind``: message entries
-    were stored after ``last_seq``."""
+    were stored after ``last_seq``. ``created_at`` tells a session deleted and made
+    again under the same id from the one it replaced."""
 
     version: int
     known: Known
     last_seq: int
     behind: bool
+    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,7 @@ class ProxyRepository:
         if row is None:
             return None
         if row["entry_count"] is None:
-            return KnownRow(row["version"], Known(), 0, row["behind"])
+            return KnownRow(row["version"], Known(), 0, row["behind"], row["created_at"])
         return KnownRow(
             row["version"],
             Known(
@@ -139,6 +142,7 @@ class ProxyRepository:
             ),
             row["last_seq"],
             row["behind"],
+            row["created_at"],
         )
 
     async def messages_after(
