@@ -8,7 +8,8 @@ for the one call and never stored or logged. What does not cross: compactd's own
 headers (``X-Compactd-Session``, ``X-Compactd-Key``), the hop-by-hop headers of one
 connection, and the body's length and encoding (the body sent upstream is another).
 The upstream's answer headers come back the same way; its request id as
-``x-upstream-request-id`` (compactd's own ``X-Request-ID`` names the call here).
+``x-upstream-request-id`` (compactd's own ``X-Request-ID`` names the call here). A cookie
+the upstream sets is neither passed back nor kept: the client is every agent's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
+from http.cookiejar import Cookie, CookieJar
 from typing import Any
 
 import httpx
@@ -87,6 +89,17 @@ def agent_headers(headers: httpx.Headers) -> dict[str, str]:
     return out
 
 
+class _NoCookies(CookieJar):
+    """A jar that keeps nothing: a cookie an upstream sets in its answer to one agent's
+    call (a CDN's, say) never goes out with another agent's."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        pass
+
+    def set_cookie(self, cookie: Cookie) -> None:
+        pass
+
+
 def upstream_url(api: Api, settings: Settings) -> str:
     if api == "openai":
         return settings.proxy_openai_url.rstrip("/") + "/chat/completions"
@@ -117,7 +130,12 @@ class ProxyClient:
             ),
             follow_redirects=False,
             verify=client_context(),
+            cookies=_NoCookies(),
         )
+        # Parsed once: each call's request is built from them.
+        self.urls: dict[Api, httpx.URL] = {
+            api: httpx.URL(upstream_url(api, settings)) for api in ("openai", "anthropic")
+        }
         self._pending: set[asyncio.Task[None]] = set()
         # The last context sent on each session lately called (app.proxy.context).
         self.contexts = Contexts()

@@ -125,7 +125,7 @@ from app.messages.schemas import AppendRequest
 from app.messages.service import Appended, AppendService, oversized_arguments
 from app.proxy.context import Built
 from app.proxy.errors import BadGateway, GatewayTimeout
-from app.proxy.forward import ProxyClient, agent_headers, upstream_headers, upstream_url
+from app.proxy.forward import ProxyClient, agent_headers, upstream_headers
 from app.proxy.repository import ProxyRepository, StoredMessage
 from app.sessions import service as sessions
 from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate
@@ -650,7 +650,7 @@ class ProxyService:
 
     async def _send(self, call: _Call, body: bytes) -> httpx.Response:
         call.attempts += 1
-        url = upstream_url(call.request.api, self.settings)
+        url = self.client.urls[call.request.api]
         upstream = self.http.build_request("POST", url, content=body, headers=call.headers)
         try:
             return await self.http.send(upstream, stream=True)

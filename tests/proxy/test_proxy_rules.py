@@ -365,3 +365,52 @@ async def test_anthropic_overflow_is_relieved_too(
             )
         async with api(base) as http:
             await assert_stored(http, "overflow-3", "anthropic", history)
+
+
+async def test_an_upstream_s_cookies_never_go_out_with_a_later_call(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """A cookie the upstream sets in its answer to one agent (a CDN's bot cookie, say) is
+    neither passed back nor kept by compactd's client: no later call upstream, the same
+    agent's or another's, carries it."""
+    completion = {
+        "id": "chatcmpl-cookie",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-4o",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "First."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
+    }
+    upstream.script(
+        [
+            Status(200, completion, {"set-cookie": "__cf_bm=agent-a-only; Path=/; HttpOnly"}),
+            Reply("Second."),
+            Reply("Third."),
+        ]
+    )
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "cookie-a") as a, openai_client(base, "cookie-b") as b:
+            first = await a.chat.completions.with_raw_response.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "Hi"}]
+            )
+            assert "set-cookie" not in first.headers
+            await b.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "Hello"}]
+            )
+            await a.chat.completions.create(
+                model="gpt-4o",
+                messages=[
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "First."},
+                    {"role": "user", "content": "And?"},
+                ],
+            )
+    sent = upstream.requests
+    assert len(sent) == 3
+    assert [r.headers.get("cookie") for r in sent] == [None, None, None]
