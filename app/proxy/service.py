@@ -126,7 +126,7 @@ from app.messages.service import Appended, AppendService, oversized_arguments
 from app.proxy.context import Built
 from app.proxy.errors import BadGateway, GatewayTimeout
 from app.proxy.forward import ProxyClient, agent_headers, upstream_headers
-from app.proxy.repository import ProxyRepository, StoredMessage
+from app.proxy.repository import KnownRow, ProxyRepository, StoredMessage
 from app.sessions import service as sessions
 from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate
 from app.store.session_row import locked, read_state, record_served
@@ -232,6 +232,10 @@ class _Turns:
 
     def __init__(self) -> None:
         self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    def busy(self, key: tuple[str, str]) -> bool:
+        """Whether a call has the session's turn, or waits for it."""
+        return key in self._locks
 
     async def take(self, key: tuple[str, str], wait_seconds: float) -> Callable[[], None]:
         """Wait for the session's turn (at most ``wait_seconds``, then 409); returns the
@@ -339,30 +343,32 @@ class ProxyService:
                 "digits and . _ : -, starting with a letter or digit",
                 errors=[{"field": "X-Compactd-Session", "detail": "not a session id"}],
             )
-        try:
-            # Here, not in a worker thread: orjson holds the GIL for the whole parse, so a
-            # thread does not let the loop run meanwhile, and takes longer (a 1.5 MB
-            # history: 9 ms here, 12 to 16 ms through a thread, measured).
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(
-                f"the body is not valid JSON ({exc})",
-                errors=[{"field": "body", "detail": str(exc)}],
-            ) from None
-        try:
-            request = read_request(api, parsed)
-        except InvalidMessage as exc:
-            raise BadRequest(
-                f"{exc.path}: {exc.detail}", errors=[{"field": exc.path, "detail": exc.detail}]
-            ) from None
-        release = await _turns.take(
-            (self.tenant_id, session_id), self.settings.proxy_timeout_seconds
-        )
+        key = (self.tenant_id, session_id)
+        wait = self.settings.proxy_timeout_seconds
+        # A free turn is taken before the body is parsed, and what the proxy knows of the
+        # history is read meanwhile (it needs the session's id only; a large body takes
+        # milliseconds to parse). When another call has the turn, the body is read first,
+        # so that a bad one gets its 400 without waiting.
+        request = None if not _turns.busy(key) else _read_body(api, body)
+        release = await _turns.take(key, wait)
         handed_over = False
         try:
             # One connection for the known history, the append and the context.
             async with driver_connection(self.engine) as driver:
-                prepared = await self._prepare(driver, request, session_id, len(body), headers)
+                first: asyncio.Future[KnownRow | None] | None = None
+                if request is None:
+                    first = asyncio.ensure_future(self.repo.known(driver, session_id))
+                    await asyncio.sleep(0)  # the read is on its way
+                    try:
+                        request = _read_body(api, body)
+                    except BaseException:
+                        await asyncio.wait([first])  # the connection is free again
+                        if not first.cancelled():
+                            first.exception()  # the body's error is the answer
+                        raise
+                prepared = await self._prepare(
+                    driver, request, session_id, len(body), headers, first
+                )
                 if isinstance(prepared, StoredMessage):
                     return self._replayed(request, session_id, prepared)
                 # The request goes upstream now; the context is recorded as served, and
@@ -391,10 +397,12 @@ class ProxyService:
         session_id: str,
         body_bytes: int,
         raw_headers: list[tuple[bytes, bytes]],
+        first: Awaitable[KnownRow | None] | None = None,
     ) -> _Call | StoredMessage:
         """Match the request against the stored history, store its new messages and
         build the context to send; or, for a request sent again whose reply is stored,
-        that reply (see :meth:`_replay`)."""
+        that reply (see :meth:`_replay`). ``first``: the known history's read, made
+        already."""
         parse = PARSERS[request.api]
         # The system prompt and the tools: the session's overhead, set with the append
         # (so its verdict counts them), and again by the usage report.
@@ -402,7 +410,10 @@ class ProxyService:
         created = False
         for _ in range(ATTEMPTS):
             tail: list[Stored] = []
-            row = await self.repo.known(driver, session_id)
+            if first is not None:
+                row, first = await first, None
+            else:
+                row = await self.repo.known(driver, session_id)
             if row is None:
                 if created:  # pragma: no cover - deleted at once after its creation
                     raise Conflict(f"session {session_id!r} was deleted during the call")
@@ -960,6 +971,26 @@ class ProxyService:
                 "proxy history not recorded",
                 extra={"session_id": call.session_id, "reason": exc.detail},
             )
+
+
+def _read_body(api: Api, body: bytes) -> ProxyRequest:
+    """The agent's request, or the 400 that says why it is not one."""
+    try:
+        # Here, not in a worker thread: orjson holds the GIL for the whole parse, so a
+        # thread does not let the loop run meanwhile, and takes longer (a 1.5 MB
+        # history: 9 ms here, 12 to 16 ms through a thread, measured).
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(
+            f"the body is not valid JSON ({exc})",
+            errors=[{"field": "body", "detail": str(exc)}],
+        ) from None
+    try:
+        return read_request(api, parsed)
+    except InvalidMessage as exc:
+        raise BadRequest(
+            f"{exc.path}: {exc.detail}", errors=[{"field": exc.path, "detail": exc.detail}]
+        ) from None
 
 
 def _shifted(exc: UnprocessableContent, by: int) -> BadRequest:

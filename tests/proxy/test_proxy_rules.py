@@ -305,6 +305,39 @@ async def test_calls_on_one_session_take_turns(
             )
 
 
+async def test_a_bad_body_is_refused_at_once_while_another_call_has_the_turn(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """A body that is no request is a 400 right away, whether the session's turn is free
+    (the body is read with the turn taken) or another call has it (the body is read
+    first): it never waits for the turn, nor takes it from the call that has it."""
+    upstream.script([Hang(2.0, then=Reply("The slow answer."))])
+    history: list[Any] = [{"role": "user", "content": "Take your time."}]
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "turns-bad") as client, api(base) as http:
+            headers = {"X-Compactd-Session": "turns-bad", "Content-Type": "application/json"}
+            free = await http.post(
+                "/proxy/openai/v1/chat/completions", content=b"{not json", headers=headers
+            )
+            assert free.status_code == 400, free.text
+            first = asyncio.ensure_future(
+                client.chat.completions.create(model="gpt-4o", messages=history)
+            )
+            await asyncio.to_thread(upstream.wait_for, 1)  # the first has the turn
+            started = asyncio.get_running_loop().time()
+            busy = await http.post(
+                "/proxy/openai/v1/chat/completions", content=b"{not json", headers=headers
+            )
+            took = asyncio.get_running_loop().time() - started
+            assert busy.status_code == 400, busy.text
+            assert busy.json()["error"]["param"] == "body"
+            assert took < 1.0, took
+            assert not first.done()
+            answer = await first
+        assert answer.choices[0].message.content == "The slow answer."
+        assert len(upstream.requests) == 1
+
+
 async def test_anthropic_overflow_is_relieved_too(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
