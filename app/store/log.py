@@ -207,6 +207,9 @@ _ADVANCED = (
 # reads again. A call answered in its own batch is inserted with its result; one
 # answered later is updated. The totals are absolute values, computed from what
 # was read.
+# The answered calls' ids are given twice: as the join's and as a key condition
+# (call_id = ANY), without which the generic plan scanned every call of the session
+# and joined the answers to each (1 ms an append at 2,500 calls, even with none).
 _WRITE_SQL = f"""
 WITH advanced AS (
     UPDATE session SET {set_clause(_ADVANCED, 6)}, updated_at = $4
@@ -231,7 +234,7 @@ WITH advanced AS (
     UPDATE tool_call AS t SET result_seq = r.result_seq
     FROM advanced, {_unnest(_ANSWER_ARG, _ANSWER_TYPES, Answer._fields)}
     WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_id = r.call_id
-        AND t.call_seq = r.call_seq
+        AND t.call_seq = r.call_seq AND t.call_id = ANY(${_ANSWER_ARG}::text[])
 ), idempotency AS (
     INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code,
         response)
