@@ -197,13 +197,17 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
         total_tokens=prompt + 85,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=prompt),
     )
-    native = await api.report_usage(sid, sdk_usage, finish_reason="tool_calls")
+    native = await api.report_usage(sid, sdk_usage, finish_reason="tool_calls", format="openai")
     assert native["usage_format"] == "openai_chat"
     assert native["reported_prompt_tokens"] == prompt + 60
     anthropic_usage = {"input_tokens": 50, "output_tokens": 9, "cache_read_input_tokens": prompt}
     from_dict = await api.report_usage(sid, anthropic_usage, finish_reason="end_turn")
     assert from_dict["usage_format"] == "anthropic"
     assert from_dict["reported_prompt_tokens"] == prompt + 50
+    # format goes as ?format=, checked by the server: a bad one is refused there.
+    with pytest.raises(ProblemError) as refused:
+        await api.report_usage(sid, anthropic_usage, format=cast(Any, "gemini"))
+    assert refused.value.status == 422
     after = await api.get_session(sid)
     assert after["usage_count"] == 3
     assert after["last_usage"] is not None

@@ -139,10 +139,12 @@ async def test_metrics_show_compactions_and_pruning(app: Any, client: httpx.Asyn
             client,
             sid,
             [
-                {"role": "user", "content": f"step {i}: " + "read the file and fix it. " * 40},
+                # The user's words are short: a summary quotes them verbatim, so a
+                # history of long requests and pruned outputs has nothing to gain.
+                {"role": "user", "content": f"step {i}: read a.py and fix it."},
                 {
                     "role": "assistant",
-                    "content": None,
+                    "content": "Reading the file to see what breaks. " * 40,
                     "tool_calls": [
                         {
                             "id": f"c{i}",

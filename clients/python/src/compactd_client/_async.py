@@ -208,12 +208,15 @@ class AsyncCompactd(BaseClient):
         context_version: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         tools_tokens: int | None = None,
+        format: t.Format | None = None,
         idempotency_key: str | None = None,
     ) -> t.UsageResult:
         """Report a model call's usage, right after the call: the provider SDK's usage
         object as it returns it (``response.usage``, or its dict), the whole response
         (its usage and stop reason are read), or compactd's own figures
-        (``input_tokens``, ``output_tokens``, ``cache_read_tokens``...)."""
+        (``input_tokens``, ``output_tokens``, ``cache_read_tokens``...). ``format``: the
+        session's message format (checked: ``openai`` or ``anthropic``); the figures'
+        own shape is recognised from their fields."""
         return await self._send(
             calls.report_usage(
                 session_id,
@@ -222,6 +225,7 @@ class AsyncCompactd(BaseClient):
                 context_version=context_version,
                 tools=tools,
                 tools_tokens=tools_tokens,
+                format=format,
                 idempotency_key=idempotency_key,
             )
         )

@@ -186,6 +186,7 @@ def report_usage(
     context_version: int | None,
     tools: Sequence[Mapping[str, Any]] | None,
     tools_tokens: int | None,
+    format: t.Format | None,
     idempotency_key: str | None,
 ) -> Call[t.UsageResult]:
     body = as_dict(usage) | drop_none(
@@ -197,6 +198,7 @@ def report_usage(
     return Call(
         "POST",
         path("/v1/sessions/{}/usage", session_id),
+        params=drop_none(format=format),
         json=body,
         idempotency_key=idempotency_key,
     )
