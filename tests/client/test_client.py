@@ -205,9 +205,9 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
     assert from_dict["usage_format"] == "anthropic"
     assert from_dict["reported_prompt_tokens"] == prompt + 50
     # format goes as ?format=, checked by the server: a bad one is refused there.
-    with pytest.raises(ProblemError) as refused:
+    with pytest.raises(ProblemError) as bad_format:
         await api.report_usage(sid, anthropic_usage, format=cast(Any, "gemini"))
-    assert refused.value.status == 422
+    assert bad_format.value.status == 422
     after = await api.get_session(sid)
     assert after["usage_count"] == 3
     assert after["last_usage"] is not None
