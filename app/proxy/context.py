@@ -21,7 +21,7 @@ another process, a prune, a compaction, a PATCH, the session deleted and made ag
 fails one of those checks, and the context is read fresh.
 
 Per process and per app, for the sessions called most lately (bounded in number and in
-the bytes of views held).
+the characters of views held).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from app.sessions import service as sessions
 from app.store.log import EntryRow, read_state_and_marks, read_window
 from app.store.session_row import SessionState
 
-# Sessions whose last context is kept, and the most bytes of views kept over all of them.
+# Sessions whose last context is kept, and the most characters of views kept over all.
 KEPT_SESSIONS = 256
 KEPT_BYTES = 64 * 1024 * 1024
 
@@ -117,7 +117,7 @@ class _Window:
     shape: tuple[Any, ...]
     end_seq: int  # the items cover the log up to here (the next seq then)
     items: list[Item]
-    size: int = field(default=0)  # bytes of views held
+    size: int = field(default=0)  # characters of views held
 
 
 def _item_of(row: EntryRow, api: Api) -> Item:
