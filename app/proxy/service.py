@@ -4,7 +4,8 @@ back and into the stored history.
 One call, in order:
 
 1. The session named by ``X-Compactd-Session`` (created on first use with the request's
-   model) and what the proxy knows of its stored history (:mod:`app.proxy.repository`).
+   model) and what the proxy knows of its stored history (:mod:`app.proxy.repository`),
+   read on the pooled connection the call keeps until its request is upstream.
 2. Matching (:mod:`app.engine.proxy_history`): the request's history must be the stored
    one followed by new messages. A request that diverges (an edited, dropped or
    reordered message, or a history shorter than the stored one) is refused with a 409
@@ -15,12 +16,13 @@ One call, in order:
    store, with no upstream call (:meth:`ProxyService._replay`).
 3. The new messages are appended (:class:`app.messages.service.AppendService`, with the
    session's version as ``If-Match``), and the context is built (:mod:`app.proxy.context`):
-   ``GET /context``'s (which records the version served), read on the same connection
-   right after the append, or, when nothing but the proxy's own appends moved the session
-   since the last call, the context that call sent extended by them.
+   ``GET /context``'s, read right after the append, or, when nothing but the proxy's own
+   appends moved the session since the last call, the context that call sent extended by
+   them; it is recorded as served, as ``GET /context`` records it.
 4. The agent's request goes upstream with the context in place of its history and with
-   everything else as sent (:mod:`app.engine.proxy_wire`). No database connection is
-   held meanwhile.
+   everything else as sent (:mod:`app.engine.proxy_wire`). The context's version served
+   is recorded, and the connection given back, while the request is on its way: none is
+   held while the upstream answers.
 5. The reply comes back whole, or as the provider streams it, event for event. A
    provider's context-overflow error is relieved (the provider-error path of
    :mod:`app.budget`: prune, and an emergency compaction when that is not enough) and
