@@ -90,6 +90,10 @@ def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
     return parse_pinned_batch(messages, fmt)[0]
 
 
+# Pinned messages together take at most this share of the session's usable window.
+PINNED_SHARE = 0.25
+
+
 def parse_pinned_batch(messages: list[Any], fmt: Format) -> tuple[list[Entry], list[bool]]:
     """The batch in the canonical model, and whether each entry is pinned; raises
     a 422 naming the first bad field.
@@ -437,6 +441,29 @@ class AppendService:
             raise RuntimeError("a locked append lost its race")
         return outcome
 
+    async def _check_pinned(
+        self,
+        driver: Driver,
+        session_id: str,
+        session: SessionState,
+        batch: _Batch,
+        rows: list[EntryRow],
+    ) -> None:
+        """Pinned messages stay in the context whatever a compaction cuts, so together
+        they may take at most PINNED_SHARE of the session's usable window: beyond it no
+        compaction could bring the context under its threshold again."""
+        window, _ = sessions.window_of(session)
+        limit = int(window.usable_tokens * PINNED_SHARE)
+        held = await self.repo.pinned_tokens(driver, session_id)
+        adding = sum(r.tokens for r in rows if r.pinned)
+        if held + adding > limit:
+            raise invalid(
+                batch.pinned_path,
+                f"pinned messages may take at most {limit:,} tokens, a quarter of this "
+                f"session's usable window: the session holds {held:,} pinned tokens and "
+                f"this batch would pin {adding:,} more",
+            )
+
     async def _attempt(
         self, driver: Driver, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
     ) -> Appended | None:
@@ -522,6 +549,8 @@ class AppendService:
                 {"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": shown.tokens}
             )
 
+        if any(r.pinned for r in rows):
+            await self._check_pinned(driver, session_id, session, batch, rows)
         read_version = session.version
         before = snapshot(session)
         advance(
@@ -629,6 +658,15 @@ class _Batch:
         check_request_fields(body)
         self.format = body.format
         self.entries, self.pinned = parse_pinned_batch(body.messages, body.format)
+        # Where the refusal of too many pinned tokens points: the first pinned message.
+        self.pinned_path = next(
+            (
+                f"messages[{i}].pinned"
+                for i, m in enumerate(body.messages)
+                if isinstance(m, dict) and m.get("pinned") is True
+            ),
+            "messages",
+        )
         try:
             self.system = (
                 None if body.system is None else anthropic_format.parse_system(body.system)

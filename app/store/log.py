@@ -662,6 +662,17 @@ class LogRepository:
             now,
         )
 
+    async def pinned_tokens(self, driver: Driver, session_id: str) -> int:
+        """The tokens of the entries marked pinned on append (read through the
+        partial index entry_pinned_idx, which holds only those)."""
+        total = await driver.fetchval(
+            "SELECT coalesce(sum(tokens), 0) FROM entry"
+            " WHERE session_id = $1 AND tenant_id = $2 AND pinned",
+            session_id,
+            self.tenant_id,
+        )
+        return int(total)
+
     async def context_totals(
         self, driver: Driver, session_id: str, start_seq: int, pinned: list[int], summary_seq: int
     ) -> tuple[int, int]:

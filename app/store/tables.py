@@ -23,6 +23,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import Mapped, mapped_column
@@ -98,6 +99,15 @@ class Entry(Base):
             ["session_id", "tenant_id"], ["session.id", "session.tenant_id"], ondelete="CASCADE"
         ),
         UniqueConstraint("session_id", "tenant_id", "id"),
+        # The entries marked pinned, so an append that pins sums them without a pass
+        # over the session (migration 0008).
+        Index(
+            "entry_pinned_idx",
+            "session_id",
+            "tenant_id",
+            "seq",
+            postgresql_where=text("pinned"),
+        ),
     )
 
     session_id: Mapped[str] = mapped_column(String(128), primary_key=True)

@@ -210,12 +210,16 @@ async def test_pinned_entries_alone_over_the_budget_make_the_verdict_say_so(
     await make_session(
         client,
         id="big",
-        context_window=8_000,
+        context_window=64_000,
         max_output_tokens=1_000,
         config={"compaction": {"keep_recent_tokens": 500}, "prune": {"auto": False}},
     )
     rules = "Follow this house rule in every step of the work. " * 800
-    body = await append_ok(client, "big", [{"role": "user", "content": rules, "pinned": True}])
+    # Pinned within a quarter of the window they were pinned in; the window then shrinks.
+    await append_ok(client, "big", [{"role": "user", "content": rules, "pinned": True}])
+    r = await client.patch("/v1/sessions/big", json={"context_window": 8_000})
+    assert r.status_code == 200, r.text
+    body = await append_ok(client, "big", [{"role": "user", "content": "Start."}])
     verdict = body["overflow"]
     assert verdict["estimated_tokens"] > verdict["usable_tokens"]
     assert verdict["overflow"] is True
@@ -240,3 +244,33 @@ async def test_pinned_entries_alone_over_the_budget_make_the_verdict_say_so(
     assert session["compaction_count"] >= 1
     assert ctx["messages"][0] == {"role": "user", "content": rules}
     assert "compacted" in ctx["messages"][1]["content"]
+
+
+async def test_pinned_messages_take_at_most_a_quarter_of_the_window(
+    client: httpx.AsyncClient,
+) -> None:
+    """Beyond it no compaction could bring the context under its threshold: every
+    append would start one more that cannot help."""
+    await make_session(client, id="pin-cap", context_window=24_000, max_output_tokens=1_000)
+    session = await get_session(client, "pin-cap")
+    limit = session["usable_tokens"] // 4
+    words = "alpha beta gamma delta " * 200  # ~800 tokens
+    pinned_ok = 0
+    for i in range(limit // 800 + 2):
+        r = await client.post(
+            "/v1/sessions/pin-cap/messages",
+            json={"messages": [{"role": "user", "content": f"{i} {words}", "pinned": True}]},
+        )
+        if r.status_code != 201:
+            break
+        pinned_ok += 1
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    problem = r.json()
+    assert "messages[0].pinned" in r.text, problem
+    assert f"{limit:,}" in r.text, problem
+    # The refused batch stored nothing; the session is as the last accepted append left it.
+    assert pinned_ok >= 2
+    assert len(await history(client, "pin-cap")) == pinned_ok
+    # Unpinned messages are still welcome.
+    await append_ok(client, "pin-cap", [{"role": "user", "content": words}])
