@@ -34,6 +34,7 @@ from app.proxy.errors import ProviderErrorShape
 from app.proxy.forward import ProxyClient
 from app.proxy.router import router as proxy_router
 from app.sessions.router import router as sessions_router
+from app.tree.router import router as tree_router
 
 
 async def reject_unstorable_text(request: Request) -> None:
@@ -148,6 +149,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         context_router,
         budget_router,
         compactions_router,
+        tree_router,
         proxy_router,
     ):
         app.include_router(router)

@@ -13,6 +13,7 @@ from app.core import migrations
 from tests import postgres
 
 TABLES = {
+    "branch",
     "session",
     "entry",
     "tool_call",

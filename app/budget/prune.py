@@ -18,7 +18,7 @@ from app.engine import catalog, ledger, tokens, view
 from app.engine.prune import PruneSettings, plan_prune
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
-from app.store.log import ErasedRow, LogRepository, PrunedRow
+from app.store.log import ErasedRow, LogRepository, OnPath, PrunedRow
 from app.store.session_row import Unit
 
 # What the planner assumes a placeholder costs beyond its text: a typical call id.
@@ -83,7 +83,8 @@ async def prune_locked(
         protected_tools=frozenset(t.lower() for t in cfg.protected_tools),
         placeholder_tokens=base_placeholder + _TYPICAL_CALL_ID_TOKENS,
     )
-    items = await repo.window_items(driver, session_id, state.context_start_seq, state.next_seq)
+    at = OnPath.of(session_id, state)
+    items = await repo.window_items(driver, at, state.context_start_seq, state.next_seq)
     plan = plan_prune(items, settings)
 
     async def nothing(reason: str | None) -> PruneResult:
@@ -125,7 +126,7 @@ async def prune_locked(
         return await nothing("below_minimum")
     if not dry_run:
         now = datetime.now(UTC)
-        await repo.mark_pruned(driver, session_id, rows, now, erased)
+        await repo.mark_pruned(driver, at, rows, now, erased)
         unit.apply(ledger.Pruned(saved, urgent))
         await unit.save(now=now)
         metrics.pruned(trigger, saved)

@@ -24,7 +24,7 @@ from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
 from app.core import metrics
 from app.core.driver import Driver
-from app.engine import catalog, pivot_rules
+from app.engine import catalog, pivot_rules, tree
 from app.engine import compaction as engine
 from app.engine.model import Entry, Role
 from app.engine.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
@@ -34,7 +34,7 @@ from app.engine.relief import FAILURE_LIMIT
 from app.engine.view import render_view
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
-from app.store.log import LogRepository, NewEntry, SourceRow
+from app.store.log import LogRepository, NewEntry, OnPath, SourceRow
 from app.store.session_row import SessionState, Unit
 
 log = logging.getLogger("compactd.compaction")
@@ -151,6 +151,7 @@ class Prepared:
     previous_summary: str | None
     context_start_seq: int
     summary_seq: int | None
+    path: tree.Path
 
 
 async def prepare(
@@ -166,13 +167,16 @@ async def prepare(
     """Read what the session holds since its pivot and plan the cut. None when
     there is nothing to compact. ``light`` reads no content: the plan then says
     where the cut falls, and holds nothing to summarize."""
+    at = OnPath.of(session_id, state)
     rows, marks = await LogRepository(tenant_id).source(
-        driver, session_id, state.context_start_seq, state.next_seq, light=light
+        driver, at, state.context_start_seq, state.next_seq, light=light
     )
     previous = (
         None
         if light
-        else await CompactionRepository(tenant_id).previous(driver, session_id, state.summary_seq)
+        else await CompactionRepository(tenant_id).previous(
+            driver, state.family_id, state.path, state.summary_seq
+        )
     )
     window, _ = sessions.window_of(state)
     # What to keep and what the plan is made with: the engine's rules (shared
@@ -196,13 +200,17 @@ async def prepare(
         previous_summary=pivot_rules.previous_summary(previous[0] if previous else None),
         context_start_seq=state.context_start_seq,
         summary_seq=state.summary_seq,
+        path=state.path,
     )
 
 
 def pivot_unchanged(state: SessionState, prepared: Prepared) -> bool:
+    """The session still follows the path the plan was made on, from the same pivot
+    (a navigation since moves the path; what it abandoned is not compacted)."""
     return (
         state.context_start_seq == prepared.context_start_seq
         and state.summary_seq == prepared.summary_seq
+        and state.path == prepared.path  # appends leave it; a navigation moves it
     )
 
 
@@ -245,17 +253,15 @@ def _stored(new: pivot_rules.PivotEntry) -> NewEntry:
     )
 
 
-async def _should_continue(driver: Driver, repo: LogRepository, session_id: str, seq: int) -> bool:
+async def _should_continue(driver: Driver, repo: LogRepository, at: OnPath, seq: int) -> bool:
     """Whether a synthetic "continue" should follow an automatic compaction whose
     log ends at ``seq``: :func:`app.engine.pivot_rules.continues` on the log's tail
     (whether calls are pending is read for a tool result only)."""
-    tail = await repo.tail(driver, session_id, seq)
+    tail = await repo.tail(driver, at, seq)
     if tail is None:
         return False
     role, kind, calls, finish_reason = tail
-    pending = (
-        kind == "message" and role == "tool" and await repo.calls_pending(driver, session_id, seq)
-    )
+    pending = kind == "message" and role == "tool" and await repo.calls_pending(driver, at, seq)
     return pivot_rules.continues(
         role=role, kind=kind, makes_calls=calls, finish_reason=finish_reason, calls_pending=pending
     )
@@ -280,7 +286,8 @@ async def commit_pivot(
     (:class:`NoGain`): nothing is written (judged on counted tokens, see
     :func:`~app.engine.pivot_rules.judge`).
     """
-    state, driver, session_id = unit.state, unit.driver, unit.session_id
+    state, driver = unit.state, unit.driver
+    at = OnPath.of(unit.session_id, state)
     repo = LogRepository(unit.tenant_id)
     plan = prepared.plan
     before = sessions.verdict_of(state, config).estimated_tokens
@@ -288,7 +295,7 @@ async def commit_pivot(
     continued = (
         auto
         and config.compaction.auto_continue
-        and await _should_continue(driver, repo, session_id, seq - 1)
+        and await _should_continue(driver, repo, at, seq - 1)
     )
     new = pivot_rules.pivot_entries(
         seq,
@@ -300,7 +307,7 @@ async def commit_pivot(
     # The kept window's totals, read before the new entries exist (they are
     # user messages: they add to the context, never to its tool outputs).
     kept, tool_context = await repo.context_totals(
-        driver, session_id, plan.first_kept_seq, list(pinned), seq
+        driver, at, plan.first_kept_seq, list(pinned), seq
     )
     moved = pivot_rules.moved(
         plan, new, pinned, window_tokens=kept, window_tool_tokens=tool_context
@@ -308,8 +315,20 @@ async def commit_pivot(
     judged = pivot_rules.judge(sessions.accounting_of(state), moved)
     if not judged.gain:
         return NoGain(judged.tokens_before, judged.tokens_after)
+    path_tokens = state.stored_tokens
     for entry in new:
-        await repo.insert_entry(driver, session_id, _stored(entry), now)
+        stored = _stored(entry)
+        path_tokens += stored.tokens
+        summary = entry.kind == "compaction"
+        await repo.insert_entry(
+            driver,
+            at,
+            stored,
+            now,
+            path_tokens,
+            job_id if summary else None,
+            (plan.first_kept_seq, list(pinned)) if summary else None,
+        )
     unit.apply(moved)
     # Low yield: hold automatic compaction until new history arrives.
     state.compaction_held_seq = state.next_seq if judged.low_yield else None

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from app.core.driver import Driver, Record, record_of
+from app.engine import tree
 
 CHANNEL = "compactd_compactions"
 
@@ -67,6 +68,15 @@ def _job(row: Record) -> JobRow:
         job.upstream_usage = orjson.loads(job.upstream_usage)
     return job
 
+
+_ENQUEUE_BRANCH_SQL = f"""
+INSERT INTO compaction AS c (session_id, tenant_id, id, status, reason, auto, strategy,
+    summarizer, model, instructions, attempts, run_after, created_at, details)
+VALUES ($1, $2, $3, 'queued', 'branch_summary', false, 'structured', 'llm', NULL, $4, 0, now(),
+    now(), $5::jsonb)
+ON CONFLICT (session_id, tenant_id) WHERE status IN ('queued', 'running') DO NOTHING
+RETURNING {_COLUMNS}
+"""
 
 # Insert a job unless the session already has one queued or running (the
 # partial unique key); either way the active job comes back. The claim compares
@@ -146,9 +156,14 @@ ORDER BY c.created_at DESC, c.id DESC
 LIMIT $5
 """
 
+# The compaction that wrote the summary entry at $3 on branch $4 (maybe another
+# session's of the family: the one a fork was made from).
 _PREVIOUS_SQL = """
-SELECT summary, details FROM compaction
-WHERE session_id = $1 AND tenant_id = $2 AND entry_seq = $3 AND status = 'succeeded'
+SELECT c.summary, c.details FROM entry AS e
+JOIN compaction AS c ON c.session_id = e.job_session_id AND c.tenant_id = e.tenant_id
+    AND c.id = e.job_id
+WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = $3 AND e.branch = $4
+    AND c.status = 'succeeded'
 """
 
 # The reason also goes into details.notes, so a job that succeeds on a later
@@ -279,6 +294,30 @@ class CompactionRepository:
             raise RuntimeError("no active compaction after a conflict")
         return _job(active), False
 
+    async def enqueue_branch(
+        self,
+        driver: Driver,
+        session_id: str,
+        *,
+        instructions: str | None,
+        details: dict[str, Any],
+    ) -> tuple[JobRow, bool]:
+        """A branch-summary job (reason ``branch_summary``): ``details.navigation``
+        says which branch it summarizes and where the leaf goes once it is written.
+        The session has no active job (the caller cancelled it): this one is new."""
+        row = await driver.fetchrow(
+            _ENQUEUE_BRANCH_SQL,
+            session_id,
+            self.tenant_id,
+            uuid.uuid4(),
+            instructions,
+            orjson.dumps(details).decode(),
+        )
+        if row is None:
+            raise RuntimeError("a compaction is still active")
+        await driver.execute(_NOTIFY_SQL)
+        return _job(row), True
+
     async def release(self, driver: Driver, job: JobRow) -> None:
         await driver.execute(
             _RELEASE_SQL, job.session_id, job.tenant_id, job.id, job.lease_owner, job.attempts
@@ -324,11 +363,15 @@ class CompactionRepository:
         return [_job(r) for r in rows]
 
     async def previous(
-        self, driver: Driver, session_id: str, summary_seq: int | None
+        self, driver: Driver, family_id: str, path: tree.Path, summary_seq: int | None
     ) -> tuple[str, dict[str, Any] | None] | None:
+        """The summary and details of the compaction whose entry is the path's
+        ``summary_seq``."""
         if summary_seq is None:
             return None
-        row = await driver.fetchrow(_PREVIOUS_SQL, session_id, self.tenant_id, summary_seq)
+        row = await driver.fetchrow(
+            _PREVIOUS_SQL, family_id, self.tenant_id, summary_seq, path.branch_of(summary_seq)
+        )
         if row is None or row["summary"] is None:
             return None
         details = row["details"]

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.history.schemas import HistoryEntry
 
 CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-CompactionReason = Literal["manual", "threshold", "overflow", "emergency"]
+CompactionReason = Literal["manual", "threshold", "overflow", "emergency", "branch_summary"]
 Status = CompactionStatus
 Reason = CompactionReason
 

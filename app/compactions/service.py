@@ -27,7 +27,8 @@ from app.core.errors import Conflict, NotFound, invalid
 from app.history.schemas import Format
 from app.history.service import HistoryService
 from app.sessions import service as sessions
-from app.store.session_row import exists, locked
+from app.store import branches
+from app.store.session_row import exists, locked, read_state
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -202,7 +203,14 @@ class CompactionService:
         """The entries the compaction replaced, as stored, a page at a time."""
         async with driver_connection(self.engine) as driver:
             job = await self._job(driver, session_id, compaction_id)
-        if job.status != "succeeded" or job.source_start_seq is None or job.first_kept_seq is None:
+            if job.status != "succeeded" or job.first_kept_seq is None:
+                raise Conflict(f"compaction {compaction_id} is {job.status}: it replaced nothing")
+            # What it replaced is on the path to its entry, which the session may
+            # have left since (a navigation): that path, not the session's.
+            state = await read_state(driver, self.tenant_id, session_id)
+            family = session_id if state is None else state.family_id
+            path = await branches.path_to_compaction(driver, self.tenant_id, family, compaction_id)
+        if job.source_start_seq is None:
             raise Conflict(f"compaction {compaction_id} is {job.status}: it replaced nothing")
         page = await HistoryService(db, self.tenant_id).history(
             session_id,
@@ -211,6 +219,7 @@ class CompactionService:
             fmt=fmt,
             before_seq=job.first_kept_seq,
             replaced_only=True,
+            path=path,
         )
         return SourcePage(
             compaction_id=job.id, entries=page.entries, next_after_seq=page.next_after_seq

@@ -15,7 +15,7 @@ from app.core.errors import NotFound
 from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.history.schemas import Format
 from app.sessions import service as sessions
-from app.store.log import read_state_and_marks, read_window
+from app.store.log import OnPath, read_state_and_marks, read_window
 from app.store.session_row import record_served
 
 _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
@@ -88,7 +88,7 @@ class ContextService:
             rows = await read_window(
                 driver,
                 self.tenant_id,
-                session_id,
+                OnPath.of(session_id, session),
                 start,
                 end,
                 fmt,

@@ -43,8 +43,8 @@ class Totals:
     # From the log: what the entries and prune marks add up to.
     version: int = 1  # bumped by every change a client can see
     next_seq: int = 1  # the seq the next entry gets
-    entry_count: int = 0
-    stored_tokens: int = 0  # every stored entry, whether in the context or not
+    entry_count: int = 0  # the entries of the path from the root to the leaf
+    stored_tokens: int = 0  # of those entries, whether in the context or not
     context_tokens: int = 0  # the context: the window, the summary and the pinned entries
     context_tool_tokens: int = 0  # the part of context_tokens that is tool output
     context_start_seq: int = 1  # the window is seq >= this
@@ -218,7 +218,43 @@ class Patched:
     config: bool
 
 
-Event = Appended | Pruned | PruneChecked | UsageReported | StaleUsageReported | PivotMoved | Patched
+@dataclass(frozen=True, slots=True)
+class PathMoved:
+    """The session now follows another path of its tree (a navigation, or the
+    start of a fork): its leaf is ``next_seq - 1``, the path holds
+    ``stored_tokens``, and the pivot and the context are that path's, recounted
+    from the stored rows (``context_tokens``, ``context_tool_tokens``; with the
+    window from ``context_start_seq``, the summary ``summary_seq`` and the
+    kept entries ``pinned_seqs`` of the latest compaction on the path, if any,
+    of ``compaction_count``). Like a pivot move, it forgets what was measured
+    or checked against the context it replaced."""
+
+    next_seq: int
+    stored_tokens: int
+    context_tokens: int
+    context_tool_tokens: int
+    context_start_seq: int
+    summary_seq: int | None
+    pinned_seqs: tuple[int, ...]
+    compaction_count: int
+
+    def __post_init__(self) -> None:
+        if self.next_seq < 1:
+            raise ValueError(f"next_seq must be at least 1, got {self.next_seq}")
+        for name in ("stored_tokens", "context_tokens", "context_tool_tokens"):
+            _not_negative(name, getattr(self, name))
+
+
+Event = (
+    Appended
+    | Pruned
+    | PruneChecked
+    | UsageReported
+    | StaleUsageReported
+    | PivotMoved
+    | PathMoved
+    | Patched
+)
 
 
 def _not_negative(name: str, value: int) -> None:
@@ -302,6 +338,25 @@ def apply(totals: Totals, event: Event) -> Totals:
                 summary_seq=event.summary_seq,
                 pinned_seqs=event.pinned_seqs,
                 compaction_count=totals.compaction_count + 1,
+                reported_prompt_tokens=None,
+                context_tokens_at_report=None,
+                prune_checked_tool_tokens=None,
+                prune_checked_urgent=None,
+            )
+        case PathMoved():
+            return replace(
+                totals,
+                version=version,
+                pivot_version=version,
+                next_seq=event.next_seq,
+                entry_count=event.next_seq - 1,  # a path holds one entry per seq
+                stored_tokens=event.stored_tokens,
+                context_tokens=event.context_tokens,
+                context_tool_tokens=event.context_tool_tokens,
+                context_start_seq=event.context_start_seq,
+                summary_seq=event.summary_seq,
+                pinned_seqs=event.pinned_seqs,
+                compaction_count=event.compaction_count,
                 reported_prompt_tokens=None,
                 context_tokens_at_report=None,
                 prune_checked_tool_tokens=None,

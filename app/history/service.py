@@ -6,11 +6,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.engine import anthropic_format, openai_format
+from app.engine import anthropic_format, openai_format, tree
 from app.engine.model import Entry
 from app.history.schemas import Format, HistoryEntry, HistoryPage
 from app.sessions.service import SessionService
-from app.store.log import MessageRepository
+from app.store.log import MessageRepository, OnPath
 from app.store.tables import Entry as EntryRow
 
 
@@ -67,10 +67,17 @@ class HistoryService:
         fmt: Format,
         before_seq: int | None = None,
         replaced_only: bool = False,
+        path: tree.Path | None = None,
     ) -> HistoryPage:
-        await self.sessions.require(session_id)
+        """A page of the session's path (or of ``path``, a path of its family)."""
+        session = await self.sessions.require(session_id)
+        at = OnPath(
+            session_id,
+            session.family_id,
+            path or tree.Path(tuple(session.path_branches), tuple(session.path_ends)),
+        )
         rows = await self.repo.page(
-            session_id, after_seq, limit + 1, before_seq=before_seq, replaced_only=replaced_only
+            at, after_seq, limit + 1, before_seq=before_seq, replaced_only=replaced_only
         )
         page = rows[:limit]
         return HistoryPage(

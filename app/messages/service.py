@@ -44,6 +44,7 @@ from app.store.log import (
     CallRow,
     EntryRow,
     LogRepository,
+    OnPath,
     StoredCall,
 )
 from app.store.session_row import SessionState, Unit, advance, snapshot
@@ -272,18 +273,26 @@ class _Open(NamedTuple):
     call_seq: int
     view_id: str
     new_index: int | None  # in Linking.new_calls; None for a stored call
+    branch: int = 0  # a stored call's row: the branch it answers on
 
 
-def link_batch(entries: list[Entry], stored: dict[str, StoredCall], first_seq: int) -> Linking:
+def link_batch(
+    entries: list[Entry], stored: dict[str, StoredCall], first_seq: int, leaf_branch: int = 0
+) -> Linking:
     """Check every result answers an open call, in order, and name each result's tool.
 
     A result answers the latest call with its id that has no result yet. An id
     may come back in a later call once its earlier call is answered (some
     providers number calls per turn); the model's view then names the new call
     ``<id>_r<seq>``, since both OpenAI and Anthropic want one id per call.
+
+    ``stored`` holds the calls as the session's path has them (app.store.log): a
+    call made before a fork point, and answered only on another branch, is open
+    on this one. Its answer here gets its own row on ``leaf_branch`` (a new call
+    row with its result), so each branch answers it once.
     """
     open_calls = {
-        call_id: _Open(c.name, c.call_seq, c.view_id or call_id, None)
+        call_id: _Open(c.name, c.call_seq, c.view_id or call_id, None, c.branch)
         for call_id, c in stored.items()
         if c.result_seq is None
     }
@@ -327,8 +336,11 @@ def link_batch(entries: list[Entry], stored: dict[str, StoredCall], first_seq: i
             raise invalid(where, f"{call_id!r} matches no earlier tool call of this session")
         entry.tool_name = found.name
         answered_at[call_id] = seq
-        if found.new_index is None:
-            answers.append(Answer(call_id, found.call_seq, seq))
+        if found.new_index is None and found.branch == leaf_branch:
+            answers.append(Answer(call_id, found.call_seq, seq, found.branch))
+        elif found.new_index is None:
+            view = found.view_id if found.view_id != call_id else None
+            new_calls.append(CallRow(call_id, found.name, found.call_seq, seq, view))
         else:
             new_calls[found.new_index] = new_calls[found.new_index]._replace(result_seq=seq)
         view_ids.append((found.view_id,) if found.view_id != call_id else None)
@@ -454,7 +466,7 @@ class AppendService:
         compaction could bring the context under its threshold again."""
         window, _ = sessions.window_of(session)
         limit = int(window.usable_tokens * PINNED_SHARE)
-        held = await self.repo.pinned_tokens(driver, session_id)
+        held = await self.repo.pinned_tokens(driver, OnPath.of(session_id, session))
         adding = sum(r.tokens for r in rows if r.pinned)
         if held + adding > limit:
             raise invalid(
@@ -514,7 +526,8 @@ class AppendService:
                 {"id": str(row.id), "seq": row.seq, "role": row.role, "tokens": row.tokens}
             )
         first_seq = session.next_seq + len(rows)
-        linking = link_batch(batch.entries, read.calls, first_seq)
+        path = session.path
+        linking = link_batch(batch.entries, read.calls, first_seq, path.leaf_branch)
 
         every_shown = await batch.show_all(encoding, config.truncate, linking.view_ids)
         for offset, entry in enumerate(batch.entries):
@@ -549,6 +562,12 @@ class AppendService:
                 {"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": shown.tokens}
             )
 
+        # Where each entry hangs in the tree, and the path's stored tokens with it.
+        path_tokens = session.stored_tokens
+        for i, row in enumerate(rows):
+            path_tokens += row.tokens
+            parent = path.branch_of(row.seq - 1) if row.seq > 1 else None
+            rows[i] = row._replace(parent_branch=parent, path_tokens=path_tokens)
         if any(r.pinned for r in rows):
             await self._check_pinned(driver, session_id, session, batch, rows)
         read_version = session.version
@@ -576,6 +595,8 @@ class AppendService:
             driver,
             AppendWrite(
                 session_id=session_id,
+                family_id=session.family_id,
+                branch=path.leaf_branch,
                 read_version=read_version,
                 source_format=batch.format,
                 now=datetime.now(UTC),

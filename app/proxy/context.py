@@ -39,7 +39,7 @@ from app.engine.proxy_wire import Api
 from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.messages.service import Appended
 from app.sessions import service as sessions
-from app.store.log import EntryRow, read_state_and_marks, read_window
+from app.store.log import EntryRow, OnPath, read_state_and_marks, read_window
 from app.store.session_row import SessionState
 
 # Sessions whose last context is kept, and the most characters of views kept over all.
@@ -197,7 +197,7 @@ class Contexts:
         rows = await read_window(
             driver,
             tenant_id,
-            session_id,
+            OnPath.of(session_id, state),
             state.context_start_seq,
             state.next_seq,
             api,

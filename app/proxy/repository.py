@@ -12,6 +12,7 @@ import orjson
 from app.core.driver import Driver
 from app.engine.model import Entry
 from app.engine.proxy_history import EMPTY_CHAIN, Known
+from app.store.log import on_session_path
 
 # With whether a message entry was stored since (by the /v1 API, or another process):
 # one indexed probe, so that the usual call reads no entry at all. The probe asks for
@@ -19,13 +20,14 @@ from app.engine.proxy_history import EMPTY_CHAIN, Known
 # generic plan (plan_cache_mode), made while the sessions were small, took the entry
 # table's (session_id, tenant_id, id) index and filtered every entry of the session,
 # 7 ms a call at 10,000 entries; an ordered scan is the primary key's.
-_KNOWN_SQL = """
+_KNOWN_SQL = f"""
 SELECT s.version, s.created_at, p.entry_count, p.last_seq, p.chain, p.raw_count,
     p.raw_digest, p.raw_entry_count, p.raw_chain,
     (
         SELECT e.seq FROM entry AS e
-        WHERE e.session_id = s.id AND e.tenant_id = s.tenant_id
+        WHERE e.session_id = s.family_id AND e.tenant_id = s.tenant_id
             AND e.seq > coalesce(p.last_seq, 0) AND e.kind = 'message'
+            AND {on_session_path("e")}
         ORDER BY e.seq
         LIMIT 1
     ) IS NOT NULL AS behind
@@ -34,30 +36,37 @@ LEFT JOIN proxy_history AS p ON p.session_id = s.id AND p.tenant_id = s.tenant_i
 WHERE s.id = $1 AND s.tenant_id = $2
 """
 
-# The agent's history is the session's message entries: a compaction's summary and its
-# "continue" note are compactd's own entries.
-_MESSAGES_SQL = """
-SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form,
-    erased_bytes IS NOT NULL AS erased
-FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND seq > $3 AND kind = 'message'
-ORDER BY seq
+# The agent's history is the message entries of the session's path: a compaction's
+# summary and its "continue" note are compactd's own entries. Each statement reads the
+# session's path from its row (app.engine.tree: a navigation may have moved it).
+_ON_PATH = """FROM session AS s JOIN entry AS e
+    ON e.session_id = s.family_id AND e.tenant_id = s.tenant_id"""
+_MESSAGES_SQL = f"""
+SELECT e.seq, e.role, e.parts, e.tool_call_id, e.tool_name, e.is_error, e.name,
+    e.content_form, e.erased_bytes IS NOT NULL AS erased
+{_ON_PATH}
+WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq > $3 AND e.kind = 'message'
+    AND {on_session_path("e")}
+ORDER BY e.seq
 LIMIT $4
 """
 
 # One message entry whole, the keys its client sent that the store keeps aside included.
-_MESSAGE_SQL = """
-SELECT seq, role, parts, tool_call_id, tool_name, is_error, name, content_form,
-    erased_bytes IS NOT NULL AS erased, extra
-FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND seq = $3 AND kind = 'message'
+_MESSAGE_SQL = f"""
+SELECT e.seq, e.role, e.parts, e.tool_call_id, e.tool_name, e.is_error, e.name,
+    e.content_form, e.erased_bytes IS NOT NULL AS erased, e.extra
+{_ON_PATH}
+WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq = $3 AND e.kind = 'message'
+    AND {on_session_path("e")}
 """
 
 # Ordered, as the probe above: a scan of the primary key from the end.
-_LAST_MESSAGE_SQL = """
-SELECT seq FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND seq > $3 AND kind = 'message'
-ORDER BY seq DESC
+_LAST_MESSAGE_SQL = f"""
+SELECT e.seq
+{_ON_PATH}
+WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq > $3 AND e.kind = 'message'
+    AND {on_session_path("e")}
+ORDER BY e.seq DESC
 LIMIT 1
 """
 

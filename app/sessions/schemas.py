@@ -86,10 +86,25 @@ class TruncateConfig(Strict):
     )
 
 
+class BranchSummaryConfig(Strict):
+    enabled: bool = Field(
+        False,
+        description="Navigations summarize the branch they abandon unless they say otherwise.",
+    )
+    reserve_tokens: int = Field(
+        16_384,
+        ge=0,
+        le=10_000_000,
+        description="The summarizer reads the abandoned branch's newest entries up to the "
+        "model's window less this.",
+    )
+
+
 class SessionConfig(Strict):
     """Per-session behaviour; every field can be overridden at create or patch."""
 
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    branch_summary: BranchSummaryConfig = Field(default_factory=BranchSummaryConfig)
     prune: PruneConfig = Field(default_factory=PruneConfig)
     truncate: TruncateConfig = Field(default_factory=TruncateConfig)
 

@@ -10,11 +10,12 @@ from typing import Any, Protocol
 
 import orjson
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
-from app.engine import budget, catalog, ledger, relief
+from app.engine import budget, catalog, ledger, relief, tree
 from app.engine.tokens import REPLY_PRIMING_TOKENS
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
@@ -26,7 +27,7 @@ from app.sessions.schemas import (
     _check_window,
 )
 from app.store.session_row import SessionRepository, advance
-from app.store.tables import Session
+from app.store.tables import Branch, Session
 
 
 def merge_config(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -220,9 +221,22 @@ class SessionService:
         session_id = body.id or f"ses_{uuid.uuid4().hex}"
         if await self.repo.get(session_id) is not None:
             raise Conflict(f"session {session_id!r} already exists")
+        # A new family, stored under the session's id, unless a family still stores
+        # entries under it (a session of that id was deleted while a fork of it lives).
+        family_id = session_id
+        taken = await self.db.execute(
+            select(Branch.branch_id)
+            .where(Branch.session_id == session_id, Branch.tenant_id == self.tenant_id)
+            .limit(1)
+        )
+        if taken.first() is not None:
+            family_id = f"fam_{uuid.uuid4().hex}"
         session = Session(
             id=session_id,
             tenant_id=self.tenant_id,
+            family_id=family_id,
+            path_branches=[tree.ROOT_BRANCH],
+            path_ends=[],
             model=body.model,
             context_window=body.context_window,
             max_output_tokens=body.max_output_tokens,
@@ -246,6 +260,19 @@ class SessionService:
         try:
             async with self.db.begin_nested():
                 await self.repo.add(session)
+                self.db.add(
+                    Branch(
+                        session_id=family_id,
+                        tenant_id=self.tenant_id,
+                        branch_id=tree.ROOT_BRANCH,
+                        owner_id=session_id,
+                        parent_branch=None,
+                        fork_seq=0,
+                        path_branches=[tree.ROOT_BRANCH],
+                        path_ends=[],
+                    )
+                )
+                await self.db.flush()
         except IntegrityError:  # a concurrent create with the same id won
             raise Conflict(f"session {session_id!r} already exists") from None
         await self.db.refresh(session)
@@ -292,4 +319,4 @@ class SessionService:
     async def delete(self, session_id: str, if_match: str | None) -> None:
         session = await self.require(session_id, for_update=True)
         check_if_match(if_match, session.version)
-        await self.repo.delete(session_id)
+        await self.repo.delete(session_id, session.family_id)

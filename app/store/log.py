@@ -11,21 +11,69 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.driver import Driver, Record, record_of
+from app.engine import tree
 from app.store.session_row import STATE_COLUMNS, SessionState, set_clause, state_of
 from app.store.tables import Entry, PruneMark
 
+_OPEN = f"{tree.OPEN}::bigint"
+
+
+def on_path(alias: str, branches: str, ends: str, seq: str = "seq") -> str:
+    """The key condition "on the path": the row's branch is one of ``branches``
+    and its seq at most that branch's end in ``ends`` (SQL array expressions). A
+    branch's own entries start after its fork point, so no lower end is needed."""
+    a = f"{alias}." if alias else ""
+    return (
+        f"{a}branch = ANY({branches})"
+        f" AND {a}{seq} <= ({ends})[array_position({branches}, {a}branch)]"
+    )
+
+
+def on_session_path(alias: str, seq: str = "seq") -> str:
+    """:func:`on_path` for the path of the session row ``s`` of the same statement."""
+    return on_path(alias, "s.path_branches", f"(s.path_ends || {_OPEN})", seq)
+
+
+def path_args(path: tree.Path, lo: int, hi: int = tree.OPEN) -> tuple[list[int], list[int]]:
+    """The arrays :func:`on_path` takes for the path's seqs ``lo <= seq < hi``."""
+    return path.segments(lo, hi)
+
+
+# $5 and $6 of the statements below that take a path.
+_PATH_56 = on_path("", "$5::bigint[]", "$6::bigint[]")
+_PATH_34 = on_path("", "$3::bigint[]", "$4::bigint[]")
+
+
+@dataclass(frozen=True, slots=True)
+class OnPath:
+    """Where a session's log is read: its own id (its prune marks are its own),
+    its family's (where the entries are stored) and the path it follows."""
+
+    session_id: str
+    family_id: str
+    path: tree.Path
+
+    @classmethod
+    def of(cls, session_id: str, state: SessionState) -> OnPath:
+        return cls(session_id, state.family_id, state.path)
+
+    def args(self, lo: int, hi: int = tree.OPEN) -> tuple[list[int], list[int]]:
+        """:func:`path_args` for ``lo <= seq < hi``."""
+        return self.path.segments(lo, hi)
+
 
 class StoredCall(NamedTuple):
-    """The latest call of the session with a given id."""
+    """The latest call on the session's path with a given id."""
 
     name: str
-    result_seq: int | None
+    result_seq: int | None  # its answer on this path, if it has one
     call_seq: int
     view_id: str | None  # how the model's view names it, when not by its id
+    branch: int = 0  # the branch of the row that answers it on this path
 
 
 @dataclass(slots=True)
@@ -62,6 +110,8 @@ class EntryRow(NamedTuple):
     view_call_id: str | None  # a result's call as the view names it, when not its own id
     call_id_tokens: int | None  # what that id costs in the view (results only)
     pinned: bool  # never summarized: the context keeps it wherever a compaction cuts
+    parent_branch: int | None = None  # where the parent entry is (None: the first entry)
+    path_tokens: int = 0  # the stored tokens of the path up to this entry
 
 
 class CallRow(NamedTuple):
@@ -73,16 +123,19 @@ class CallRow(NamedTuple):
 
 
 class Answer(NamedTuple):
-    """A stored call answered by this batch."""
+    """A stored call answered by this batch (the row of ``branch`` answers it)."""
 
     call_id: str
     call_seq: int
     result_seq: int
+    branch: int
 
 
 @dataclass(slots=True)
 class AppendWrite:
     session_id: str
+    family_id: str  # where the entries and calls are stored
+    branch: int  # the leaf's branch: the one written
     read_version: int  # the write applies only if the session is still at this version
     source_format: str
     now: datetime
@@ -103,7 +156,8 @@ _WINDOW_COLUMNS = (
 _WINDOW_SQL = {
     fmt: (
         f"SELECT {_WINDOW_COLUMNS.format(column)} FROM entry"
-        " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 ORDER BY seq"
+        f" WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 AND {_PATH_56}"
+        " ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
@@ -114,7 +168,8 @@ _WINDOW_SQL = {
 _PINNED_SQL = {
     fmt: (
         f"SELECT {_WINDOW_COLUMNS.format(column)} FROM entry"
-        " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq <= $4 ORDER BY seq"
+        f" WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq <= $4 AND {_PATH_56}"
+        " ORDER BY seq"
     )
     for fmt, column in (("openai", "view_openai"), ("anthropic", "view_anthropic"))
 }
@@ -123,16 +178,22 @@ _PINNED_SQL = {
 # planned on stale statistics probed every mark for every entry.
 MARKS_SQL = (
     "SELECT seq, tokens FROM prune_mark"
-    " WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4"
+    f" WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 AND {_PATH_56}"
 )
 
 _READ_SQL = f"""
 SELECT {STATE_COLUMNS},
-    (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq, c.call_seq, c.view_id))
-        FROM (SELECT DISTINCT ON (call_id) call_id, name, result_seq, call_seq, view_id
-            FROM tool_call
-            WHERE session_id = $1 AND tenant_id = $2 AND call_id = ANY($3::text[])
-            ORDER BY call_id, call_seq DESC) AS c) AS calls,
+    (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq, c.call_seq, c.view_id,
+            c.branch))
+        FROM (SELECT DISTINCT ON (t.call_id) t.call_id, t.name,
+                CASE WHEN {on_session_path("t", "result_seq").replace("t.branch", "t.result_branch")}
+                    THEN t.result_seq END AS result_seq,
+                t.call_seq, t.view_id, t.branch
+            FROM tool_call AS t
+            WHERE t.session_id = s.family_id AND t.tenant_id = $2 AND t.call_id = ANY($3::text[])
+                AND {on_session_path("t", "call_seq")}
+            ORDER BY t.call_id, t.call_seq DESC,
+                array_position(s.path_branches, t.branch) DESC) AS c) AS calls,
     i.request_hash, i.response::text AS response
 FROM session AS s
 LEFT JOIN idempotency_record AS i
@@ -147,14 +208,15 @@ WHERE s.id = $1 AND s.tenant_id = $2
 # a walk back over the whole log (which took 3 ms at 10,000 entries).
 _READ_WITH_SYSTEM_SQL = _READ_SQL.replace(
     "    i.request_hash,",
-    """    coalesce(
+    f"""    coalesce(
         (SELECT e.parts FROM entry AS e
-            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= s.context_start_seq
+            WHERE e.session_id = s.family_id AND e.tenant_id = $2
+                AND e.seq >= s.context_start_seq AND {on_session_path("e")}
                 AND e.role = 'system' AND e.kind = 'message'
             ORDER BY e.seq DESC LIMIT 1),
         (SELECT e.parts FROM entry AS e
-            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = ANY(s.pinned_seqs)
-                AND e.role = 'system' AND e.kind = 'message'
+            WHERE e.session_id = s.family_id AND e.tenant_id = $2 AND e.seq = ANY(s.pinned_seqs)
+                AND {on_session_path("e")} AND e.role = 'system' AND e.kind = 'message'
             ORDER BY e.seq DESC LIMIT 1)
     ) AS system_parts,
     i.request_hash,""",
@@ -168,15 +230,16 @@ _LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 _ENTRY_TYPES = (
     "bigint", "uuid", "text", "jsonb", "text", "text", "boolean", "text", "text",
     "jsonb", "int", "jsonb", "text", "text", "int", "int", "text", "int", "boolean",
+    "bigint", "bigint",
 )  # fmt: skip
 _CALL_TYPES = ("text", "text", "bigint", "bigint", "text")
-_ANSWER_TYPES = ("text", "bigint", "bigint")
+_ANSWER_TYPES = ("text", "bigint", "bigint", "bigint")
 assert len(_ENTRY_TYPES) == len(EntryRow._fields)
 assert len(_CALL_TYPES) == len(CallRow._fields)
 assert len(_ANSWER_TYPES) == len(Answer._fields)
 
-# $1-$15 are scalars (see write_append); the row arrays follow from $16.
-_ENTRY_ARG = 16
+# $1-$17 are scalars (see write_append); the row arrays follow from $18.
+_ENTRY_ARG = 18
 _CALL_ARG = _ENTRY_ARG + len(_ENTRY_TYPES)
 _ANSWER_ARG = _CALL_ARG + len(_CALL_TYPES)
 
@@ -216,25 +279,28 @@ WITH advanced AS (
     WHERE id = $1 AND tenant_id = $2 AND version = $5
     RETURNING version
 ), entries AS (
-    INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id,
+    INSERT INTO entry (session_id, tenant_id, branch, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
         view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id,
-        call_id_tokens, pinned, parent_seq, created_at)
-    SELECT $1, $2, r.seq, r.id, 'message', r.role, r.parts, r.tool_call_id, r.tool_name,
+        call_id_tokens, pinned, parent_seq, parent_branch, path_tokens, created_at)
+    SELECT $16, $2, $17, r.seq, r.id, 'message', r.role, r.parts, r.tool_call_id, r.tool_name,
         r.is_error, r.name, r.content_form, r.extra, $3, r.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(r.call_ids) AS c),
         r.view_openai, r.view_anthropic, r.omitted_lines, r.omitted_bytes, r.view_call_id,
-        r.call_id_tokens, r.pinned, NULLIF(r.seq - 1, 0), $4
+        r.call_id_tokens, r.pinned, NULLIF(r.seq - 1, 0), r.parent_branch, r.path_tokens, $4
     FROM advanced, {_unnest(_ENTRY_ARG, _ENTRY_TYPES, EntryRow._fields)}
 ), new_calls AS (
-    INSERT INTO tool_call (session_id, tenant_id, call_id, name, call_seq, result_seq, view_id)
-    SELECT $1, $2, r.call_id, r.name, r.call_seq, r.result_seq, r.view_id
+    INSERT INTO tool_call (session_id, tenant_id, branch, call_id, name, call_seq, result_seq,
+        result_branch, view_id)
+    SELECT $16, $2, $17, r.call_id, r.name, r.call_seq, r.result_seq,
+        CASE WHEN r.result_seq IS NOT NULL THEN $17 END, r.view_id
     FROM advanced, {_unnest(_CALL_ARG, _CALL_TYPES, CallRow._fields)}
 ), answered AS (
-    UPDATE tool_call AS t SET result_seq = r.result_seq
+    UPDATE tool_call AS t SET result_seq = r.result_seq, result_branch = $17
     FROM advanced, {_unnest(_ANSWER_ARG, _ANSWER_TYPES, Answer._fields)}
-    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_id = r.call_id
-        AND t.call_seq = r.call_seq AND t.call_id = ANY(${_ANSWER_ARG}::text[])
+    WHERE t.session_id = $16 AND t.tenant_id = $2 AND t.call_id = r.call_id
+        AND t.branch = r.branch AND t.call_seq = r.call_seq
+        AND t.call_id = ANY(${_ANSWER_ARG}::text[])
 ), idempotency AS (
     INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code,
         response)
@@ -255,7 +321,8 @@ _STATE_AND_MARKS_SQL = f"""
 SELECT {STATE_COLUMNS},
     (SELECT jsonb_agg(jsonb_build_array(m.seq, m.tokens)) FROM prune_mark AS m
         WHERE m.session_id = s.id AND m.tenant_id = s.tenant_id
-            AND m.seq >= s.context_start_seq AND m.seq < s.next_seq) AS marks
+            AND m.seq >= s.context_start_seq AND m.seq < s.next_seq
+            AND {on_session_path("m")}) AS marks
 FROM session AS s
 WHERE s.id = $1 AND s.tenant_id = $2
 """
@@ -273,17 +340,20 @@ async def read_state_and_marks(
 
 
 async def read_marks(
-    driver: Driver, tenant_id: str, session_id: str, start_seq: int, end_seq: int
+    driver: Driver, tenant_id: str, at: OnPath, start_seq: int, end_seq: int
 ) -> dict[int, int]:
-    """The prune marks in ``start_seq <= seq < end_seq``: seq to placeholder tokens."""
-    rows = await driver.fetch(MARKS_SQL, session_id, tenant_id, start_seq, end_seq)
+    """The prune marks on the path in ``start_seq <= seq < end_seq``: seq to
+    placeholder tokens."""
+    rows = await driver.fetch(
+        MARKS_SQL, at.session_id, tenant_id, start_seq, end_seq, *at.args(start_seq, end_seq)
+    )
     return {r["seq"]: r["tokens"] for r in rows}
 
 
 async def read_window(
     driver: Driver,
     tenant_id: str,
-    session_id: str,
+    at: OnPath,
     start_seq: int,
     end_seq: int,
     fmt: str,
@@ -293,10 +363,17 @@ async def read_window(
 ) -> list[Any]:
     """The entries of the model's view, in the model's order: the pinned entries
     (system ones, and those marked pinned on append), the summary, then
-    ``start_seq <= seq < end_seq``. Light columns and
+    ``start_seq <= seq < end_seq`` of the path. Light columns and
     the fragment rendered for ``fmt``, never the parts. Records (``seq, role,
     link_id, call_ids, tokens, view, is_error, kind``), no per-row ORM pass."""
-    records = await driver.fetch(_WINDOW_SQL[fmt], session_id, tenant_id, start_seq, end_seq)
+    records = await driver.fetch(
+        _WINDOW_SQL[fmt],
+        at.family_id,
+        tenant_id,
+        start_seq,
+        end_seq,
+        *at.args(start_seq, end_seq),
+    )
     # The latest summary (its entry is in the window, after the entries it
     # kept) goes first; earlier summaries are not shown.
     summary = [r for r in records if r["seq"] == summary_seq]
@@ -305,7 +382,11 @@ async def read_window(
         return [*summary, *window]
     pinned: list[Record] = []
     for first, last in _runs(pinned_seqs):
-        pinned.extend(await driver.fetch(_PINNED_SQL[fmt], session_id, tenant_id, first, last))
+        pinned.extend(
+            await driver.fetch(
+                _PINNED_SQL[fmt], at.family_id, tenant_id, first, last, *at.args(first, last + 1)
+            )
+        )
     return [*pinned, *summary, *window]
 
 
@@ -320,11 +401,12 @@ def _runs(seqs: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-_ITEMS_SQL = """
+_ITEMS_SQL = f"""
 SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id) AS link_id,
     is_error, call_id_tokens
 FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 AND kind <> 'compaction'
+    AND {on_path("", "$6::bigint[]", "$7::bigint[]")}
 ORDER BY seq DESC
 LIMIT $5
 """
@@ -335,17 +417,25 @@ _FIRST_CHUNK = 512
 # rendered when the context is read (the same text for every output), so the
 # entry and its stored view stay as they are.
 _PRUNE_SQL = """
-INSERT INTO prune_mark (session_id, tenant_id, seq, pruned_at, tokens)
-SELECT $1, $2, p.seq, $3, p.tokens FROM unnest($4::bigint[], $5::int[]) AS p(seq, tokens)
+INSERT INTO prune_mark (session_id, tenant_id, branch, seq, pruned_at, tokens)
+SELECT $1, $2, p.branch, p.seq, $3, p.tokens
+FROM unnest($4::bigint[], $5::int[], $6::bigint[]) AS p(seq, tokens, branch)
 """
 
-# prune.erase: the stored output itself becomes the placeholder, and the views with it.
-_ERASE_SQL = """
+# prune.erase: the stored output itself becomes the placeholder, and the views with it;
+# but not an entry that another session of the family (a fork) reaches on its path:
+# its content is that session's too, and only marked here.
+_ERASE_SQL = f"""
 UPDATE entry AS e SET parts = p.parts, view_openai = p.view_openai,
     view_anthropic = p.view_anthropic, erased_bytes = octet_length(e.parts::text)
-FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[])
-    AS p(seq, parts, view_openai, view_anthropic)
-WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq = p.seq AND e.erased_bytes IS NULL
+FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::bigint[])
+    AS p(seq, parts, view_openai, view_anthropic, branch)
+WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.branch = p.branch AND e.seq = p.seq
+    AND e.erased_bytes IS NULL
+    AND NOT EXISTS (
+        SELECT 1 FROM session AS s
+        WHERE s.family_id = $1 AND s.tenant_id = $2 AND s.id <> $8 AND {on_session_path("e")}
+    )
 """
 
 
@@ -355,7 +445,7 @@ SELECT seq, kind, role, {"NULL::jsonb" if light else "parts"} AS parts, tool_cal
     tool_name, is_error, name, tokens, coalesce(view_call_id, tool_call_id) AS link_id, call_ids,
     pinned
 FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $3 AND seq < $4 AND {_PATH_56}
 ORDER BY seq
 """
     for light in (False, True)
@@ -365,27 +455,31 @@ ORDER BY seq
 _INSERT_ENTRY_SQL = """
 INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id, tool_name,
     is_error, name, content_form, extra, source_format, tokens, call_ids, view_openai,
-    view_anthropic, parent_seq, created_at)
+    view_anthropic, parent_seq, created_at, branch, parent_branch, path_tokens, job_session_id,
+    job_id, pivot_start, pivot_pinned)
 VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 'string', NULL,
-    'openai', $7, NULL, $8, $9, NULLIF($3::bigint - 1, 0), $10)
+    'openai', $7, NULL, $8, $9, NULLIF($3::bigint - 1, 0), $10, $11, $12, $13, $14, $15, $16,
+    $17::bigint[])
 """
 
 # The context's size after the pivot moves, from the stored counts: the kept
 # window (pruned outputs at their placeholder's size), the pinned entries
 # (system ones, and those marked pinned on append) and the new summary.
-_CONTEXT_TOTALS_SQL = """
+_CONTEXT_TOTALS_SQL = f"""
 WITH window_entries AS (
     SELECT e.seq, e.role, e.tokens FROM entry AS e
-    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $3
+    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $3 AND e.seq <= $10
         AND (e.kind <> 'compaction' OR e.seq = $5)
+        AND {on_path("e", "$8::bigint[]", "$9::bigint[]")}
     UNION ALL
     SELECT e.seq, e.role, e.tokens FROM entry AS e
     WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $6 AND e.seq <= $7
-        AND e.seq = ANY($4::bigint[])
+        AND e.seq = ANY($4::bigint[]) AND {on_path("e", "$11::bigint[]", "$12::bigint[]")}
 ), marked AS (
     SELECT w.role, w.tokens - m.tokens AS saved FROM prune_mark AS m
     JOIN window_entries AS w ON w.seq = m.seq
-    WHERE m.session_id = $1 AND m.tenant_id = $2 AND m.seq >= $3
+    WHERE m.session_id = $13 AND m.tenant_id = $2 AND m.seq >= $3 AND m.seq <= $10
+        AND {on_path("m", "$8::bigint[]", "$9::bigint[]")}
 )
 SELECT
     (SELECT coalesce(sum(tokens), 0) FROM window_entries)
@@ -398,22 +492,34 @@ SELECT
 _TAIL_SQL = """
 SELECT e.role, e.kind, e.call_ids IS NOT NULL AS makes_calls,
     s.last_usage->>'finish_reason' AS finish_reason
-FROM session AS s JOIN entry AS e ON e.session_id = s.id AND e.tenant_id = s.tenant_id
-WHERE s.id = $1 AND s.tenant_id = $2 AND e.seq = $3
+FROM session AS s JOIN entry AS e ON e.session_id = s.family_id AND e.tenant_id = s.tenant_id
+WHERE s.id = $1 AND s.tenant_id = $2 AND e.branch = $4 AND e.seq = $3
 """
 
 # Whether the latest assistant entry with tool calls, at or before $3, still
 # waits on one of them.
-_PENDING_SQL = """
+_LAST_CALLER_SQL = """
+SELECT e.seq FROM entry AS e
+WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.branch = $3 AND e.seq <= $4
+    AND e.role = 'assistant' AND e.call_ids IS NOT NULL
+ORDER BY e.seq DESC LIMIT 1
+"""
+
+# Of the calls made at $3, one with no answer on the path: the row that answers
+# each call on this path is the one of the latest segment holding it.
+_PENDING_SQL = f"""
 SELECT EXISTS (
-    SELECT 1 FROM tool_call AS t
-    WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.result_seq IS NULL
-        AND t.call_seq = (
-            SELECT e.seq FROM entry AS e
-            WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq <= $3
-                AND e.role = 'assistant' AND e.call_ids IS NOT NULL
-            ORDER BY e.seq DESC LIMIT 1
-        )
+    SELECT 1 FROM (
+        SELECT DISTINCT ON (t.call_id) t.result_seq, t.result_branch
+        FROM tool_call AS t
+        WHERE t.session_id = $1 AND t.tenant_id = $2 AND t.call_seq = $3
+            AND {on_path("t", "$4::bigint[]", "$5::bigint[]", "call_seq")}
+        ORDER BY t.call_id, array_position($4::bigint[], t.branch) DESC
+    ) AS c
+    WHERE c.result_seq IS NULL OR NOT coalesce(
+        c.result_branch = ANY($4::bigint[])
+            AND c.result_seq <= ($5::bigint[])[array_position($4::bigint[], c.result_branch)],
+        false)
 )
 """
 
@@ -527,8 +633,9 @@ class LogRepository:
         )
         if row is None:
             return None
-        # A JSON array per call (not a row): [call_id, name, result_seq, call_seq, view_id].
-        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4]) for c in row["calls"] or ()}
+        # A JSON array per call (not a row):
+        # [call_id, name, result_seq, call_seq, view_id, branch].
+        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4], c[5]) for c in row["calls"] or ()}
         request_hash = row["request_hash"]
         record = (request_hash, row["response"]) if request_hash is not None else None
         system_parts = row["system_parts"] if system else None
@@ -558,6 +665,8 @@ class LogRepository:
             write.idempotency_key,
             write.request_hash,
             write.response,
+            write.family_id,
+            write.branch,
             *_columns(write.entries, EntryRow._fields),
             *_columns(write.new_calls, CallRow._fields),
             *_columns(write.answers, Answer._fields),
@@ -573,7 +682,7 @@ class LogRepository:
         )
 
     async def window_items(
-        self, driver: Driver, session_id: str, start_seq: int, end_seq: int
+        self, driver: Driver, at: OnPath, start_seq: int, end_seq: int
     ) -> list[WindowItem]:
         """The view's entries, oldest first, but only as far back as pruning walks.
 
@@ -586,11 +695,17 @@ class LogRepository:
         upper, chunk = end_seq, _FIRST_CHUNK
         while upper > start_seq:
             rows = await driver.fetch(
-                _ITEMS_SQL, session_id, self.tenant_id, start_seq, upper, chunk
+                _ITEMS_SQL,
+                at.family_id,
+                self.tenant_id,
+                start_seq,
+                upper,
+                chunk,
+                *at.args(start_seq, upper),
             )
             if not rows:
                 break
-            marks = await read_marks(driver, self.tenant_id, session_id, rows[-1]["seq"], upper)
+            marks = await read_marks(driver, self.tenant_id, at, rows[-1]["seq"], upper)
             batch = [_window_item(r, marks) for r in rows]
             newest_first.extend(batch)
             if len(batch) < chunk or any(i.pruned or i.kind == "summary" for i in batch):
@@ -602,7 +717,7 @@ class LogRepository:
     async def mark_pruned(
         self,
         driver: Driver,
-        session_id: str,
+        at: OnPath,
         rows: list[PrunedRow],
         now: datetime,
         erased: list[ErasedRow],
@@ -611,32 +726,40 @@ class LogRepository:
         session's totals are the caller's (:class:`app.store.session_row.Unit`)."""
         await driver.execute(
             _PRUNE_SQL,
-            session_id,
+            at.session_id,
             self.tenant_id,
             now,
             [r.seq for r in rows],
             [r.tokens for r in rows],
+            [at.path.branch_of(r.seq) for r in rows],
         )
         if erased:
             await driver.execute(
                 _ERASE_SQL,
-                session_id,
+                at.family_id,
                 self.tenant_id,
                 [r.seq for r in erased],
                 [r.parts for r in erased],
                 [r.view_openai for r in erased],
                 [r.view_anthropic for r in erased],
+                [at.path.branch_of(r.seq) for r in erased],
+                at.session_id,
             )
 
     async def source(
-        self, driver: Driver, session_id: str, start_seq: int, end_seq: int, *, light: bool = False
+        self, driver: Driver, at: OnPath, start_seq: int, end_seq: int, *, light: bool = False
     ) -> tuple[list[SourceRow], dict[int, int]]:
-        """The entries ``start_seq <= seq < end_seq`` and their prune marks;
+        """The path's entries ``start_seq <= seq < end_seq`` and their prune marks;
         ``light`` leaves their parts out (empty)."""
         rows = await driver.fetch(
-            _SOURCE_SQL[light], session_id, self.tenant_id, start_seq, end_seq
+            _SOURCE_SQL[light],
+            at.family_id,
+            self.tenant_id,
+            start_seq,
+            end_seq,
+            *at.args(start_seq, end_seq),
         )
-        marks = await read_marks(driver, self.tenant_id, session_id, start_seq, end_seq)
+        marks = await read_marks(driver, self.tenant_id, at, start_seq, end_seq)
         out = []
         for r in rows:
             parts = r["parts"] or []
@@ -646,11 +769,22 @@ class LogRepository:
         return out, marks
 
     async def insert_entry(
-        self, driver: Driver, session_id: str, entry: NewEntry, now: datetime
+        self,
+        driver: Driver,
+        at: OnPath,
+        entry: NewEntry,
+        now: datetime,
+        path_tokens: int,
+        job_id: uuid.UUID | None = None,
+        pivot: tuple[int, list[int]] | None = None,
     ) -> None:
+        """A compactd entry (a summary, a "continue") at the leaf of the path;
+        ``path_tokens``: the path's stored tokens with it; for a summary, ``job_id``
+        (the compaction that wrote it, the session's) and ``pivot`` (the window's
+        first seq after it and the seqs it keeps before that)."""
         await driver.execute(
             _INSERT_ENTRY_SQL,
-            session_id,
+            at.family_id,
             self.tenant_id,
             entry.seq,
             uuid.uuid4(),
@@ -660,49 +794,84 @@ class LogRepository:
             entry.view_openai,
             entry.view_anthropic,
             now,
+            at.path.leaf_branch,
+            at.path.branch_of(entry.seq - 1) if entry.seq > 1 else None,
+            path_tokens,
+            None if job_id is None else at.session_id,
+            job_id,
+            None if pivot is None else pivot[0],
+            None if pivot is None else pivot[1],
         )
 
-    async def pinned_tokens(self, driver: Driver, session_id: str) -> int:
-        """The tokens of the entries marked pinned on append (read through the
-        partial index entry_pinned_idx, which holds only those)."""
+    async def pinned_tokens(self, driver: Driver, at: OnPath) -> int:
+        """The tokens of the path's entries marked pinned on append (read through
+        the partial index entry_pinned_idx, which holds only those)."""
         total = await driver.fetchval(
             "SELECT coalesce(sum(tokens), 0) FROM entry"
-            " WHERE session_id = $1 AND tenant_id = $2 AND pinned",
-            session_id,
+            f" WHERE session_id = $1 AND tenant_id = $2 AND pinned AND {_PATH_34}",
+            at.family_id,
             self.tenant_id,
+            *at.args(1),
         )
         return int(total)
 
     async def context_totals(
-        self, driver: Driver, session_id: str, start_seq: int, pinned: list[int], summary_seq: int
+        self,
+        driver: Driver,
+        at: OnPath,
+        start_seq: int,
+        pinned: list[int],
+        summary_seq: int | None,
+        end_seq: int = tree.OPEN,
     ) -> tuple[int, int]:
+        """The context's tokens and its tool-output tokens, recounted from the
+        stored rows: the path's window ``start_seq <= seq < end_seq`` (with the
+        summary ``summary_seq`` only), the ``pinned`` entries, the marks."""
         row = await driver.fetchrow(
             _CONTEXT_TOTALS_SQL,
-            session_id,
+            at.family_id,
             self.tenant_id,
             start_seq,
             pinned,
             summary_seq,
             min(pinned, default=0),
             max(pinned, default=-1),
+            *at.args(start_seq, end_seq),
+            end_seq - 1,
+            *at.args(min(pinned, default=1), max(pinned, default=0) + 1),
+            at.session_id,
         )
         if row is None:  # pragma: no cover - an aggregate always answers one row
             raise RuntimeError("no context totals")
         return int(row["context_tokens"]), int(row["tool_tokens"])
 
     async def tail(
-        self, driver: Driver, session_id: str, seq: int
+        self, driver: Driver, at: OnPath, seq: int
     ) -> tuple[str, str, bool, str | None] | None:
-        """The role and kind of entry ``seq``, whether it makes tool calls, and the
-        finish reason of the session's last usage report."""
-        row = await driver.fetchrow(_TAIL_SQL, session_id, self.tenant_id, seq)
+        """The role and kind of the path's entry ``seq``, whether it makes tool
+        calls, and the finish reason of the session's last usage report."""
+        row = await driver.fetchrow(
+            _TAIL_SQL, at.session_id, self.tenant_id, seq, at.path.branch_of(seq)
+        )
         if row is None:
             return None
         return row["role"], row["kind"], row["makes_calls"], row["finish_reason"]
 
-    async def calls_pending(self, driver: Driver, session_id: str, seq: int) -> bool:
-        pending: bool = await driver.fetchval(_PENDING_SQL, session_id, self.tenant_id, seq)
-        return pending
+    async def calls_pending(self, driver: Driver, at: OnPath, seq: int) -> bool:
+        """Whether the path's latest assistant entry with tool calls, at or before
+        ``seq``, still waits on one of them there. Looked for segment by segment,
+        newest first, each an ordered scan of one branch's key."""
+        branches, ends = at.args(1, seq + 1)
+        for branch, end in zip(reversed(branches), reversed(ends), strict=True):
+            caller = await driver.fetchval(
+                _LAST_CALLER_SQL, at.family_id, self.tenant_id, branch, end
+            )
+            if caller is not None:
+                pending: bool = await driver.fetchval(
+                    _PENDING_SQL, at.family_id, self.tenant_id, caller, *at.args(1)
+                )
+                return pending
+        return False
 
 
 class MessageRepository:
@@ -712,29 +881,41 @@ class MessageRepository:
 
     async def page(
         self,
-        session_id: str,
+        at: OnPath,
         after_seq: int,
         limit: int,
         *,
         before_seq: int | None = None,
         replaced_only: bool = False,
     ) -> list[tuple[Entry, datetime | None]]:
-        """Entries after ``after_seq`` (and before ``before_seq``), each with the
-        time pruning hid it, if it did. ``replaced_only``: what a compaction
+        """The path's entries after ``after_seq`` (and before ``before_seq``), each
+        with the time pruning hid it, if it did. ``replaced_only``: what a compaction
         replaces, the messages without the system entries, the pinned entries
         (the context keeps both) and summaries."""
+        hi = tree.OPEN if before_seq is None else before_seq
+        branches, ends = at.args(after_seq + 1, hi)
+        if not branches:
+            return []
+        on_path = or_(
+            *(
+                and_(Entry.branch == branch, Entry.seq <= end)
+                for branch, end in zip(branches, ends, strict=True)
+            )
+        )
         stmt = (
             select(Entry, PruneMark.pruned_at)
             .outerjoin(
                 PruneMark,
-                (PruneMark.session_id == Entry.session_id)
+                (PruneMark.session_id == at.session_id)
                 & (PruneMark.tenant_id == Entry.tenant_id)
+                & (PruneMark.branch == Entry.branch)
                 & (PruneMark.seq == Entry.seq),
             )
             .where(
-                Entry.session_id == session_id,
+                Entry.session_id == at.family_id,
                 Entry.tenant_id == self.tenant_id,
                 Entry.seq > after_seq,
+                on_path,
             )
             .order_by(Entry.seq)
             .limit(limit)

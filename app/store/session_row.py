@@ -20,14 +20,14 @@ from functools import lru_cache
 from typing import Any
 
 import asyncpg
-from sqlalchemy import and_, delete, or_, select, tuple_
+from sqlalchemy import and_, delete, or_, select, true, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.core.database import driver_connection
 from app.core.driver import Driver, Record, column_names, record_of
 from app.core.errors import NotFound
-from app.engine import ledger
-from app.store.tables import PruneMark, Session
+from app.engine import ledger, tree
+from app.store.tables import Branch, Entry, PruneMark, Session, ToolCall
 
 
 @dataclasses.dataclass(slots=True)
@@ -66,6 +66,15 @@ class SessionState:
     served_version: int | None
     served_context_tokens: int | None
     served_compaction_id: uuid.UUID | None
+    # Where the session's entries are stored (its family's root) and the path it
+    # follows from the root to its leaf (app.engine.tree.Path).
+    family_id: str
+    path_branches: list[int]
+    path_ends: list[int]
+
+    @property
+    def path(self) -> tree.Path:
+        return tree.Path(tuple(self.path_branches), tuple(self.path_ends))
 
 
 STATE_FIELDS = column_names(SessionState)
@@ -75,10 +84,11 @@ STATE_COLUMNS = ", ".join(f"s.{name}" for name in STATE_FIELDS)
 WRITTEN_FIELDS = tuple(
     name
     for name in STATE_FIELDS
-    if name not in ("model", "context_window", "max_output_tokens", "input_limit", "config")
+    if name
+    not in ("model", "context_window", "max_output_tokens", "input_limit", "config", "family_id")
 )
 _JSONB = frozenset({"last_usage"})
-_ARRAYS = {"pinned_seqs": "bigint[]"}
+_ARRAYS = {"pinned_seqs": "bigint[]", "path_branches": "bigint[]", "path_ends": "bigint[]"}
 
 
 def state_of(row: Record) -> SessionState:
@@ -98,7 +108,12 @@ def advance(state: object, event: ledger.Event) -> None:
 
 def snapshot(state: SessionState) -> SessionState:
     """A copy that later changes to ``state`` leave alone."""
-    return dataclasses.replace(state, pinned_seqs=list(state.pinned_seqs))
+    return dataclasses.replace(
+        state,
+        pinned_seqs=list(state.pinned_seqs),
+        path_branches=list(state.path_branches),
+        path_ends=list(state.path_ends),
+    )
 
 
 _READ_SQL = f"SELECT {STATE_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2"
@@ -298,14 +313,48 @@ class SessionRepository:
         stmt = stmt.order_by(tuple_(Session.created_at, Session.id)).limit(limit)
         return list((await self.db.execute(stmt)).scalars())
 
-    async def delete(self, session_id: str) -> bool:
+    async def delete(self, session_id: str, family_id: str) -> bool:
         """The session and everything of it: the tables with a foreign key go by
-        cascade, prune marks (which have none) here, in the same transaction."""
+        cascade; prune marks (which have none) here, and the entries, calls and
+        branches of its family that no other session of it reaches (a fork's
+        path runs through the session it was made from), in the same transaction."""
         await self.db.execute(
             delete(PruneMark).where(
                 PruneMark.session_id == session_id, PruneMark.tenant_id == self.tenant_id
             )
         )
+        reached = (
+            select(Branch.path_branches)
+            .join(
+                Session, (Session.id == Branch.owner_id) & (Session.tenant_id == Branch.tenant_id)
+            )
+            .where(
+                Branch.session_id == family_id,
+                Branch.tenant_id == self.tenant_id,
+                Session.family_id == family_id,
+                Session.id != session_id,
+            )
+        )
+        kept = {b for (path,) in await self.db.execute(reached) for b in path}
+        doomed = (
+            select(Branch.branch_id)
+            .where(Branch.session_id == family_id, Branch.tenant_id == self.tenant_id)
+            .where(Branch.branch_id.not_in(kept) if kept else true())
+        )
+        orphans = [b for (b,) in await self.db.execute(doomed)]
+        if orphans:
+            for table, column in (
+                (Entry, Entry.branch),
+                (ToolCall, ToolCall.branch),
+                (Branch, Branch.branch_id),
+            ):
+                await self.db.execute(
+                    delete(table).where(
+                        table.session_id == family_id,
+                        table.tenant_id == self.tenant_id,
+                        column.in_(orphans),
+                    )
+                )
         result = await self.db.execute(
             delete(Session)
             .where(Session.id == session_id, Session.tenant_id == self.tenant_id)

@@ -35,6 +35,7 @@ class Session(Base):
     __tablename__ = "session"
     __table_args__ = (
         Index("session_tenant_id_created_at_idx", "tenant_id", "created_at", "id"),
+        Index("session_family_idx", "family_id", "tenant_id"),
         Index(
             "session_metadata_idx",
             "metadata",
@@ -46,6 +47,15 @@ class Session(Base):
     # session_id leads every key, so the schema can be distributed by session.
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # The family's root session: where its entries are stored (migration 0009).
+    family_id: Mapped[str] = mapped_column(String(128))
+    # The path from the root to the active leaf (app.engine.tree.Path).
+    path_branches: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), default=lambda: [0], server_default="{0}"
+    )
+    path_ends: Mapped[list[int]] = mapped_column(
+        ARRAY(BigInteger), default=list, server_default="{}"
+    )
     model: Mapped[str] = mapped_column(Text)
     context_window: Mapped[int | None] = mapped_column(Integer)
     max_output_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -95,9 +105,8 @@ class Entry(Base):
 
     __tablename__ = "entry"
     __table_args__ = (
-        ForeignKeyConstraint(
-            ["session_id", "tenant_id"], ["session.id", "session.tenant_id"], ondelete="CASCADE"
-        ),
+        # No foreign key to the session (migration 0009): a family's entries outlive
+        # its root session while a fork still reaches them.
         UniqueConstraint("session_id", "tenant_id", "id"),
         # The entries marked pinned, so an append that pins sums them without a pass
         # over the session (migration 0008).
@@ -105,13 +114,28 @@ class Entry(Base):
             "entry_pinned_idx",
             "session_id",
             "tenant_id",
+            "branch",
             "seq",
             postgresql_where=text("pinned"),
         ),
+        # The compactions on a path: where a navigation finds the pivot it lands on.
+        Index(
+            "entry_compaction_idx",
+            "session_id",
+            "tenant_id",
+            "branch",
+            "seq",
+            postgresql_where=text("kind = 'compaction'"),
+        ),
+        # An entry's children, for the tree's counts.
+        Index("entry_parent_idx", "session_id", "tenant_id", "parent_branch", "parent_seq"),
     )
 
+    # session_id is the family's root session (the session's own id unless it is a
+    # fork); seq is the entry's depth on its path; branch holds the run of seqs.
     session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    branch: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default="0")
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
     kind: Mapped[str] = mapped_column(String(32), default="message")
@@ -130,6 +154,15 @@ class Entry(Base):
     view_openai: Mapped[str] = mapped_column(Text)
     view_anthropic: Mapped[str] = mapped_column(Text)
     parent_seq: Mapped[int | None] = mapped_column(BigInteger)
+    parent_branch: Mapped[int | None] = mapped_column(BigInteger)
+    # The stored tokens of the path from the root up to this entry.
+    path_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # A summary entry's compaction (its session and id).
+    job_session_id: Mapped[str | None] = mapped_column(String(128))
+    job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # A summary entry's pivot: the window's first seq after it, the entries kept before.
+    pivot_start: Mapped[int | None] = mapped_column(BigInteger)
+    pivot_pinned: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
     erased_bytes: Mapped[int | None] = mapped_column(
         Integer
     )  # stored content cleared (prune.erase)
@@ -150,6 +183,7 @@ class PruneMark(Base):
 
     session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    branch: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default="0")
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     pruned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     tokens: Mapped[int] = mapped_column(Integer)  # what the placeholder takes in the view
@@ -161,18 +195,18 @@ class ToolCall(Base):
     by a later call; a result answers the latest call with its id."""
 
     __tablename__ = "tool_call"
-    __table_args__ = (
-        ForeignKeyConstraint(
-            ["session_id", "tenant_id"], ["session.id", "session.tenant_id"], ondelete="CASCADE"
-        ),
-    )
+    # Keyed by the family's root session, like the entries; no foreign key (0009).
 
     session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     call_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    # The branch the row answers on: the call's, or a branch that forked after the
+    # call and before its answer (its own row, so each path answers it once).
+    branch: Mapped[int] = mapped_column(BigInteger, primary_key=True, server_default="0")
     name: Mapped[str] = mapped_column(Text)
     call_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
+    result_branch: Mapped[int | None] = mapped_column(BigInteger)
     view_id: Mapped[str | None] = mapped_column(Text)  # the model's id for a reused call id
 
 
@@ -197,3 +231,21 @@ class IdempotencyRecord(Base):
 
 
 __all__ = ["Entry", "IdempotencyRecord", "Integer", "PruneMark", "ToolCall"]
+
+
+class Branch(Base):
+    """A run of consecutive seqs of a family's tree, and the path that leads to it
+    (app.engine.tree). Written by one session (``owner_id``); made by a navigation
+    or a fork, branch 0 by the family's root session."""
+
+    __tablename__ = "branch"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)  # the family's root
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    branch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(128))
+    parent_branch: Mapped[int | None] = mapped_column(BigInteger)
+    fork_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    path_branches: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
+    path_ends: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -1,0 +1,532 @@
+"""Moving in a session's tree: the tree as a page, navigation (at once, or once a
+branch summary is written), forks. The path arithmetic is app.engine.tree's; the
+SQL is app.store.branches' and app.store.log's. A move recounts the new path's
+context from its window (app.engine.ledger.PathMoved): never a walk of the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import re
+import types
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.compactions.pivot import transition
+from app.compactions.repository import CompactionRepository
+from app.core import metrics
+from app.core.database import driver_connection
+from app.core.driver import Driver
+from app.core.errors import Conflict, NotFound, UnprocessableContent, invalid
+from app.engine import ledger
+from app.engine.tree import OPEN, Prefix
+from app.engine.tree import Path as TreePath
+from app.sessions import service as sessions
+from app.store import branches
+from app.store.log import LogRepository, OnPath
+from app.store.session_row import SessionState, Unit, locked, read_state
+from app.tree.schemas import (
+    BranchSummaryOut,
+    ForkRequest,
+    NavigateRequest,
+    NavigateResponse,
+    PathSegment,
+    TreeEntry,
+    TreePage,
+)
+
+BRANCH_SUMMARY = "branch_summary"
+
+_IDEMPOTENT_SQL = """
+SELECT request_hash, status_code, response::text AS response FROM idempotency_record
+WHERE session_id = $1 AND tenant_id = $2 AND key = $3
+"""
+_KEEP_IDEMPOTENT_SQL = """
+INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code, response)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+"""
+_DROP_PROXY_HISTORY_SQL = "DELETE FROM proxy_history WHERE session_id = $1 AND tenant_id = $2"
+_SESSION_SQL = "SELECT * FROM session WHERE id = $1 AND tenant_id = $2"
+# A fork: the source's settings, calibration and overhead; its own counters, from zero.
+_FORK_SQL = """
+INSERT INTO session (id, tenant_id, family_id, model, context_window, max_output_tokens,
+    input_limit, config, metadata, version, next_seq, entry_count, stored_tokens,
+    context_tokens, context_tool_tokens, context_start_seq, calibration_factor,
+    overhead_tokens, compaction_count, pruned_tokens, prune_count, usage_count,
+    compaction_failures, path_branches, path_ends, created_at, updated_at)
+SELECT $3, tenant_id, family_id, model, context_window, max_output_tokens, input_limit, config,
+    coalesce($4::jsonb, metadata), 1, 1, 0, 0, 0, 0, 1, calibration_factor, overhead_tokens,
+    0, 0, 0, 0, 0, $5::bigint[], $6::bigint[], $7, $7
+FROM session WHERE id = $1 AND tenant_id = $2
+"""
+# The source's prune marks in the fork's window: the fork's context is the source's
+# as it was at that entry, outputs hidden as they were.
+_COPY_MARKS_SQL = """
+INSERT INTO prune_mark (session_id, tenant_id, branch, seq, pruned_at, tokens)
+SELECT $3, tenant_id, branch, seq, pruned_at, tokens FROM prune_mark
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $4 AND seq < $5
+    AND branch = ANY($6::bigint[])
+    AND seq <= ($7::bigint[])[array_position($6::bigint[], branch)]
+"""
+
+_CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
+
+
+def _request_hash(route: str, body: Any) -> str:
+    raw = orjson.dumps([route, body.model_dump(mode="json")], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _cursor(branch: int, seq: int) -> str:
+    return base64.urlsafe_b64encode(f"{branch}.{seq}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("cursor", "is not a cursor this service issued") from None
+    found = _CURSOR.match(raw)
+    if found is None or int(found[1]) > OPEN or int(found[2]) > OPEN:
+        raise invalid("cursor", "is not a cursor this service issued")
+    return int(found[1]), int(found[2])
+
+
+def segments_of(path: TreePath, leaf_seq: int) -> list[PathSegment]:
+    """The path up to its leaf as runs of seqs per branch."""
+    out: list[PathSegment] = []
+    start = 1
+    for branch, end in zip(path.branches, (*path.ends, OPEN), strict=True):
+        last = min(end, leaf_seq)
+        if last >= start:
+            out.append(PathSegment(branch=branch, from_seq=start, to_seq=last))
+        start = end + 1
+        if start > leaf_seq:
+            break
+    return out
+
+
+def on_path(path: TreePath, leaf_seq: int, branch: int, seq: int) -> bool:
+    return 1 <= seq <= leaf_seq and path.branch_of(seq) == branch
+
+
+async def session_document(driver: Driver, tenant_id: str, session_id: str) -> dict[str, Any]:
+    """The session as GET /v1/sessions/{id} shows it (JSON-ready), read on ``driver``."""
+    row = await driver.fetchrow(_SESSION_SQL, session_id, tenant_id)
+    if row is None:  # pragma: no cover - read under the caller's lock or insert
+        raise NotFound(f"session {session_id!r} does not exist")
+    values = dict(row)
+    values["metadata_"] = values.pop("metadata")
+    shown = sessions.to_schema(types.SimpleNamespace(**values))  # type: ignore[arg-type]
+    document: dict[str, Any] = shown.model_dump(mode="json")
+    return document
+
+
+async def move_leaf(unit: Unit, landing: branches.Landing, prefix: Prefix) -> TreePath:
+    """Make ``landing`` the session's leaf (in the caller's unit of work): the path
+    goes on along the landing's branch when the session writes it and the landing is
+    its tip, else along a new branch after the landing. The context is recounted
+    from the new path's window; an active compaction is cancelled (it was planned on
+    the old path), and the proxy's record of the history is dropped (it is read
+    again on the next proxied call)."""
+    driver, tenant_id, state = unit.driver, unit.tenant_id, unit.state
+    family = state.family_id
+    owner = await branches.branch_path(driver, tenant_id, family, landing.branch)
+    tip = await branches.branch_tip(driver, tenant_id, family, landing.branch)
+    if owner is not None and owner[0] == unit.session_id and tip == landing.seq:
+        path = prefix.reopen()
+    else:
+        path = await branches.new_branch(driver, tenant_id, family, unit.session_id, prefix)
+    at = OnPath(unit.session_id, family, path)
+    pivot = await branches.pivot_at(driver, tenant_id, at, landing.seq)
+    context, tool = await LogRepository(tenant_id).context_totals(
+        driver,
+        at,
+        pivot.start_seq,
+        list(pivot.pinned_seqs),
+        pivot.summary_seq,
+        end_seq=landing.seq + 1,
+    )
+    state.path_branches, state.path_ends = list(path.branches), list(path.ends)
+    unit.apply(
+        ledger.PathMoved(
+            next_seq=landing.seq + 1,
+            stored_tokens=landing.path_tokens,
+            context_tokens=context,
+            context_tool_tokens=tool,
+            context_start_seq=pivot.start_seq,
+            summary_seq=pivot.summary_seq,
+            pinned_seqs=pivot.pinned_seqs,
+            compaction_count=pivot.count,
+        )
+    )
+    state.compaction_held_seq = None
+    state.served_version = state.served_context_tokens = None
+    state.served_compaction_id = None
+    await cancel_active(unit, "the session moved to another path of its tree")
+    await driver.execute(_DROP_PROXY_HISTORY_SQL, unit.session_id, tenant_id)
+    await unit.save()
+    return path
+
+
+async def cancel_active(unit: Unit, detail: str) -> bool:
+    """Cancel the session's active compaction: a queued one at once (True), a running
+    one asked to stop (it never commits: its plan was made on another path)."""
+    state = unit.state
+    if state.active_compaction_id is None:
+        return True
+    repo = CompactionRepository(unit.tenant_id)
+    cancelled = await repo.cancel(unit.driver, unit.session_id, state.active_compaction_id)
+    if cancelled is None or cancelled.status == "cancelled":
+        if cancelled is not None:
+            transition(
+                "cancelled",
+                cancelled.reason,
+                cancelled.id,
+                unit.session_id,
+                unit.tenant_id,
+                detail=detail,
+            )
+        state.active_compaction_id = None
+        return True
+    return False
+
+
+class TreeService:
+    """The tree of one tenant's sessions."""
+
+    def __init__(
+        self, engine: AsyncEngine, tenant_id: str, wake: asyncio.Event | None = None
+    ) -> None:
+        self.engine = engine
+        self.tenant_id = tenant_id
+        self.wake = wake
+
+    # --- reading ------------------------------------------------------------------
+
+    async def tree(self, session_id: str, *, limit: int, cursor: str | None) -> TreePage:
+        after = _decode_cursor(cursor) if cursor else (-1, 0)
+        async with driver_connection(self.engine) as driver:
+            state = await read_state(driver, self.tenant_id, session_id)
+            if state is None:
+                raise NotFound(f"session {session_id!r} does not exist")
+            base = await branches.first_branch_path(
+                driver, self.tenant_id, state.family_id, session_id
+            )
+            rows = await branches.tree_page(
+                driver, self.tenant_id, state.family_id, session_id, base, after, limit + 1
+            )
+            leaf_seq = state.next_seq - 1
+            path = state.path
+            leaf = (
+                await branches.landing_at(
+                    driver, self.tenant_id, state.family_id, path.branch_of(leaf_seq), leaf_seq
+                )
+                if leaf_seq
+                else None
+            )
+        page = rows[:limit]
+        entries = [
+            TreeEntry(
+                id=r["id"],
+                seq=r["seq"],
+                branch=r["branch"],
+                parent_id=r["parent_id"],
+                kind=r["kind"],
+                role=r["role"],
+                label=_label(r),
+                tokens=r["tokens"],
+                pinned=r["pinned"],
+                children=r["children"],
+                on_path=on_path(path, leaf_seq, r["branch"], r["seq"]),
+                leaf=leaf is not None and r["id"] == leaf.id,
+            )
+            for r in page
+        ]
+        last = page[-1] if page else None
+        return TreePage(
+            entries=entries,
+            leaf_seq=leaf_seq,
+            leaf_id=None if leaf is None else leaf.id,
+            path=segments_of(path, leaf_seq),
+            next_cursor=(
+                _cursor(last["branch"], last["seq"])
+                if last is not None and len(rows) > limit
+                else None
+            ),
+        )
+
+    # --- navigation -----------------------------------------------------------------
+
+    async def navigate(
+        self,
+        session_id: str,
+        body: NavigateRequest,
+        *,
+        idempotency_key: str | None,
+        if_match: str | None,
+    ) -> tuple[dict[str, Any], int, bool]:
+        """The response document, its status (200, or 202 while a branch summary is
+        written) and whether it replays an earlier one (an ``Idempotency-Key``)."""
+        digest = _request_hash("navigate", body)
+        with metrics.after_commit():
+            async with locked(self.engine, self.tenant_id, session_id) as unit:
+                driver, state = unit.driver, unit.state
+                replay = await self._replay(driver, session_id, idempotency_key, digest)
+                if replay is not None:
+                    return replay[0], replay[1], True
+                sessions.check_if_match(if_match, state.version)
+                config = sessions.effective_config(state.config)
+                landing, prefix = await self._target(driver, session_id, state, body)
+                old_leaf = state.next_seq - 1
+                common = min(state.path.common_depth(prefix.reopen()), old_leaf, landing.seq)
+                abandoned = old_leaf - common
+                summarize = (
+                    body.summarize if body.summarize is not None else config.branch_summary.enabled
+                )
+                status_code = 200
+                summary: BranchSummaryOut | None = None
+                if landing.seq == old_leaf and abandoned == 0:
+                    status = "unchanged"
+                elif summarize and abandoned > 0:
+                    summary = await self._enqueue_summary(
+                        unit, body, landing, prefix, common, old_leaf
+                    )
+                    status, status_code = "pending", 202
+                else:
+                    await move_leaf(unit, landing, prefix)
+                    status = "moved"
+                leaf_seq = unit.state.next_seq - 1
+                leaf_id = (
+                    landing.id
+                    if status != "pending"
+                    else await self._leaf_id(driver, unit.state, leaf_seq)
+                )
+                document = NavigateResponse(
+                    status=status,
+                    session=await session_document(driver, self.tenant_id, session_id),
+                    leaf_seq=leaf_seq,
+                    leaf_id=leaf_id,
+                    abandoned_seqs=abandoned,
+                    branch_summary=summary,
+                ).model_dump(mode="json")
+                await self._keep(driver, session_id, idempotency_key, digest, status_code, document)
+        return document, status_code, False
+
+    async def _leaf_id(
+        self, driver: Driver, state: SessionState, leaf_seq: int
+    ) -> uuid.UUID | None:
+        if not leaf_seq:
+            return None
+        found = await branches.landing_at(
+            driver, self.tenant_id, state.family_id, state.path.branch_of(leaf_seq), leaf_seq
+        )
+        return None if found is None else found.id
+
+    async def _target(
+        self, driver: Driver, session_id: str, state: SessionState, body: NavigateRequest
+    ) -> tuple[branches.Landing, Prefix]:
+        """The entry a navigation lands on, and the path up to it; 422 when the
+        session's tree has no such entry."""
+        family = state.family_id
+        if body.seq is not None:
+            leaf = state.next_seq - 1
+            if body.seq > leaf:
+                raise invalid("seq", f"the active path ends at seq {leaf}")
+            landing = await branches.landing_at(
+                driver, self.tenant_id, family, state.path.branch_of(body.seq), body.seq
+            )
+            if landing is None:  # pragma: no cover - every seq of a path has its entry
+                raise invalid("seq", f"no entry at seq {body.seq}")
+            return landing, state.path.prefix(body.seq)
+        assert body.entry_id is not None
+        found = await branches.landing_by_id(driver, self.tenant_id, family, body.entry_id)
+        if found is None:
+            raise invalid("entry_id", "is not an entry of this session")
+        owner = await branches.branch_path(driver, self.tenant_id, family, found.branch)
+        if owner is None:  # pragma: no cover - an entry's branch has its row
+            raise invalid("entry_id", "is not an entry of this session")
+        if owner[0] != session_id:
+            # Another session's branch: in this one's tree only on the path it was
+            # forked from.
+            base = await branches.first_branch_path(driver, self.tenant_id, family, session_id)
+            if base is None or not base.holds(found.branch, found.seq):
+                raise invalid("entry_id", "is not an entry of this session")
+        return found, owner[1].prefix(found.seq)
+
+    async def _enqueue_summary(
+        self,
+        unit: Unit,
+        body: NavigateRequest,
+        landing: branches.Landing,
+        prefix: Prefix,
+        common: int,
+        old_leaf: int,
+    ) -> BranchSummaryOut:
+        """A branch-summary job: the worker summarizes the old path's entries after
+        ``common`` and then moves the leaf, the summary entry after the target."""
+        if await self._waits_on_results(unit, landing, prefix):
+            raise Conflict(
+                "a branch summary cannot follow an entry whose tool calls wait on their "
+                "results: navigate to another entry, or without summarize"
+            )
+        if not await cancel_active(unit, "a navigation with a branch summary replaced it"):
+            raise Conflict(
+                "a compaction of this session is running; navigate again once it ends",
+            )
+        state = unit.state
+        details = {
+            "navigation": {
+                "from_branches": list(state.path_branches),
+                "from_ends": list(state.path_ends),
+                "from_next_seq": state.next_seq,
+                "from_version": state.version,
+                "common_seq": common,
+                "target_branch": landing.branch,
+                "target_seq": landing.seq,
+                "target_branches": list(prefix.branches),
+                "target_ends": list(prefix.ends),
+            }
+        }
+        job, _ = await CompactionRepository(self.tenant_id).enqueue_branch(
+            unit.driver, unit.session_id, instructions=body.instructions, details=details
+        )
+        state.active_compaction_id = job.id
+        await unit.save()
+        transition("queued", BRANCH_SUMMARY, job.id, unit.session_id, self.tenant_id)
+        if self.wake is not None:
+            self.wake.set()
+        return BranchSummaryOut(
+            id=job.id, status=job.status, abandoned_from_seq=common + 1, abandoned_to_seq=old_leaf
+        )
+
+    async def _waits_on_results(
+        self, unit: Unit, landing: branches.Landing, prefix: Prefix
+    ) -> bool:
+        at = OnPath(unit.session_id, unit.state.family_id, prefix.reopen())
+        repo = LogRepository(self.tenant_id)
+        tail = await repo.tail(unit.driver, at, landing.seq)
+        if tail is None:
+            return False
+        role, kind, makes_calls, _ = tail
+        if makes_calls:
+            return True
+        return (
+            kind == "message"
+            and role == "tool"
+            and await repo.calls_pending(unit.driver, at, landing.seq)
+        )
+
+    # --- forks ------------------------------------------------------------------------
+
+    async def fork(
+        self, source_id: str, body: ForkRequest, *, idempotency_key: str | None
+    ) -> tuple[dict[str, Any], bool]:
+        """A new session whose history is the source's path up to ``at_seq``: its
+        first branch starts after that entry, so it shares the source's storage and
+        grows on its own. The response document and whether it replays one."""
+        digest = _request_hash("fork", body)
+        async with locked(self.engine, self.tenant_id, source_id) as source:
+            driver, state = source.driver, source.state
+            replay = await self._replay(driver, source_id, idempotency_key, digest)
+            if replay is not None:
+                return replay[0], True
+            leaf = state.next_seq - 1
+            if leaf == 0:
+                raise Conflict(f"session {source_id!r} is empty: there is nothing to fork")
+            at_seq = leaf if body.at_seq is None else body.at_seq
+            if at_seq > leaf:
+                raise invalid("at_seq", f"the active path ends at seq {leaf}")
+            new_id = body.id or f"ses_{uuid.uuid4().hex}"
+            if await driver.fetchval(
+                "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2", new_id, self.tenant_id
+            ):
+                raise Conflict(f"session {new_id!r} already exists")
+            family, path = state.family_id, state.path
+            landing = await branches.landing_at(
+                driver, self.tenant_id, family, path.branch_of(at_seq), at_seq
+            )
+            if landing is None:  # pragma: no cover - every seq of a path has its entry
+                raise invalid("at_seq", f"no entry at seq {at_seq}")
+            prefix = path.prefix(at_seq)
+            metadata = None if body.metadata is None else orjson.dumps(body.metadata).decode()
+            await driver.execute(
+                _FORK_SQL,
+                source_id,
+                self.tenant_id,
+                new_id,
+                metadata,
+                list(prefix.branches),
+                list(prefix.ends),
+                datetime.now(UTC),
+            )
+            fork_state = await read_state(driver, self.tenant_id, new_id)
+            assert fork_state is not None
+            unit = Unit(driver, self.tenant_id, new_id, fork_state)
+            pivot = await branches.pivot_at(
+                driver, self.tenant_id, OnPath(source_id, family, path), at_seq
+            )
+            branches_, ends = path.segments(pivot.start_seq, at_seq + 1)
+            await driver.execute(
+                _COPY_MARKS_SQL,
+                source_id,
+                self.tenant_id,
+                new_id,
+                pivot.start_seq,
+                at_seq + 1,
+                branches_,
+                ends,
+            )
+            await move_leaf(unit, landing, prefix)
+            document = await session_document(driver, self.tenant_id, new_id)
+            await self._keep(driver, source_id, idempotency_key, digest, 201, document)
+        return document, False
+
+    # --- idempotency ------------------------------------------------------------------
+
+    async def _replay(
+        self, driver: Driver, session_id: str, key: str | None, digest: str
+    ) -> tuple[dict[str, Any], int] | None:
+        if key is None:
+            return None
+        row = await driver.fetchrow(_IDEMPOTENT_SQL, session_id, self.tenant_id, key)
+        if row is None:
+            return None
+        if row["request_hash"] != digest:
+            raise UnprocessableContent(
+                f"Idempotency-Key {key!r} was already used with a different request",
+                errors=[{"field": "Idempotency-Key", "detail": "reused with a different request"}],
+            )
+        document: dict[str, Any] = orjson.loads(row["response"])
+        return document, row["status_code"]
+
+    async def _keep(
+        self,
+        driver: Driver,
+        session_id: str,
+        key: str | None,
+        digest: str,
+        status_code: int,
+        document: dict[str, Any],
+    ) -> None:
+        if key is not None:
+            await driver.execute(
+                _KEEP_IDEMPOTENT_SQL,
+                session_id,
+                self.tenant_id,
+                key,
+                digest,
+                status_code,
+                orjson.dumps(document).decode(),
+            )
+
+
+def _label(row: Any) -> str:
+    label = row["label"] or ""
+    return " ".join(label.split())[:100]
