@@ -28,7 +28,7 @@ async def test_navigate_back_write_a_branch_and_return(client: httpx.AsyncClient
     r = await client.post("/v1/sessions/t/navigate", json={"seq": 3})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["status"] == "moved" and body["leaf_seq"] == 3 and body["abandoned_seqs"] == 2
+    assert (body["status"], body["leaf_seq"], body["abandoned_seqs"]) == ("moved", 3, 2)
     assert texts(await context(client, "t")) == ["m1", "m2", "m3"]
     await append_ok(client, "t", [{"role": "user", "content": "b4"}])
     assert texts(await context(client, "t")) == ["m1", "m2", "m3", "b4"]
@@ -36,7 +36,8 @@ async def test_navigate_back_write_a_branch_and_return(client: httpx.AsyncClient
     assert len(tree["entries"]) == 6
     by_label = {e["label"]: e for e in tree["entries"]}
     assert by_label["m3"]["children"] == 2
-    assert by_label["b4"]["leaf"] and by_label["b4"]["on_path"]
+    assert by_label["b4"]["leaf"]
+    assert by_label["b4"]["on_path"]
     assert not by_label["m5"]["on_path"]
     # Back to the old leaf: the old path whole, and appends continue it.
     r = await client.post("/v1/sessions/t/navigate", json={"entry_id": by_label["m5"]["id"]})
