@@ -240,6 +240,11 @@ class NoGain:
         )
 
 
+def stored_entry(new: pivot_rules.PivotEntry) -> NewEntry:
+    """A compactd entry as the log stores it, its views rendered."""
+    return _stored(new)
+
+
 def _stored(new: pivot_rules.PivotEntry) -> NewEntry:
     entry = new.entry
     view_openai, view_anthropic = render_view(entry)
@@ -427,3 +432,41 @@ async def compact_now(
         duration_ms=round(seconds * 1000, 2),
     )
     return CompactionStarted(id=job_id, status="succeeded", reason="emergency", created=True)
+
+
+async def cancel_active(unit: Unit, detail: str) -> bool:
+    """Cancel the session's active compaction: a queued one at once (True), a running
+    one asked to stop (it never commits: its plan was made on another path)."""
+    state = unit.state
+    if state.active_compaction_id is None:
+        return True
+    repo = CompactionRepository(unit.tenant_id)
+    cancelled = await repo.cancel(unit.driver, unit.session_id, state.active_compaction_id)
+    if cancelled is None or cancelled.status == "cancelled":
+        if cancelled is not None:
+            transition(
+                "cancelled",
+                cancelled.reason,
+                cancelled.id,
+                unit.session_id,
+                unit.tenant_id,
+                detail=detail,
+            )
+        state.active_compaction_id = None
+        return True
+    return False
+
+
+async def enqueue_branch_summary(
+    driver: Driver,
+    tenant_id: str,
+    session_id: str,
+    instructions: str | None,
+    details: dict[str, Any],
+) -> JobRow:
+    """A branch-summary job (app.tree.service): ``details.navigation`` says which
+    branch it summarizes and where the leaf goes once the summary is written."""
+    job, _ = await CompactionRepository(tenant_id).enqueue_branch(
+        driver, session_id, instructions=instructions, details=details
+    )
+    return job

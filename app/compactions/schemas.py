@@ -132,6 +132,21 @@ class ContinuityGate(BaseModel):
     )
 
 
+class BranchNavigation(BaseModel):
+    """Where a navigation with a branch summary started and where it goes: the old
+    path (as branch segments) and its next seq, the deepest entry it shares with the
+    new one, and the target entry (its branch and seq) with the path to it."""
+
+    from_branches: list[int]
+    from_ends: list[int]
+    from_next_seq: int
+    common_seq: int
+    target_branch: int
+    target_seq: int
+    target_branches: list[int]
+    target_ends: list[int]
+
+
 class CompactionDetails(BaseModel):
     read_files: list[str] = Field(default_factory=list)
     modified_files: list[str] = Field(default_factory=list)
@@ -164,6 +179,14 @@ class CompactionDetails(BaseModel):
     )
     gate: ContinuityGate | None = Field(
         None, description="What the continuity gate found and did before the commit."
+    )
+    abandoned_entries: int | None = Field(
+        None,
+        description="A branch summary: the entries of the branch the navigation left "
+        "(the newest of them, summarized_entries, were read within the budget).",
+    )
+    navigation: BranchNavigation | None = Field(
+        None, description="A branch summary: the navigation it belongs to."
     )
 
 

@@ -39,6 +39,7 @@ import asyncpg
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.compactions import branch
 from app.compactions.pivot import (
     NoGain,
     Prepared,
@@ -54,7 +55,7 @@ from app.core import metrics
 from app.core.database import DriverBounds, driver_bounds, driver_connection, unavailable_cause
 from app.core.driver import Driver
 from app.core.settings import Settings
-from app.engine import catalog, continuity, tokens
+from app.engine import branch_summary, catalog, continuity, tokens
 from app.engine.compaction import summary_entry_tokens
 from app.engine.relief import FAILURE_LIMIT
 from app.sessions import service as sessions
@@ -68,6 +69,12 @@ T = TypeVar("T")
 # Claims beyond max_attempts that a job may take when its workers keep dying.
 CRASH_SLACK = 2
 REPLANS = 3
+
+
+_MOVED_ON = (
+    "the session moved on while its branch summary was written (an append or another "
+    "navigation): the navigation is called off; navigate again"
+)
 
 
 class LeaseLost(Exception):
@@ -176,6 +183,9 @@ class Worker:
             await self._finish(job, "failed", f"gave up after {job.attempts - 1} claims")
             return
         try:
+            if job.reason == branch_summary.KIND:
+                await self._branch_summary(job, repo)
+                return
             for _ in range(REPLANS):
                 loaded = await self._prepare(job)
                 if loaded is None:
@@ -416,6 +426,65 @@ class Worker:
             detail=error,
         )
         return True
+
+    async def _branch_summary(self, job: JobRow, repo: CompactionRepository) -> None:
+        """A navigation's branch summary (app.compactions.branch): summarize the
+        branch it leaves, then move the leaf with the summary after the target."""
+        nav = branch.Navigation.of(job)
+        if nav is None:
+            await self._finish(job, "failed", "the job does not say which branch to summarize")
+            return
+        async with driver_connection(self.engine) as driver:
+            state = await read_state(driver, job.tenant_id, job.session_id)
+            if state is None:
+                return  # deleted with its jobs
+            if branch.moved_on(state, nav):
+                await self._finish(job, "cancelled", _MOVED_ON)
+                return
+            plan = await branch.plan_branch(driver, job, state, nav)
+        llm = None
+        if job.attempts <= self.config.backoff.max_attempts:
+            llm = self._llm(job, state.model, plan.summary_chars)
+        summarized = await self._heartbeat_while(
+            job,
+            summarize(
+                plan,
+                previous_summary=None,
+                strategy="structured",
+                instructions=job.instructions or branch_summary.INSTRUCTIONS,
+                llm=llm,
+                attempt=job.attempts,
+                backoff=self.config.backoff,
+            ),
+        )
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            unit = await lock(driver, job.tenant_id, job.session_id)
+            if unit is None:
+                return
+            current = await self._owned(driver, repo, job)
+            if current is None:
+                raise LeaseLost
+            if current.cancel_requested:
+                raise CancelRequested
+            if branch.moved_on(unit.state, nav):
+                moved = True
+            else:
+                moved = False
+                done = await branch.commit_branch(
+                    unit, job, nav, plan, summarized, now=datetime.now(UTC)
+                )
+                await repo.succeed(driver, job.id, job.session_id, done)
+        if moved:
+            await self._finish(job, "cancelled", _MOVED_ON)
+            return
+        _transition(
+            job,
+            "succeeded",
+            count=False,
+            summarizer=summarized.used,
+            tokens_before=done.tokens_before,
+            tokens_after=done.tokens_after,
+        )
 
     async def _finish(self, job: JobRow, status: str, error: str, *, hold: bool = False) -> None:
         """End a job without a summary: cancelled, or failed (which counts

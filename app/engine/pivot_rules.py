@@ -99,6 +99,12 @@ class PivotEntry:
     entry: Entry
 
 
+def user_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> PivotEntry:
+    """A user message compactd writes itself (a summary, a "continue", a branch
+    summary) at ``seq``, its tokens counted."""
+    return _user_entry(seq, kind, text, encoding)
+
+
 def _user_entry(seq: int, kind: str, text: str, encoding: EncodingName) -> PivotEntry:
     entry = Entry(role="user", parts=[{"type": "text", "text": text}], content_form="string")
     entry.tokens = count_entry(entry, encoding)

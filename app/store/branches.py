@@ -98,6 +98,14 @@ async def first_branch_path(
     return tree.Path(tuple(row["path_branches"]), tuple(row["path_ends"]))
 
 
+async def forget_proxy_history(driver: Driver, tenant_id: str, session_id: str) -> None:
+    """Drop the proxy's record of the session's history (app.proxy.repository): after a
+    navigation it is another path's, read again on the next proxied call."""
+    await driver.execute(
+        "DELETE FROM proxy_history WHERE session_id = $1 AND tenant_id = $2", session_id, tenant_id
+    )
+
+
 async def landing_by_id(
     driver: Driver, tenant_id: str, family_id: str, entry_id: uuid.UUID
 ) -> Landing | None:

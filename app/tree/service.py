@@ -18,13 +18,12 @@ from typing import Any
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.compactions.pivot import transition
-from app.compactions.repository import CompactionRepository
+from app.compactions.branch import move_leaf
+from app.compactions.pivot import cancel_active, enqueue_branch_summary, transition
 from app.core import metrics
 from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import Conflict, NotFound, UnprocessableContent, invalid
-from app.engine import ledger
 from app.engine.tree import OPEN, Prefix
 from app.engine.tree import Path as TreePath
 from app.sessions import service as sessions
@@ -51,7 +50,6 @@ _KEEP_IDEMPOTENT_SQL = """
 INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code, response)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb)
 """
-_DROP_PROXY_HISTORY_SQL = "DELETE FROM proxy_history WHERE session_id = $1 AND tenant_id = $2"
 _SESSION_SQL = "SELECT * FROM session WHERE id = $1 AND tenant_id = $2"
 # A fork: the source's settings, calibration and overhead; its own counters, from zero.
 _FORK_SQL = """
@@ -126,76 +124,6 @@ async def session_document(driver: Driver, tenant_id: str, session_id: str) -> d
     shown = sessions.to_schema(types.SimpleNamespace(**values))  # type: ignore[arg-type]
     document: dict[str, Any] = shown.model_dump(mode="json")
     return document
-
-
-async def move_leaf(unit: Unit, landing: branches.Landing, prefix: Prefix) -> TreePath:
-    """Make ``landing`` the session's leaf (in the caller's unit of work): the path
-    goes on along the landing's branch when the session writes it and the landing is
-    its tip, else along a new branch after the landing. The context is recounted
-    from the new path's window; an active compaction is cancelled (it was planned on
-    the old path), and the proxy's record of the history is dropped (it is read
-    again on the next proxied call)."""
-    driver, tenant_id, state = unit.driver, unit.tenant_id, unit.state
-    family = state.family_id
-    owner = await branches.branch_path(driver, tenant_id, family, landing.branch)
-    tip = await branches.branch_tip(driver, tenant_id, family, landing.branch)
-    if owner is not None and owner[0] == unit.session_id and tip == landing.seq:
-        path = prefix.reopen()
-    else:
-        path = await branches.new_branch(driver, tenant_id, family, unit.session_id, prefix)
-    at = OnPath(unit.session_id, family, path)
-    pivot = await branches.pivot_at(driver, tenant_id, at, landing.seq)
-    context, tool = await LogRepository(tenant_id).context_totals(
-        driver,
-        at,
-        pivot.start_seq,
-        list(pivot.pinned_seqs),
-        pivot.summary_seq,
-        end_seq=landing.seq + 1,
-    )
-    state.path_branches, state.path_ends = list(path.branches), list(path.ends)
-    unit.apply(
-        ledger.PathMoved(
-            next_seq=landing.seq + 1,
-            stored_tokens=landing.path_tokens,
-            context_tokens=context,
-            context_tool_tokens=tool,
-            context_start_seq=pivot.start_seq,
-            summary_seq=pivot.summary_seq,
-            pinned_seqs=pivot.pinned_seqs,
-            compaction_count=pivot.count,
-        )
-    )
-    state.compaction_held_seq = None
-    state.served_version = state.served_context_tokens = None
-    state.served_compaction_id = None
-    await cancel_active(unit, "the session moved to another path of its tree")
-    await driver.execute(_DROP_PROXY_HISTORY_SQL, unit.session_id, tenant_id)
-    await unit.save()
-    return path
-
-
-async def cancel_active(unit: Unit, detail: str) -> bool:
-    """Cancel the session's active compaction: a queued one at once (True), a running
-    one asked to stop (it never commits: its plan was made on another path)."""
-    state = unit.state
-    if state.active_compaction_id is None:
-        return True
-    repo = CompactionRepository(unit.tenant_id)
-    cancelled = await repo.cancel(unit.driver, unit.session_id, state.active_compaction_id)
-    if cancelled is None or cancelled.status == "cancelled":
-        if cancelled is not None:
-            transition(
-                "cancelled",
-                cancelled.reason,
-                cancelled.id,
-                unit.session_id,
-                unit.tenant_id,
-                detail=detail,
-            )
-        state.active_compaction_id = None
-        return True
-    return False
 
 
 class TreeService:
@@ -394,8 +322,8 @@ class TreeService:
                 "target_ends": list(prefix.ends),
             }
         }
-        job, _ = await CompactionRepository(self.tenant_id).enqueue_branch(
-            unit.driver, unit.session_id, instructions=body.instructions, details=details
+        job = await enqueue_branch_summary(
+            unit.driver, self.tenant_id, unit.session_id, body.instructions, details
         )
         state.active_compaction_id = job.id
         await unit.save()
