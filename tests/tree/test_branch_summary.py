@@ -6,6 +6,8 @@ a navigation is called off when the session moves on, or when its job is cancell
 
 from __future__ import annotations
 
+import itertools
+import json
 from typing import Any
 
 import httpx
@@ -24,7 +26,7 @@ def call(call_id: str, command: str) -> dict[str, Any]:
     return {
         "id": call_id,
         "type": "function",
-        "function": {"name": "bash", "arguments": '{"command": "%s"}' % command},
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
     }
 
 
@@ -108,7 +110,7 @@ async def test_the_abandoned_branch_is_summarized_after_the_target(
     # Valid in both formats: an Anthropic context alternates.
     anthropic = (await context(client, "b", "anthropic"))["messages"]
     roles = [m["role"] for m in anthropic]
-    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    assert all(a != b for a, b in itertools.pairwise(roles))
 
 
 async def test_an_upstream_failure_falls_back_to_the_extractive_summary(
