@@ -87,13 +87,21 @@ async def plan_branch(driver: Driver, job: JobRow, state: SessionState, nav: Nav
     )
 
 
-async def move_leaf(unit: Unit, landing: branches.Landing, prefix: Prefix) -> Path:
+async def move_leaf(
+    unit: Unit,
+    landing: branches.Landing,
+    prefix: Prefix,
+    *,
+    same_as: SessionState | None = None,
+) -> Path:
     """Make ``landing`` the session's leaf (in the caller's unit of work): the path
     goes on along the landing's branch when the session writes it and the landing is
     its tip, else along a new branch after the landing. The context is recounted
-    from the new path's window; an active compaction is cancelled (it was planned on
-    the old path), and the proxy's record of the history is dropped (it is read
-    again on the next proxied call)."""
+    from the new path's window, unless ``same_as`` is a session whose leaf the
+    landing is (a fork at its leaf): then its totals are the new path's, as they
+    are. An active compaction is cancelled (it was planned on the old path), and
+    the proxy's record of the history is dropped (it is read again on the next
+    proxied call)."""
     driver, tenant_id, state = unit.driver, unit.tenant_id, unit.state
     family = state.family_id
     owner = await branches.branch_path(driver, tenant_id, family, landing.branch)
@@ -102,19 +110,29 @@ async def move_leaf(unit: Unit, landing: branches.Landing, prefix: Prefix) -> Pa
         path = prefix.reopen()
     else:
         path = await branches.new_branch(driver, tenant_id, family, unit.session_id, prefix)
-    at = OnPath(unit.session_id, family, path)
-    pivot = await branches.pivot_at(driver, tenant_id, at, landing.seq)
-    context, tool = await LogRepository(tenant_id).context_totals(
-        driver,
-        at,
-        pivot.start_seq,
-        list(pivot.pinned_seqs),
-        pivot.summary_seq,
-        end_seq=landing.seq + 1,
-    )
-    state.path_branches, state.path_ends = list(path.branches), list(path.ends)
-    unit.apply(
-        ledger.PathMoved(
+    if same_as is not None and same_as.next_seq == landing.seq + 1:
+        moved = ledger.PathMoved(
+            next_seq=same_as.next_seq,
+            stored_tokens=same_as.stored_tokens,
+            context_tokens=same_as.context_tokens,
+            context_tool_tokens=same_as.context_tool_tokens,
+            context_start_seq=same_as.context_start_seq,
+            summary_seq=same_as.summary_seq,
+            pinned_seqs=tuple(same_as.pinned_seqs),
+            compaction_count=same_as.compaction_count,
+        )
+    else:
+        at = OnPath(unit.session_id, family, path)
+        pivot = await branches.pivot_at(driver, tenant_id, at, landing.seq)
+        context, tool = await LogRepository(tenant_id).context_totals(
+            driver,
+            at,
+            pivot.start_seq,
+            list(pivot.pinned_seqs),
+            pivot.summary_seq,
+            end_seq=landing.seq + 1,
+        )
+        moved = ledger.PathMoved(
             next_seq=landing.seq + 1,
             stored_tokens=landing.path_tokens,
             context_tokens=context,
@@ -124,7 +142,8 @@ async def move_leaf(unit: Unit, landing: branches.Landing, prefix: Prefix) -> Pa
             pinned_seqs=pivot.pinned_seqs,
             compaction_count=pivot.count,
         )
-    )
+    state.path_branches, state.path_ends = list(path.branches), list(path.ends)
+    unit.apply(moved)
     state.compaction_held_seq = None
     state.served_version = state.served_context_tokens = None
     state.served_compaction_id = None

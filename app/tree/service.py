@@ -397,21 +397,27 @@ class TreeService:
             fork_state = await read_state(driver, self.tenant_id, new_id)
             assert fork_state is not None
             unit = Unit(driver, self.tenant_id, new_id, fork_state)
-            pivot = await branches.pivot_at(
-                driver, self.tenant_id, OnPath(source_id, family, path), at_seq
+            start = (
+                state.context_start_seq
+                if at_seq == leaf
+                else (
+                    await branches.pivot_at(
+                        driver, self.tenant_id, OnPath(source_id, family, path), at_seq
+                    )
+                ).start_seq
             )
-            branches_, ends = path.segments(pivot.start_seq, at_seq + 1)
+            branches_, ends = path.segments(start, at_seq + 1)
             await driver.execute(
                 _COPY_MARKS_SQL,
                 source_id,
                 self.tenant_id,
                 new_id,
-                pivot.start_seq,
+                start,
                 at_seq + 1,
                 branches_,
                 ends,
             )
-            await move_leaf(unit, landing, prefix)
+            await move_leaf(unit, landing, prefix, same_as=state)
             document = await session_document(driver, self.tenant_id, new_id)
             await self._keep(driver, source_id, idempotency_key, digest, 201, document)
         return document, False
