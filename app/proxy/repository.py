@@ -21,7 +21,7 @@ from app.store.log import on_session_path
 # table's (session_id, tenant_id, id) index and filtered every entry of the session,
 # 7 ms a call at 10,000 entries; an ordered scan is the primary key's.
 _KNOWN_SQL = f"""
-SELECT s.version, s.created_at, p.entry_count, p.last_seq, p.chain, p.raw_count,
+SELECT s.version, s.created_at, s.path_branches, s.path_ends, p.entry_count, p.last_seq, p.chain, p.raw_count,
     p.raw_digest, p.raw_entry_count, p.raw_chain,
     (
         SELECT e.seq FROM entry AS e
@@ -96,6 +96,7 @@ class KnownRow:
     last_seq: int
     behind: bool
     created_at: datetime
+    path: tuple[tuple[int, ...], tuple[int, ...]] = ((0,), ())  # the session's (app.engine.tree)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +138,9 @@ class ProxyRepository:
         row = await driver.fetchrow(_KNOWN_SQL, session_id, self.tenant_id)
         if row is None:
             return None
+        path = (tuple(row["path_branches"]), tuple(row["path_ends"]))
         if row["entry_count"] is None:
-            return KnownRow(row["version"], Known(), 0, row["behind"], row["created_at"])
+            return KnownRow(row["version"], Known(), 0, row["behind"], row["created_at"], path)
         return KnownRow(
             row["version"],
             Known(
@@ -152,6 +154,7 @@ class ProxyRepository:
             row["last_seq"],
             row["behind"],
             row["created_at"],
+            path,
         )
 
     async def messages_after(

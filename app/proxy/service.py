@@ -223,6 +223,8 @@ class _Call:
     known: Known  # after the new messages were stored
     last_seq: int  # of the last message entry the proxy knows is stored
     session_version: int  # the session's, as the call's own writes left it
+    # The path of the session's tree the call's history is (a navigation moves it).
+    path: tuple[tuple[int, ...], tuple[int, ...]] = ((0,), ())
     version: int = 0  # of the context sent
     sent_tokens: int = 0  # counted tokens of the context sent
     attempts: int = 0  # upstream requests made
@@ -484,6 +486,7 @@ class ProxyService:
                 known=Known(entry_count=found.end.entries, chain=found.end.chain),
                 last_seq=last_seq,
                 session_version=version,
+                path=row.path,
             )
         raise Conflict(
             f"session {session_id!r} kept changing while this call's messages were stored "
@@ -925,6 +928,14 @@ class ProxyService:
                 if row is None or newer is not None:
                     log.warning(
                         "proxied reply not stored: another call stored messages meanwhile",
+                        extra={"session_id": call.session_id},
+                    )
+                    return
+                if row.path != call.path:
+                    # A navigation: the reply answers the path the session has left.
+                    log.warning(
+                        "proxied reply not stored: the session moved to another path of "
+                        "its tree meanwhile",
                         extra={"session_id": call.session_id},
                     )
                     return
