@@ -248,6 +248,31 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
     assert cancelled["id"] == slow["id"]
     assert cancelled["cancel_requested"] is True
 
+    # The tree (tests/client/test_tree.py has more): back to the first request, a new
+    # branch from there, the tree a page at a time, and a fork of the new branch.
+    branched = await api.create_session("gpt-4o", config=MANUAL)
+    grown = await api.append_messages(branched["id"], turn(5))
+    back = await api.navigate(branched["id"], seq=1, if_match=grown["version"])
+    assert (back["status"], back["leaf_seq"], back["abandoned_seqs"]) == ("moved", 1, 3)
+    assert back["leaf_id"] == grown["entries"][0]["id"]
+    anew = await api.append_messages(branched["id"], [{"role": "user", "content": "Skip it."}])
+    assert [e["seq"] for e in anew["entries"]] == [2]
+    top = await api.get_tree(branched["id"], limit=4)
+    assert top["next_cursor"] is not None
+    end = await api.get_tree(branched["id"], cursor=top["next_cursor"])
+    assert end["next_cursor"] is None
+    assert [e["id"] for e in top["entries"] + end["entries"] if e["on_path"]] == [
+        grown["entries"][0]["id"],
+        anew["entries"][0]["id"],
+    ]
+    forked = await api.fork(branched["id"], metadata={"suite": name, "step": "forked"})
+    assert forked["entry_count"] == 2
+    assert forked["metadata"] == {"suite": name, "step": "forked"}
+    assert (await api.get_context(forked["id"]))["messages"] == [
+        turn(5)[0],
+        {"role": "user", "content": "Skip it."},
+    ]
+
     await api.delete_session(other["id"])
     with pytest.raises(NotFoundError):
         await api.get_session(other["id"])

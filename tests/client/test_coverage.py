@@ -40,6 +40,9 @@ COVERED: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}/compactions/{compaction_id}"): "get_compaction",
     ("POST", "/v1/sessions/{session_id}/compactions/{compaction_id}/cancel"): "cancel_compaction",
     ("GET", "/v1/sessions/{session_id}/compactions/{compaction_id}/source"): "compaction_source",
+    ("GET", "/v1/sessions/{session_id}/tree"): "get_tree",
+    ("POST", "/v1/sessions/{session_id}/navigate"): "navigate",
+    ("POST", "/v1/sessions/{session_id}/fork"): "fork",
     ("POST", "/proxy/openai/v1/chat/completions"): "proxy_base_url",
     ("POST", "/proxy/anthropic/v1/messages"): "proxy_base_url",
 }

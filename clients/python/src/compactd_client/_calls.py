@@ -308,3 +308,48 @@ def compaction_source(
         path("/v1/sessions/{}/compactions/{}/source", session_id, compaction_id),
         params=params,
     )
+
+
+# Tree
+
+
+def get_tree(session_id: str, *, limit: int | None, cursor: str | None) -> Call[t.TreePage]:
+    params = drop_none(limit=limit, cursor=cursor)
+    return Call("GET", path("/v1/sessions/{}/tree", session_id), params=params)
+
+
+def navigate(
+    session_id: str,
+    *,
+    entry_id: str | None,
+    seq: int | None,
+    summarize: bool | None,
+    instructions: str | None,
+    idempotency_key: str | None,
+    if_match: int | str | None,
+) -> Call[t.NavigateResult]:
+    body = drop_none(entry_id=entry_id, seq=seq, summarize=summarize, instructions=instructions)
+    return Call(
+        "POST",
+        path("/v1/sessions/{}/navigate", session_id),
+        json=body,
+        idempotency_key=idempotency_key,
+        if_match=if_match,
+    )
+
+
+def fork(
+    session_id: str,
+    *,
+    at_seq: int | None,
+    id: str | None,
+    metadata: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+) -> Call[t.Session]:
+    body = drop_none(at_seq=at_seq, id=id, metadata=metadata)
+    return Call(
+        "POST",
+        path("/v1/sessions/{}/fork", session_id),
+        json=body,
+        idempotency_key=idempotency_key,
+    )

@@ -332,3 +332,61 @@ class Compactd(BaseClient):
                 session_id, compaction_id, after_seq=after_seq, limit=limit, format=format
             )
         )
+
+    # Tree
+
+    def get_tree(
+        self, session_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> t.TreePage:
+        """A page of the session's tree, every branch, in (branch, seq) order; the
+        active leaf and path marked."""
+        return self._send(calls.get_tree(session_id, limit=limit, cursor=cursor))
+
+    def navigate(
+        self,
+        session_id: str,
+        *,
+        entry_id: str | None = None,
+        seq: int | None = None,
+        summarize: bool | None = None,
+        instructions: str | None = None,
+        idempotency_key: str | None = None,
+        if_match: int | str | None = None,
+    ) -> t.NavigateResult:
+        """Move the active leaf to an entry of the session's tree (``entry_id``, or
+        ``seq`` on the active path): the next append goes after it. With ``summarize``
+        the abandoned branch is summarized first (``status`` ``"pending"``, the job in
+        ``branch_summary``) and the leaf moves once it is. A retry of this call moves
+        once."""
+        return self._send(
+            calls.navigate(
+                session_id,
+                entry_id=entry_id,
+                seq=seq,
+                summarize=summarize,
+                instructions=instructions,
+                idempotency_key=idempotency_key,
+                if_match=if_match,
+            )
+        )
+
+    def fork(
+        self,
+        session_id: str,
+        *,
+        at_seq: int | None = None,
+        id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> t.Session:
+        """A new session whose history is this one's active path up to ``at_seq`` (its
+        leaf by default), sharing its storage. A retry of this call forks once."""
+        return self._send(
+            calls.fork(
+                session_id,
+                at_seq=at_seq,
+                id=id,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+        )

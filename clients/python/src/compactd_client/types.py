@@ -10,10 +10,12 @@ Format = Literal["openai", "anthropic"]
 Message = dict[str, Any]
 Action = Literal["none", "prune", "compact", "emergency"]
 CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-CompactionReason = Literal["manual", "threshold", "overflow", "emergency"]
+CompactionReason = Literal["manual", "threshold", "overflow", "emergency", "branch_summary"]
 Strategy = Literal["structured", "narrative"]
 Summarizer = Literal["llm", "extractive"]
 UsageFormat = Literal["native", "openai_chat", "openai_responses", "anthropic", "gemini"]
+OutputCategory = Literal["head_tail", "match_list", "file_content", "generic"]
+NavigateStatus = Literal["moved", "unchanged", "pending"]
 
 
 class Health(TypedDict):
@@ -26,6 +28,54 @@ class Readiness(TypedDict):
     migration: str
 
 
+class CompactionConfig(TypedDict):
+    enabled: bool
+    auto: bool
+    reserve_tokens: int
+    threshold: float | None
+    keep_recent_tokens: int
+    keep_requests_tokens: int
+    strategy: Strategy
+    summarizer: Summarizer
+    model: str | None
+    auto_continue: bool
+    emergency_fraction: float
+    instructions: str | None
+
+
+class BranchSummaryConfig(TypedDict):
+    """How a navigation summarizes the branch it abandons."""
+
+    enabled: bool  # navigations summarize unless they say otherwise
+    reserve_tokens: int  # the summarizer reads the branch up to the window less this
+
+
+class PruneConfig(TypedDict):
+    enabled: bool
+    auto: bool
+    protect_tokens: int
+    minimum_tokens: int
+    protect_turns: int
+    protected_tools: list[str]
+    placeholder: str
+    erase: bool
+
+
+class TruncateConfig(TypedDict):
+    enabled: bool
+    tool_result_token_cap: int
+    categories: dict[str, OutputCategory]
+
+
+class SessionConfig(TypedDict):
+    """The session's config as it applies: every key, defaults filled in."""
+
+    compaction: CompactionConfig
+    branch_summary: BranchSummaryConfig
+    prune: PruneConfig
+    truncate: TruncateConfig
+
+
 class Session(TypedDict):
     id: str
     model: str
@@ -34,7 +84,7 @@ class Session(TypedDict):
     input_limit: int | None
     usable_tokens: int
     model_known: bool
-    config: dict[str, Any]
+    config: SessionConfig
     metadata: dict[str, Any]
     entry_count: int
     stored_tokens: int
@@ -194,6 +244,85 @@ class ProviderErrorVerdict(TypedDict):
     verdict: Verdict
 
 
+class QuotedRequest(TypedDict):
+    seq: int
+    text: str
+    clipped: bool
+
+
+class FirstRequest(QuotedRequest):
+    pinned: bool
+
+
+class UserRequests(TypedDict):
+    first: FirstRequest | None
+    later: list[QuotedRequest]
+    omitted: int
+    budget_tokens: int
+    tokens: int
+
+
+class UnresolvedError(TypedDict):
+    line: str
+    command: str
+
+
+class GateItems(TypedDict):
+    terms: list[str]
+    files: list[str]
+    error: str | None
+
+
+class GateChecked(TypedDict):
+    terms: int
+    files: int
+    error: str | None
+
+
+class ContinuityGate(TypedDict):
+    checked: GateChecked
+    missing_before: GateItems
+    retried: bool
+    retry_missing: GateItems | None
+    retry_error: str | None
+    completed: GateItems
+    trimmed: GateItems
+    missing_after: GateItems
+
+
+class BranchNavigation(TypedDict):
+    """A branch summary's navigation: the old path (branches and where each ends),
+    the deepest entry it shares with the new one, and the target with its path."""
+
+    from_branches: list[int]
+    from_ends: list[int]
+    from_next_seq: int
+    common_seq: int
+    target_branch: int
+    target_seq: int
+    target_branches: list[int]
+    target_ends: list[int]
+
+
+class CompactionDetails(TypedDict):
+    read_files: list[str]
+    modified_files: list[str]
+    split_turn: bool
+    summarized_entries: int | None
+    summarized_tokens: int | None
+    kept_tokens: int | None
+    continued: bool
+    notes: list[str]
+    pinned_entries: int | None
+    user_requests: UserRequests | None
+    task_terms: list[str] | None
+    unresolved_error: UnresolvedError | None
+    working_directory: str | None
+    gate: ContinuityGate | None
+    abandoned_entries: int | None  # a branch summary: the entries of the branch left
+    navigation: BranchNavigation | None  # a branch summary: its navigation
+
+
 class Compaction(TypedDict):
     id: str
     session_id: str
@@ -211,7 +340,7 @@ class Compaction(TypedDict):
     entry_seq: int | None
     tokens_before: int | None
     tokens_after: int | None
-    details: dict[str, Any] | None
+    details: CompactionDetails | None
     error: str | None
     upstream_model: str | None
     upstream_usage: dict[str, Any] | None
@@ -230,3 +359,50 @@ class SourcePage(TypedDict):
     compaction_id: str
     entries: list[HistoryEntry]
     next_after_seq: int | None
+
+
+class TreeEntry(TypedDict):
+    id: str
+    seq: int
+    branch: int
+    parent_id: str | None
+    kind: str  # message, compaction, continue or branch_summary
+    role: str
+    label: str
+    tokens: int
+    pinned: bool
+    children: int
+    on_path: bool
+    leaf: bool
+
+
+class PathSegment(TypedDict):
+    branch: int
+    from_seq: int
+    to_seq: int
+
+
+class TreePage(TypedDict):
+    entries: list[TreeEntry]
+    leaf_seq: int
+    leaf_id: str | None
+    path: list[PathSegment]
+    next_cursor: str | None
+
+
+class BranchSummaryJob(TypedDict):
+    """The compaction (reason ``branch_summary``) a pending navigation waits on."""
+
+    id: str
+    status: str
+    abandoned_from_seq: int
+    abandoned_to_seq: int
+
+
+class NavigateResult(TypedDict):
+    status: NavigateStatus
+    session: Session
+    leaf_seq: int
+    leaf_id: str | None
+    abandoned_seqs: int
+    branch_summary: BranchSummaryJob | None
