@@ -423,8 +423,8 @@ FROM unnest($4::bigint[], $5::int[], $6::bigint[]) AS p(seq, tokens, branch)
 """
 
 # prune.erase: the stored output itself becomes the placeholder, and the views with it;
-# but not an entry that another session of the family (a fork) reaches on its path:
-# its content is that session's too, and only marked here.
+# but not an entry that another session of the family (a fork) can reach, on the path
+# of any branch it writes: its content is that session's too, and only marked here.
 _ERASE_SQL = f"""
 UPDATE entry AS e SET parts = p.parts, view_openai = p.view_openai,
     view_anthropic = p.view_anthropic, erased_bytes = octet_length(e.parts::text)
@@ -433,8 +433,10 @@ FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::bigint[])
 WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.branch = p.branch AND e.seq = p.seq
     AND e.erased_bytes IS NULL
     AND NOT EXISTS (
-        SELECT 1 FROM session AS s
-        WHERE s.family_id = $1 AND s.tenant_id = $2 AND s.id <> $8 AND {on_session_path("e")}
+        SELECT 1 FROM branch AS o
+        JOIN session AS s ON s.id = o.owner_id AND s.tenant_id = o.tenant_id
+        WHERE o.session_id = $1 AND o.tenant_id = $2 AND s.family_id = $1 AND s.id <> $8
+            AND {on_path("e", "o.path_branches", f"(o.path_ends || {_OPEN})")}
     )
 """
 

@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 import asyncpg
-from sqlalchemy import and_, delete, or_, select, true, tuple_
+from sqlalchemy import and_, delete, or_, select, text, true, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.core.database import driver_connection
@@ -278,6 +278,32 @@ async def record_served(
         )
 
 
+# How far other live sessions of the family reach into each branch a deleted session
+# wrote: what lies beyond, on those branches, no one reaches any more.
+_TRIM_SQL = """
+WITH reach AS (
+    SELECT b.branch_id,
+        max((o.path_ends || {open}::bigint)[array_position(o.path_branches, b.branch_id)]) AS last
+    FROM branch AS b
+    JOIN branch AS o ON o.session_id = b.session_id AND o.tenant_id = b.tenant_id
+        AND b.branch_id = ANY(o.path_branches)
+    JOIN session AS s ON s.id = o.owner_id AND s.tenant_id = o.tenant_id
+        AND s.family_id = :family AND s.id <> :sid
+    WHERE b.session_id = :family AND b.tenant_id = :tenant AND b.owner_id = :sid
+    GROUP BY b.branch_id
+)
+DELETE FROM {table} AS x USING reach AS r
+WHERE x.session_id = :family AND x.tenant_id = :tenant AND x.branch = r.branch_id
+    AND x.{seq} > r.last
+""".replace("{open}", str(tree.OPEN))
+# A deleted session's branches that stay belong to no session: a new session that
+# takes its id (a fork of the family) writes none of them.
+_DISOWN_SQL = """
+UPDATE branch SET owner_id = ''
+WHERE session_id = :family AND tenant_id = :tenant AND owner_id = :sid
+"""
+
+
 class SessionRepository:
     """Sessions through the ORM, for the requests that manage them (create,
     read, list, change, delete); the hot paths use :class:`Unit` instead."""
@@ -342,6 +368,12 @@ class SessionRepository:
             .where(Branch.branch_id.not_in(kept) if kept else true())
         )
         orphans = [b for (b,) in await self.db.execute(doomed)]
+        # The session's branches that others still reach (a fork's path runs through
+        # them) stay, as far as they reach them; from now on no session writes them.
+        params = {"family": family_id, "tenant": self.tenant_id, "sid": session_id}
+        for name, seq in (("entry", "seq"), ("tool_call", "call_seq")):
+            await self.db.execute(text(_TRIM_SQL.format(table=name, seq=seq)), params)
+        await self.db.execute(text(_DISOWN_SQL), params)
         if orphans:
             for table, column in (
                 (Entry, Entry.branch),

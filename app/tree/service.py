@@ -15,6 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -384,16 +385,20 @@ class TreeService:
                 raise invalid("at_seq", f"no entry at seq {at_seq}")
             prefix = path.prefix(at_seq)
             metadata = None if body.metadata is None else orjson.dumps(body.metadata).decode()
-            await driver.execute(
-                _FORK_SQL,
-                source_id,
-                self.tenant_id,
-                new_id,
-                metadata,
-                list(prefix.branches),
-                list(prefix.ends),
-                datetime.now(UTC),
-            )
+            try:
+                async with driver.transaction():  # a savepoint: the 409 leaves the lock
+                    await driver.execute(
+                        _FORK_SQL,
+                        source_id,
+                        self.tenant_id,
+                        new_id,
+                        metadata,
+                        list(prefix.branches),
+                        list(prefix.ends),
+                        datetime.now(UTC),
+                    )
+            except asyncpg.UniqueViolationError:  # a create of the same id came first
+                raise Conflict(f"session {new_id!r} already exists") from None
             fork_state = await read_state(driver, self.tenant_id, new_id)
             assert fork_state is not None
             unit = Unit(driver, self.tenant_id, new_id, fork_state)

@@ -89,6 +89,9 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("GET", "/v1/sessions/{session_id}/compactions/{compaction_id}"): None,
     ("POST", "/v1/sessions/{session_id}/compactions/{compaction_id}/cancel"): None,
     ("GET", "/v1/sessions/{session_id}/compactions/{compaction_id}/source"): None,
+    ("GET", "/v1/sessions/{session_id}/tree"): None,
+    ("POST", "/v1/sessions/{session_id}/navigate"): {"seq": 1},
+    ("POST", "/v1/sessions/{session_id}/fork"): {"id": "stolen"},
 }
 
 

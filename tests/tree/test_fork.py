@@ -270,12 +270,6 @@ async def test_deleting_every_session_of_a_family_leaves_no_rows(
     assert await contents(client, "bystander") == ["Go.", "Looking."]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a fork may take the id of a deleted session of its family, and then "
-    "owns that session's branches (branch.owner_id): its tree shows the deleted "
-    "session's history past the fork point, and it can navigate there",
-)
 async def test_a_fork_named_like_a_deleted_session_of_its_family_owns_nothing_of_it(
     client: httpx.AsyncClient,
 ) -> None:
@@ -392,12 +386,6 @@ async def lock_waits(db_url: str, count: int) -> None:
     raise AssertionError(f"{count} statements never waited on a lock")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a fork to an id that a concurrent POST /v1/sessions creates between "
-    "the fork's check and its INSERT fails on session_pkey (UniqueViolationError, a "
-    "500) instead of a 409 (app/tree/service.py fork: no IntegrityError handling)",
-)
 async def test_a_fork_racing_a_create_of_its_new_id_is_409(
     client: httpx.AsyncClient, db_url: str
 ) -> None:

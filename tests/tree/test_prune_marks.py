@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.budget.test_prune_api import PLACEHOLDER, work
 from tests.conftest import make_session
@@ -150,12 +149,6 @@ async def test_a_fork_keeps_the_marks_of_its_window(client: httpx.AsyncClient) -
     assert (await consistent(client, "p"))["messages"] == p_before["messages"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: prune.erase spares only entries on another session's *current* path "
-    "(app/store/log.py _ERASE_SQL, on_session_path), not those its tree reaches: a fork "
-    "that navigated away finds its old path's outputs erased, with no mark of its own",
-)
 async def test_erase_leaves_what_another_session_of_the_family_reaches(
     client: httpx.AsyncClient,
 ) -> None:
