@@ -15,7 +15,9 @@ temporary folder) and measures over real HTTP:
   scripted upstream directly, at 100 and 10,000 stored messages (:mod:`bench.proxy`);
 - continuity after compaction: the real traces replayed at a 16k window in the engine
   alone (no service, no database), and what each compaction's context still holds of
-  the task, the modified files and the last error (:mod:`bench.continuity`).
+  the task, the modified files and the last error (:mod:`bench.continuity`);
+- the tree: context read and append at the leaf of a 10,000-entry tree of 100 branches
+  against a 10,000-entry line, forks and navigations (:mod:`bench.tree`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, continuity, load, proxy, upstream
+from bench import bounds, continuity, load, proxy, tree, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -469,7 +471,17 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
         await pg.close()
 
 
-SECTIONS = ("append", "context", "budget", "compaction", "bounds", "load", "proxy", "continuity")
+SECTIONS = (
+    "append",
+    "context",
+    "budget",
+    "compaction",
+    "tree",
+    "bounds",
+    "load",
+    "proxy",
+    "continuity",
+)
 
 
 def main() -> int:
@@ -546,6 +558,10 @@ def main() -> int:
                     port,
                     url.replace("postgresql+asyncpg://", "postgresql://"),
                     {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"},
+                )
+            if "tree" in sections:
+                await tree.bench_tree(
+                    "127.0.0.1", port, {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"}
                 )
             if "bounds" in sections:
                 await bounds.bench_bounds("127.0.0.1", port)
