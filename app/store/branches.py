@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from app.core.driver import Driver
 from app.engine import tree
@@ -62,16 +61,17 @@ VALUES ($1, $2, 0, $3, NULL, 0, '{0}', '{}')
 """
 _FAMILY_TAKEN_SQL = "SELECT 1 FROM branch WHERE session_id = $1 AND tenant_id = $2 LIMIT 1"
 
-# The latest compaction entry of one branch at or before a seq (the partial index).
-_LAST_COMPACTION_SQL = """
-SELECT seq, pivot_start, pivot_pinned FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND branch = $3 AND seq <= $4 AND kind = 'compaction'
-ORDER BY seq DESC LIMIT 1
-"""
-_COUNT_COMPACTIONS_SQL = f"""
-SELECT count(*) FROM entry
-WHERE session_id = $1 AND tenant_id = $2 AND kind = 'compaction'
-    AND {on_path("", "$3::bigint[]", "$4::bigint[]")}
+# The compaction entries on a path (the partial index holds only those): the latest,
+# and how many, in one statement.
+_COMPACTIONS_SQL = f"""
+WITH on_path AS (
+    SELECT seq, pivot_start, pivot_pinned FROM entry
+    WHERE session_id = $1 AND tenant_id = $2 AND kind = 'compaction'
+        AND {on_path("", "$3::bigint[]", "$4::bigint[]")}
+)
+SELECT (SELECT count(*) FROM on_path) AS count, l.seq, l.pivot_start, l.pivot_pinned
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT * FROM on_path ORDER BY seq DESC LIMIT 1) AS l ON true
 """
 _COMPACTION_ENTRY_SQL = """
 SELECT branch, seq FROM entry
@@ -166,17 +166,14 @@ async def family_taken(driver: Driver, tenant_id: str, family_id: str) -> bool:
 
 async def pivot_at(driver: Driver, tenant_id: str, at: OnPath, seq: int) -> PivotAt:
     """The pivot the path holds at its entry ``seq``: the latest compaction at or
-    before it, found segment by segment from the newest (a partial index of the
-    compaction entries), and the count of those on the path."""
+    before it, and the count of those on the path (a partial index of the
+    compaction entries: no pass over the others)."""
     branches, ends = at.args(1, seq + 1)
-    count: int = await driver.fetchval(
-        _COUNT_COMPACTIONS_SQL, at.family_id, tenant_id, branches, ends
-    )
-    for branch, end in zip(reversed(branches), reversed(ends), strict=True):
-        row = await driver.fetchrow(_LAST_COMPACTION_SQL, at.family_id, tenant_id, branch, end)
-        if row is not None:
-            return PivotAt(row["seq"], row["pivot_start"], tuple(row["pivot_pinned"] or ()), count)
-    return PivotAt(None, 1, (), count)
+    row = await driver.fetchrow(_COMPACTIONS_SQL, at.family_id, tenant_id, branches, ends)
+    assert row is not None  # one row, always
+    if row["seq"] is None:
+        return PivotAt(None, 1, (), row["count"])
+    return PivotAt(row["seq"], row["pivot_start"], tuple(row["pivot_pinned"] or ()), row["count"])
 
 
 async def path_to_compaction(
@@ -194,36 +191,57 @@ async def path_to_compaction(
 
 # --- the tree as a page ----------------------------------------------------------
 
-# The session's tree: the entries of the branches it writes, and of the path it
-# was forked from (its first branch's). Each with its parent's id and how many
-# children it has there. Keyset-paged on (branch, seq).
-_TREE_SQL = f"""
-WITH mine AS (
-    SELECT branch_id FROM branch WHERE session_id = $1 AND tenant_id = $2 AND owner_id = $3
-), visible AS (
-    SELECT e.* FROM entry AS e
-    WHERE e.session_id = $1 AND e.tenant_id = $2
-        AND (e.branch IN (SELECT branch_id FROM mine)
-            OR {on_path("e", "$4::bigint[]", "$5::bigint[]")})
-)
-SELECT v.id, v.branch, v.seq, v.kind, v.role, v.tokens, v.pinned,
+# The session's tree: the entries of the branches it writes, and of the path it was
+# forked from (its first branch's), a page in (branch, seq) order (the primary key's).
+_PAGE_SQL = f"""
+SELECT e.id, e.branch, e.seq, e.kind, e.role, e.tokens, e.pinned,
     coalesce(
-        left((SELECT string_agg(p->>'text', ' ') FROM jsonb_array_elements(v.parts) AS p
+        left((SELECT string_agg(p->>'text', ' ') FROM jsonb_array_elements(e.parts) AS p
             WHERE p->>'type' = 'text'), 200),
-        'calls ' || (SELECT string_agg(p->>'name', ', ') FROM jsonb_array_elements(v.parts) AS p
+        'calls ' || (SELECT string_agg(p->>'name', ', ') FROM jsonb_array_elements(e.parts) AS p
             WHERE p->>'type' = 'tool_call'),
-        v.parts->0->>'type'
-    ) AS label,
-    (SELECT p.id FROM entry AS p
-        WHERE p.session_id = $1 AND p.tenant_id = $2 AND p.branch = v.parent_branch
-            AND p.seq = v.parent_seq) AS parent_id,
-    (SELECT count(*) FROM visible AS c
-        WHERE c.parent_branch = v.branch AND c.parent_seq = v.seq) AS children
-FROM visible AS v
-WHERE (v.branch, v.seq) > ($6::bigint, $7::bigint)
-ORDER BY v.branch, v.seq
+        e.parts->0->>'type'
+    ) AS label
+FROM entry AS e
+WHERE e.session_id = $1 AND e.tenant_id = $2
+    AND (e.branch, e.seq) > ($6::bigint, $7::bigint)
+    AND (e.branch IN (SELECT branch_id FROM branch
+            WHERE session_id = $1 AND tenant_id = $2 AND owner_id = $3)
+        OR {on_path("e", "$4::bigint[]", "$5::bigint[]")})
+ORDER BY e.branch, e.seq
 LIMIT $8
 """
+# Every branch of the family, with where it forks, who writes it and its last seq (an
+# ordered scan of the key from the end): what the page's parents and children are
+# worked out from, with no lookup per entry (one planned on lagging statistics as a
+# scan of the family per entry made a page O(page x tree)).
+_BRANCHES_SQL = """
+SELECT b.branch_id, b.parent_branch, b.fork_seq, b.owner_id,
+    (SELECT e.seq FROM entry AS e
+        WHERE e.session_id = b.session_id AND e.tenant_id = b.tenant_id
+            AND e.branch = b.branch_id
+        ORDER BY e.seq DESC LIMIT 1) AS tip
+FROM branch AS b
+WHERE b.session_id = $1 AND b.tenant_id = $2
+"""
+_IDS_SQL = """
+SELECT branch, seq, id FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND branch = ANY($3::bigint[]) AND seq = ANY($4::bigint[])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TreeRow:
+    id: uuid.UUID
+    branch: int
+    seq: int
+    kind: str
+    role: str
+    tokens: int
+    pinned: bool
+    label: str | None
+    parent_id: uuid.UUID | None
+    children: int
 
 
 async def tree_page(
@@ -234,10 +252,74 @@ async def tree_page(
     base: tree.Path | None,
     after: tuple[int, int],
     limit: int,
-) -> list[Any]:
+) -> list[TreeRow]:
     """A page of the session's tree after ``(branch, seq)``; ``base``: the path
-    its first branch forked from (a fork's), whose entries are in its tree too."""
+    its first branch forked from (a fork's), whose entries are in its tree too.
+    Each entry with its parent's id and how many children it has in this tree."""
     branches, ends = ([], []) if base is None else base.segments(1, tree.OPEN)
-    return await driver.fetch(
-        _TREE_SQL, family_id, tenant_id, session_id, branches, ends, after[0], after[1], limit
+    rows = await driver.fetch(
+        _PAGE_SQL, family_id, tenant_id, session_id, branches, ends, after[0], after[1], limit
     )
+    if not rows:
+        return []
+    family = {r["branch_id"]: r for r in await driver.fetch(_BRANCHES_SQL, family_id, tenant_id)}
+
+    def reach(branch: int) -> int:
+        """The last seq of ``branch`` in this session's tree (0: none of it)."""
+        found = family.get(branch)
+        if found is None or found["tip"] is None:
+            return 0
+        if found["owner_id"] == session_id:
+            return int(found["tip"])
+        if base is not None and branch in base.branches:
+            i = base.branches.index(branch)
+            end = base.ends[i] if i < len(base.ends) else tree.OPEN
+            return min(int(found["tip"]), end)
+        return 0
+
+    forks: dict[tuple[int, int], int] = {}
+    for b in family.values():
+        first = b["fork_seq"] + 1
+        if b["parent_branch"] is not None and reach(b["branch_id"]) >= first:
+            key = (b["parent_branch"], b["fork_seq"])
+            forks[key] = forks.get(key, 0) + 1
+
+    def parent_of(branch: int, seq: int) -> tuple[int, int] | None:
+        found = family.get(branch)
+        if seq <= 1:
+            return None
+        if found is None or found["parent_branch"] is None or seq - 1 > found["fork_seq"]:
+            return branch, seq - 1
+        return found["parent_branch"], found["fork_seq"]
+
+    ids = {(r["branch"], r["seq"]): r["id"] for r in rows}
+    wanted = {p for r in rows if (p := parent_of(r["branch"], r["seq"])) and p not in ids}
+    if wanted:
+        found_ids = await driver.fetch(
+            _IDS_SQL,
+            family_id,
+            tenant_id,
+            sorted({b for b, _ in wanted}),
+            sorted({s for _, s in wanted}),
+        )
+        ids.update({(r["branch"], r["seq"]): r["id"] for r in found_ids})
+    out = []
+    for r in rows:
+        branch, seq = r["branch"], r["seq"]
+        parent = parent_of(branch, seq)
+        children = forks.get((branch, seq), 0) + (1 if reach(branch) > seq else 0)
+        out.append(
+            TreeRow(
+                id=r["id"],
+                branch=branch,
+                seq=seq,
+                kind=r["kind"],
+                role=r["role"],
+                tokens=r["tokens"],
+                pinned=r["pinned"],
+                label=r["label"],
+                parent_id=None if parent is None else ids.get(parent),
+                children=children,
+            )
+        )
+    return out

@@ -163,18 +163,18 @@ class TreeService:
         page = rows[:limit]
         entries = [
             TreeEntry(
-                id=r["id"],
-                seq=r["seq"],
-                branch=r["branch"],
-                parent_id=r["parent_id"],
-                kind=r["kind"],
-                role=r["role"],
-                label=_label(r),
-                tokens=r["tokens"],
-                pinned=r["pinned"],
-                children=r["children"],
-                on_path=on_path(path, leaf_seq, r["branch"], r["seq"]),
-                leaf=leaf is not None and r["id"] == leaf.id,
+                id=r.id,
+                seq=r.seq,
+                branch=r.branch,
+                parent_id=r.parent_id,
+                kind=r.kind,
+                role=r.role,
+                label=" ".join((r.label or "").split())[:100],
+                tokens=r.tokens,
+                pinned=r.pinned,
+                children=r.children,
+                on_path=on_path(path, leaf_seq, r.branch, r.seq),
+                leaf=leaf is not None and r.id == leaf.id,
             )
             for r in page
         ]
@@ -185,9 +185,7 @@ class TreeService:
             leaf_id=None if leaf is None else leaf.id,
             path=segments_of(path, leaf_seq),
             next_cursor=(
-                _cursor(last["branch"], last["seq"])
-                if last is not None and len(rows) > limit
-                else None
+                _cursor(last.branch, last.seq) if last is not None and len(rows) > limit else None
             ),
         )
 
@@ -464,8 +462,3 @@ class TreeService:
                 status_code,
                 orjson.dumps(document).decode(),
             )
-
-
-def _label(row: Any) -> str:
-    label = row["label"] or ""
-    return " ".join(label.split())[:100]

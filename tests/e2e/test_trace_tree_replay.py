@@ -221,14 +221,6 @@ async def test_replay_every_trace_as_a_tree(db_url: str, settings: Settings) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a page of GET /tree costs O(page x tree) (app/store/branches.py, _TREE_SQL):"
-    " each entry's `children` is counted by scanning the whole materialized `visible` CTE,"
-    " and its `parent_id` lookup is planned on entry_parent_idx by (session_id, tenant_id)"
-    " alone while the statistics lag (a scan of the whole session per entry); a page of"
-    " 1,000 of a 10,000-entry session takes 3 to 11 s and ends on the statement timeout (503)",
-)
 async def test_a_page_of_a_long_sessions_tree_is_read_within_the_statement_timeout(
     db_url: str, settings: Settings
 ) -> None:
