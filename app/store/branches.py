@@ -37,7 +37,12 @@ class PivotAt:
 
 _LANDING = "id, branch, seq, kind, path_tokens"
 
-_BY_ID_SQL = f"SELECT {_LANDING} FROM entry WHERE session_id = $1 AND tenant_id = $2 AND id = $3"
+# Ordered by id so that the (session_id, tenant_id, id) key is the plan's, even when
+# the statistics lag (the primary key's prefix alone meant a scan of the family).
+_BY_ID_SQL = (
+    f"SELECT {_LANDING} FROM entry WHERE session_id = $1 AND tenant_id = $2 AND id = $3"
+    " ORDER BY id LIMIT 1"
+)
 _AT_SQL = (
     f"SELECT {_LANDING} FROM entry"
     " WHERE session_id = $1 AND tenant_id = $2 AND branch = $3 AND seq = $4"
