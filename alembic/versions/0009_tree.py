@@ -76,9 +76,7 @@ def upgrade() -> None:
     )
 
     op.drop_constraint("entry_session_id_tenant_id_fkey", "entry", type_="foreignkey")
-    op.add_column(
-        "entry", sa.Column("branch", sa.BigInteger(), server_default="0", nullable=False)
-    )
+    op.add_column("entry", sa.Column("branch", sa.BigInteger(), server_default="0", nullable=False))
     op.add_column("entry", sa.Column("parent_branch", sa.BigInteger(), nullable=True))
     op.add_column(
         "entry", sa.Column("path_tokens", sa.BigInteger(), server_default="0", nullable=False)
