@@ -70,9 +70,15 @@ async def plan_branch(driver: Driver, job: JobRow, state: SessionState, nav: Nav
     at = OnPath(job.session_id, state.family_id, nav.from_path)
     start, end = nav.common_seq + 1, nav.from_next_seq
     rows, marks = await LogRepository(job.tenant_id).source(driver, at, start, end)
+    # The file operations go on from the latest summary on the path: a compaction's,
+    # or an earlier branch summary's (seed 001: cumulative across both).
     pivot = await branches.pivot_at(driver, job.tenant_id, at, end - 1)
+    branch_summary_seq = await branches.last_branch_summary(driver, job.tenant_id, at, end - 1)
+    latest = max(
+        (s for s in (pivot.summary_seq, branch_summary_seq) if s is not None), default=None
+    )
     previous = await CompactionRepository(job.tenant_id).previous(
-        driver, state.family_id, nav.from_path, pivot.summary_seq
+        driver, state.family_id, nav.from_path, latest
     )
     config = sessions.effective_config(state.config)
     window, _ = sessions.window_of(state)

@@ -78,6 +78,14 @@ SELECT (SELECT count(*) FROM on_path) AS count, l.seq, l.pivot_start, l.pivot_pi
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (SELECT * FROM on_path ORDER BY seq DESC LIMIT 1) AS l ON true
 """
+# The latest branch summary on a path at or before a seq (a background job's read:
+# branch summaries are few, and not indexed apart).
+_LAST_BRANCH_SUMMARY_SQL = f"""
+SELECT max(seq) FROM entry
+WHERE session_id = $1 AND tenant_id = $2 AND kind = 'branch_summary'
+    AND {on_path("", "$3::bigint[]", "$4::bigint[]")}
+"""
+
 _COMPACTION_ENTRY_SQL = """
 SELECT branch, seq FROM entry
 WHERE session_id = $1 AND tenant_id = $2 AND kind = 'compaction' AND job_id = $3
@@ -179,6 +187,14 @@ async def pivot_at(driver: Driver, tenant_id: str, at: OnPath, seq: int) -> Pivo
     if row["seq"] is None:
         return PivotAt(None, 1, (), row["count"])
     return PivotAt(row["seq"], row["pivot_start"], tuple(row["pivot_pinned"] or ()), row["count"])
+
+
+async def last_branch_summary(driver: Driver, tenant_id: str, at: OnPath, seq: int) -> int | None:
+    """The seq of the latest branch summary entry on the path at or before ``seq``."""
+    found: int | None = await driver.fetchval(
+        _LAST_BRANCH_SUMMARY_SQL, at.family_id, tenant_id, *at.args(1, seq + 1)
+    )
+    return found
 
 
 async def path_to_compaction(

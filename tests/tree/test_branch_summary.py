@@ -187,3 +187,36 @@ async def test_no_summary_after_an_entry_that_waits_on_tool_results(
     assert "wait on their results" in r.json()["detail"]
     session = (await client.get(f"/v1/sessions/w{seq}")).json()
     assert session["entry_count"] == 8
+
+
+async def test_file_operations_carry_on_from_an_earlier_branch_summary(
+    app: Any, client: httpx.AsyncClient
+) -> None:
+    await seeded(client, "k")  # its branch edits src/dates.py
+    r = await navigate(client, "k", seq=2, summarize=True)
+    assert r.status_code == 202
+    assert await drain(app) == 1  # extractive: no upstream configured
+    # On the new path (the target, then the summary), a branch that edits another file.
+    await append_ok(
+        client,
+        "k",
+        [
+            {"role": "user", "content": "Try a lookup table instead."},
+            {
+                "role": "assistant",
+                "content": "Editing.",
+                "tool_calls": [call("c9", "sed -i s/x/y/ src/weeks.py")],
+            },
+            {"role": "tool", "tool_call_id": "c9", "content": "ok"},
+        ],
+    )
+    r = await navigate(client, "k", seq=2, summarize=True)
+    assert r.status_code == 202, r.text
+    assert await drain(app) == 1
+    job = (
+        await client.get(f"/v1/sessions/k/compactions/{r.json()['branch_summary']['id']}")
+    ).json()
+    assert job["status"] == "succeeded"
+    modified = job["details"]["modified_files"]
+    assert "src/weeks.py" in modified
+    assert "src/dates.py" in modified  # from the first branch summary's details
