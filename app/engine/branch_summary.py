@@ -4,7 +4,8 @@ path knows it.
 
 The abandoned branch is the old path's entries after the common ancestor. The
 summarizer reads its newest entries up to a token budget (the model's window less
-``branch_summary.reserve_tokens``), newest first, so recent work is kept; the file
+``branch_summary.reserve_tokens``), newest first, so recent work is kept (the details
+index what those entries name: :func:`app.engine.dropped.index`); the file
 operations are collected over the whole branch and carried on from the latest
 compaction before it. The summary is then given the preamble that tells the model
 what it is. The plan is a :class:`~app.engine.compaction.Plan` so the compaction's
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.engine import dropped
 from app.engine.compaction import Plan, Source, summary_chars
 from app.engine.fileops import FileOps, collect
 from app.engine.tokens import EncodingName
@@ -79,6 +81,7 @@ def plan(
             "abandoned_entries": len(sources),
             "summarized_entries": len(chosen),
             "summarized_tokens": used,
+            "dropped": dropped.index([s.entry for s in chosen], files=ops),
         },
     )
 

@@ -27,6 +27,10 @@ with the plan (:attr:`Plan.anchors`, and the kept window the gate reads,
 :attr:`Plan.kept`); the first request's terms, the working directory the history
 states and the unresolved error are carried in the details to the next compaction.
 
+The details also index what the summarized entries named (:func:`app.engine.dropped.index`:
+paths, commands, error lines, identifiers, numbers, URLs), so that what left the
+context can be seen.
+
 The file lists end the summary (:func:`capped_files`): the modified files first and
 whole up to half the summary's size, the read ones in what is left of a quarter of
 it; an absolute path under the stated working directory is dropped when its
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.engine import anchors as anchor_rules
-from app.engine import continuity
+from app.engine import continuity, dropped
 from app.engine import cut as cuts
 from app.engine import tokens as token_counts
 from app.engine.fileops import FileOps, collect
@@ -436,6 +440,8 @@ def plan(
             "task_terms": first_terms if requests.first is not None else None,
             "unresolved_error": error.to_details() if error is not None else None,
             "working_directory": workdir,
+            # What left the context: the specifics the summarized entries named.
+            "dropped": dropped.index([*history, *prefix], files=ops),
         },
     )
 
