@@ -147,6 +147,51 @@ class BranchNavigation(BaseModel):
     target_ends: list[int]
 
 
+class DroppedValues(BaseModel):
+    """One kind of specifics the summarized entries named."""
+
+    count: int = Field(0, description="How many distinct values of this kind they named.")
+    first: list[str] = Field(
+        default_factory=list,
+        description="The first of them (20 at most), in the order they first appear, as "
+        "written (cut to 200 characters).",
+    )
+
+
+class DroppedIndex(BaseModel):
+    """What left the context with this compaction: the specifics the entries it
+    summarized named, by kind. The archive (``…/source``) holds them all."""
+
+    paths: DroppedValues = Field(
+        default_factory=DroppedValues,
+        description="Files the tool calls read or changed, and words that look like paths.",
+    )
+    commands: DroppedValues = Field(
+        default_factory=DroppedValues,
+        description="Command lines the shell tool calls ran (here-document bodies left out).",
+    )
+    errors: DroppedValues = Field(
+        default_factory=DroppedValues,
+        description="Lines that say what went wrong in the tool results that failed and in "
+        "errors the user pasted.",
+    )
+    identifiers: DroppedValues = Field(
+        default_factory=DroppedValues,
+        description="snake_case, camelCase and dotted names (not plain words).",
+    )
+    numbers: DroppedValues = Field(
+        default_factory=DroppedValues,
+        description="Specific numbers: versions, ports, ids and hashes, measurements with "
+        "a unit; not bare small integers.",
+    )
+    urls: DroppedValues = Field(default_factory=DroppedValues, description="URLs.")
+    truncated: bool = Field(
+        False,
+        description="Some long entries were read in part (their head and end) or not at "
+        "all: the counts are of what was read.",
+    )
+
+
 class CompactionDetails(BaseModel):
     read_files: list[str] = Field(default_factory=list)
     modified_files: list[str] = Field(default_factory=list)
@@ -187,6 +232,12 @@ class CompactionDetails(BaseModel):
     )
     navigation: BranchNavigation | None = Field(
         None, description="A branch summary: the navigation it belongs to."
+    )
+    dropped: DroppedIndex | None = Field(
+        None,
+        description="What left the context: the paths, commands, error lines, identifiers, "
+        "numbers and URLs the summarized entries named (counts and the first of each); "
+        "null for a compaction made before it was recorded.",
     )
 
 

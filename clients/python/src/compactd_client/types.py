@@ -304,6 +304,23 @@ class BranchNavigation(TypedDict):
     target_ends: list[int]
 
 
+class DroppedValues(TypedDict):
+    count: int  # distinct values of the kind
+    first: list[str]  # the first of them, in the order they appear
+
+
+class DroppedIndex(TypedDict):
+    """What left the context with a compaction: the specifics it summarized, by kind."""
+
+    paths: DroppedValues
+    commands: DroppedValues
+    errors: DroppedValues
+    identifiers: DroppedValues
+    numbers: DroppedValues
+    urls: DroppedValues
+    truncated: bool  # some long entries were read in part: counts of what was read
+
+
 class CompactionDetails(TypedDict):
     read_files: list[str]
     modified_files: list[str]
@@ -321,6 +338,7 @@ class CompactionDetails(TypedDict):
     gate: ContinuityGate | None
     abandoned_entries: int | None  # a branch summary: the entries of the branch left
     navigation: BranchNavigation | None  # a branch summary: its navigation
+    dropped: DroppedIndex | None  # what left the context; None before it was recorded
 
 
 class Compaction(TypedDict):
