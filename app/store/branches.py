@@ -59,12 +59,6 @@ VALUES ($1, $2, nextval('branch_id_seq'), $3, $4, $5, $6::bigint[] || currval('b
     $7::bigint[])
 RETURNING branch_id
 """
-_ROOT_BRANCH_SQL = """
-INSERT INTO branch (session_id, tenant_id, branch_id, owner_id, parent_branch, fork_seq,
-    path_branches, path_ends)
-VALUES ($1, $2, 0, $3, NULL, 0, '{0}', '{}')
-"""
-_FAMILY_TAKEN_SQL = "SELECT 1 FROM branch WHERE session_id = $1 AND tenant_id = $2 LIMIT 1"
 
 # The compaction entries on a path (the partial index holds only those): the latest,
 # and how many, in one statement.
@@ -164,17 +158,6 @@ async def new_branch(
         list(prefix.ends),
     )
     return prefix.then(branch)
-
-
-async def root_branch(driver: Driver, tenant_id: str, family_id: str, owner_id: str) -> None:
-    """Branch 0 of a new family, written by its root session."""
-    await driver.execute(_ROOT_BRANCH_SQL, family_id, tenant_id, owner_id)
-
-
-async def family_taken(driver: Driver, tenant_id: str, family_id: str) -> bool:
-    """Whether a family still stores entries under this id (its root session was
-    deleted while a fork of it lives on)."""
-    return await driver.fetchval(_FAMILY_TAKEN_SQL, family_id, tenant_id) is not None
 
 
 async def pivot_at(driver: Driver, tenant_id: str, at: OnPath, seq: int) -> PivotAt:

@@ -38,11 +38,6 @@ def on_session_path(alias: str, seq: str = "seq") -> str:
     return on_path(alias, "s.path_branches", f"(s.path_ends || {_OPEN})", seq)
 
 
-def path_args(path: tree.Path, lo: int, hi: int = tree.OPEN) -> tuple[list[int], list[int]]:
-    """The arrays :func:`on_path` takes for the path's seqs ``lo <= seq < hi``."""
-    return path.segments(lo, hi)
-
-
 # $5 and $6 of the statements below that take a path.
 _PATH_56 = on_path("", "$5::bigint[]", "$6::bigint[]")
 _PATH_34 = on_path("", "$3::bigint[]", "$4::bigint[]")
@@ -62,7 +57,7 @@ class OnPath:
         return cls(session_id, state.family_id, state.path)
 
     def args(self, lo: int, hi: int = tree.OPEN) -> tuple[list[int], list[int]]:
-        """:func:`path_args` for ``lo <= seq < hi``."""
+        """The arrays :func:`on_path` takes for the path's seqs ``lo <= seq < hi``."""
         return self.path.segments(lo, hi)
 
 

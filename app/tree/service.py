@@ -99,16 +99,12 @@ def _decode_cursor(cursor: str) -> tuple[int, int]:
 
 def segments_of(path: TreePath, leaf_seq: int) -> list[PathSegment]:
     """The path up to its leaf as runs of seqs per branch."""
-    out: list[PathSegment] = []
-    start = 1
-    for branch, end in zip(path.branches, (*path.ends, OPEN), strict=True):
-        last = min(end, leaf_seq)
-        if last >= start:
-            out.append(PathSegment(branch=branch, from_seq=start, to_seq=last))
-        start = end + 1
-        if start > leaf_seq:
-            break
-    return out
+    branches, ends = path.segments(1, leaf_seq + 1)
+    starts = [1, *(end + 1 for end in ends)][: len(ends)]
+    return [
+        PathSegment(branch=b, from_seq=start, to_seq=end)
+        for b, start, end in zip(branches, starts, ends, strict=True)
+    ]
 
 
 def on_path(path: TreePath, leaf_seq: int, branch: int, seq: int) -> bool:
