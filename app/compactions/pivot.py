@@ -31,6 +31,7 @@ from app.engine.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
 from app.engine.pivot_rules import CUT_OFF as CUT_OFF
 from app.engine.pivot_rules import LOW_YIELD_SHARE as LOW_YIELD_SHARE
 from app.engine.relief import FAILURE_LIMIT
+from app.engine.search_text import search_text
 from app.engine.view import render_view
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
@@ -255,6 +256,7 @@ def _stored(new: pivot_rules.PivotEntry) -> NewEntry:
         tokens=entry.tokens,
         view_openai=view_openai,
         view_anthropic=view_anthropic,
+        search_text=search_text(entry.parts),
     )
 
 

@@ -28,6 +28,7 @@ from app.engine import (
     ledger,
     openai_format,
     provider_usage,
+    search_text,
     tokens,
     truncate,
     view,
@@ -556,6 +557,7 @@ class AppendService:
                     view_call_id=view_ids[0] if view_ids and entry.role == "tool" else None,
                     call_id_tokens=shown.call_id_tokens,
                     pinned=batch.pinned[offset],
+                    search_text=batch.search_texts[offset],
                 )
             )
             stored.append(
@@ -703,6 +705,7 @@ class _Batch:
         self.digest = request_hash(body, overhead_tokens) if self.idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
+        self.search_texts = [search_text.search_text(e.parts) for e in self.entries]
         # About the bytes there are to count (the content as JSON).
         self.size = sum(map(len, self.parts))
         self._shown: dict[tuple[Any, ...], _Shown] = {}
@@ -743,6 +746,7 @@ class _Batch:
                 view_call_id=None,
                 call_id_tokens=None,
                 pinned=False,
+                search_text=search_text.search_text(entry.parts),
             )
         return self._system_row[key]
 

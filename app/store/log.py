@@ -105,6 +105,7 @@ class EntryRow(NamedTuple):
     view_call_id: str | None  # a result's call as the view names it, when not its own id
     call_id_tokens: int | None  # what that id costs in the view (results only)
     pinned: bool  # never summarized: the context keeps it wherever a compaction cuts
+    search_text: str  # what recall searches (app.engine.search_text)
     parent_branch: int | None = None  # where the parent entry is (None: the first entry)
     path_tokens: int = 0  # the stored tokens of the path up to this entry
 
@@ -225,7 +226,7 @@ _LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 _ENTRY_TYPES = (
     "bigint", "uuid", "text", "jsonb", "text", "text", "boolean", "text", "text",
     "jsonb", "int", "jsonb", "text", "text", "int", "int", "text", "int", "boolean",
-    "bigint", "bigint",
+    "text", "bigint", "bigint",
 )  # fmt: skip
 _CALL_TYPES = ("text", "text", "bigint", "bigint", "text")
 _ANSWER_TYPES = ("text", "bigint", "bigint", "bigint")
@@ -277,12 +278,13 @@ WITH advanced AS (
     INSERT INTO entry (session_id, tenant_id, branch, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
         view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id,
-        call_id_tokens, pinned, parent_seq, parent_branch, path_tokens, created_at)
+        call_id_tokens, pinned, search_text, parent_seq, parent_branch, path_tokens, created_at)
     SELECT $16, $2, $17, r.seq, r.id, 'message', r.role, r.parts, r.tool_call_id, r.tool_name,
         r.is_error, r.name, r.content_form, r.extra, $3, r.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(r.call_ids) AS c),
         r.view_openai, r.view_anthropic, r.omitted_lines, r.omitted_bytes, r.view_call_id,
-        r.call_id_tokens, r.pinned, NULLIF(r.seq - 1, 0), r.parent_branch, r.path_tokens, $4
+        r.call_id_tokens, r.pinned, r.search_text, NULLIF(r.seq - 1, 0), r.parent_branch,
+        r.path_tokens, $4
     FROM advanced, {_unnest(_ENTRY_ARG, _ENTRY_TYPES, EntryRow._fields)}
 ), new_calls AS (
     INSERT INTO tool_call (session_id, tenant_id, branch, call_id, name, call_seq, result_seq,
@@ -417,12 +419,15 @@ SELECT $1, $2, p.branch, p.seq, $3, p.tokens
 FROM unnest($4::bigint[], $5::int[], $6::bigint[]) AS p(seq, tokens, branch)
 """
 
-# prune.erase: the stored output itself becomes the placeholder, and the views with it;
+# prune.erase: the stored output itself becomes the placeholder, and the views and the
+# searchable text with it (what was erased is found no more);
 # but not an entry that another session of the family (a fork) can reach, on the path
 # of any branch it writes: its content is that session's too, and only marked here.
 _ERASE_SQL = f"""
 UPDATE entry AS e SET parts = p.parts, view_openai = p.view_openai,
-    view_anthropic = p.view_anthropic, erased_bytes = octet_length(e.parts::text)
+    view_anthropic = p.view_anthropic, erased_bytes = octet_length(e.parts::text),
+    search_text = coalesce((SELECT string_agg(x->>'text', E'\\n') FROM jsonb_array_elements(p.parts)
+        AS x WHERE x->>'type' = 'text'), '')
 FROM unnest($3::bigint[], $4::jsonb[], $5::text[], $6::text[], $7::bigint[])
     AS p(seq, parts, view_openai, view_anthropic, branch)
 WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.branch = p.branch AND e.seq = p.seq
@@ -453,10 +458,10 @@ _INSERT_ENTRY_SQL = """
 INSERT INTO entry (session_id, tenant_id, seq, id, kind, role, parts, tool_call_id, tool_name,
     is_error, name, content_form, extra, source_format, tokens, call_ids, view_openai,
     view_anthropic, parent_seq, created_at, branch, parent_branch, path_tokens, job_session_id,
-    job_id, pivot_start, pivot_pinned)
+    job_id, pivot_start, pivot_pinned, search_text)
 VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 'string', NULL,
     'openai', $7, NULL, $8, $9, NULLIF($3::bigint - 1, 0), $10, $11, $12, $13, $14, $15, $16,
-    $17::bigint[])
+    $17::bigint[], $18)
 """
 
 # The context's size after the pivot moves, from the stored counts: the kept
@@ -588,6 +593,7 @@ class NewEntry:
     tokens: int
     view_openai: str
     view_anthropic: str
+    search_text: str  # what recall searches (app.engine.search_text)
 
 
 class LogRepository:
@@ -798,6 +804,7 @@ class LogRepository:
             job_id,
             None if pivot is None else pivot[0],
             None if pivot is None else pivot[1],
+            entry.search_text,
         )
 
     async def pinned_tokens(self, driver: Driver, at: OnPath) -> int:

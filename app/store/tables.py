@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Computed,
     DateTime,
     Float,
     ForeignKeyConstraint,
@@ -25,7 +26,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.database import Base
@@ -129,6 +130,18 @@ class Entry(Base):
         ),
         # An entry's children, for the tree's counts.
         Index("entry_parent_idx", "session_id", "tenant_id", "parent_branch", "parent_seq"),
+        # Recall (migration 0010): words and trigrams, each led by the family's key.
+        Index(
+            "entry_search_tsv_idx", "session_id", "tenant_id", "search_tsv", postgresql_using="gin"
+        ),
+        Index(
+            "entry_search_text_idx",
+            "session_id",
+            "tenant_id",
+            "search_text",
+            postgresql_using="gin",
+            postgresql_ops={"search_text": "gin_trgm_ops"},
+        ),
     )
 
     # session_id is the family's root session (the session's own id unless it is a
@@ -173,6 +186,21 @@ class Entry(Base):
     # Marked on append: never summarized, kept in the context like a system entry.
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # What recall searches (app.engine.search_text), and its words: read by search only,
+    # never loaded with the entry.
+    search_text: Mapped[str] = mapped_column(
+        Text, server_default="", deferred=True, deferred_raiseload=True
+    )
+    search_tsv: Mapped[Any] = mapped_column(
+        TSVECTOR,
+        Computed(
+            "to_tsvector('english'::regconfig, search_text)"
+            " || to_tsvector('simple'::regconfig, search_text)",
+            persisted=True,
+        ),
+        deferred=True,
+        deferred_raiseload=True,
+    )
 
 
 class PruneMark(Base):
