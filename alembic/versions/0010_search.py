@@ -5,8 +5,8 @@
   write by app.engine.search_text. Existing rows get an SQL approximation of it
   (arguments as their raw JSON, the same bounds).
 - ``entry.search_tsv``: generated from it, stored: an ``english`` vector (stems:
-  "failing" finds "failed") and a ``simple`` one (words as written, stop words and
-  all: identifiers and their parts).
+  "failing" finds "failed"; paths, dotted names and URLs as whole tokens) and a
+  ``simple`` one (words as written, stop words and all, those tokens' parts too).
 - Two GIN indexes, both led by the family's key through ``btree_gin``: one on the
   vector, one of trigrams (``pg_trgm``) on the text, for substrings and near matches
   of identifiers, paths and error names the parser keeps whole or splits
@@ -49,7 +49,13 @@ UPDATE entry SET search_text = coalesce((
 ), '')
 """
 
-TSV = "to_tsvector('english'::regconfig, search_text) || to_tsvector('simple'::regconfig, search_text)"
+# The english parser keeps a path, a dotted name or a URL as one token: the simple
+# vector is of the text with their separators made spaces, so that their parts are
+# words too (``src/dates.py``: ``src``, ``dates``, ``py``).
+TSV = (
+    "to_tsvector('english'::regconfig, search_text)"
+    " || to_tsvector('simple'::regconfig, translate(search_text, './\\:@=', '      '))"
+)
 
 
 def upgrade() -> None:

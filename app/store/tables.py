@@ -195,7 +195,7 @@ class Entry(Base):
         TSVECTOR,
         Computed(
             "to_tsvector('english'::regconfig, search_text)"
-            " || to_tsvector('simple'::regconfig, search_text)",
+            " || to_tsvector('simple'::regconfig, translate(search_text, './\\:@=', '      '))",
             persisted=True,
         ),
         deferred=True,

@@ -92,6 +92,11 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("GET", "/v1/sessions/{session_id}/tree"): None,
     ("POST", "/v1/sessions/{session_id}/navigate"): {"seq": 1},
     ("POST", "/v1/sessions/{session_id}/fork"): {"id": "stolen"},
+    ("GET", "/v1/sessions/{session_id}/search"): None,
+}
+# The query a GET route needs besides its path (a 404 must not be a 422 first).
+QUERIES: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", "/v1/sessions/{session_id}/search"): {"q": "parse"},
 }
 
 
@@ -120,11 +125,12 @@ async def test_a_key_of_tenant_a_gets_404_on_every_path_of_tenant_b(
 
     for (method, template), body in SESSION_ROUTES.items():
         path = template.format(session_id=sid, compaction_id=cid)
-        r = await anon.request(method, path, json=body, headers=bearer(key_a))
+        query = QUERIES.get((method, template))
+        r = await anon.request(method, path, json=body, params=query, headers=bearer(key_a))
         doc = assert_problem(r, 404)
         assert "tenant" not in doc["detail"], doc  # says nothing about who owns it
         if method == "GET":  # B itself reads the same path
-            mine = await anon.get(path, headers=bearer(key_b))
+            mine = await anon.get(path, params=query, headers=bearer(key_b))
             assert mine.status_code == 200, (path, mine.text)
 
     listed = (await anon.get("/v1/sessions", headers=bearer(key_a))).json()
