@@ -373,7 +373,11 @@ class Session:
         seq = t.next_seq
         continued = auto and c.auto_continue and self._should_continue(seq - 1)
         new = pivot_rules.pivot_entries(
-            seq, summarized.summary, continued=continued, encoding=self.encoding
+            seq,
+            summarized.summary,
+            continued=continued,
+            encoding=self.encoding,
+            replaced=(plan.start_seq, plan.first_kept_seq - 1),
         )
         pinned = pivot_rules.pinned_after(t.pinned_seqs, plan)
         kept, tool = ledger.recount(self.log, self.marks, plan.first_kept_seq, seq, pinned)

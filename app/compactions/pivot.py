@@ -309,6 +309,9 @@ async def commit_pivot(
         summarized.summary,
         continued=continued,
         encoding=catalog.lookup(state.model).encoding,
+        # Its seq range, not its job's id: the replay (bench/continuity.py) writes the
+        # same entry without a job.
+        replaced=(plan.start_seq, plan.first_kept_seq - 1),
     )
     pinned = pivot_rules.pinned_after(state.pinned_seqs, plan)
     # The kept window's totals, read before the new entries exist (they are

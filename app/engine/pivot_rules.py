@@ -18,7 +18,7 @@ from typing import Any
 from app.engine import budget, ledger
 from app.engine import compaction as engine
 from app.engine.model import Entry
-from app.engine.summary import render_context_message, strip_user_requests
+from app.engine.summary import render_context_message, sources_line, strip_user_requests
 from app.engine.tokens import EncodingName, count_entry
 
 LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
@@ -142,11 +142,19 @@ def continues(
 
 
 def pivot_entries(
-    seq: int, summary: str, *, continued: bool, encoding: EncodingName
+    seq: int,
+    summary: str,
+    *,
+    continued: bool,
+    encoding: EncodingName,
+    replaced: tuple[int, int] | None = None,
+    compaction_id: str | None = None,
 ) -> list[PivotEntry]:
     """The entries the compaction appends from ``seq`` on: the summary as the
-    context shows it, then the "continue" when ``continued``."""
-    new = [_user_entry(seq, "compaction", render_context_message(summary), encoding)]
+    context shows it (with the line that says where the entries it ``replaced``, a
+    seq range, are still read), then the "continue" when ``continued``."""
+    sources = "" if replaced is None else sources_line(*replaced, compaction_id)
+    new = [_user_entry(seq, "compaction", render_context_message(summary, sources), encoding)]
     if continued:
         new.append(_user_entry(seq + 1, "continue", CONTINUE_TEXT, encoding))
     return new

@@ -393,20 +393,32 @@ def clip_request(text: str, max_tokens: int, count: Callable[[str], int]) -> str
     return ""
 
 
-def render_context_message(summary: str) -> str:
-    """The user message that stands for the compacted history in the agent's context."""
-    return fill(load_prompt("context"), {"summary": summary.strip()})
+def sources_line(start_seq: int, end_seq: int, compaction_id: str | None = None) -> str:
+    """The line after a summary that says where what it replaced is: entries
+    ``start_seq`` to ``end_seq``, which the agent's recall tools still reach."""
+    which = f" or compaction={compaction_id}" if compaction_id else ""
+    return (
+        f"The entries it replaced (seq {start_seq} to {end_seq}) are still stored: search "
+        f"them with the history_search tool and read them back with history_read "
+        f"(from_seq={start_seq}{which})."
+    )
+
+
+def render_context_message(summary: str, sources: str = "") -> str:
+    """The user message that stands for the compacted history in the agent's context;
+    ``sources``: the line that says where what it replaced is (:func:`sources_line`)."""
+    return fill(load_prompt("context"), {"summary": summary.strip(), "sources": sources}).strip()
 
 
 def summary_from_context_message(text: str) -> str | None:
     """The summary inside a :func:`render_context_message` text, or None if it is not one."""
     before, _, after = load_prompt("context").partition("{summary}")
+    closing = after.partition("{sources}")[0].strip()  # the closing tag
     body = text.strip()
-    if len(body) < len(before) + len(after) or not (
-        body.startswith(before) and body.endswith(after)
-    ):
+    end = body.rfind(closing)
+    if not body.startswith(before) or end < len(before):
         return None
-    return body[len(before) : len(body) - len(after)].strip()
+    return body[len(before) : end].strip()
 
 
 # --- The model's reply ---------------------------------------------------------------
