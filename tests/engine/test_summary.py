@@ -310,9 +310,12 @@ def test_user_text_is_never_treated_as_a_template() -> None:
     request = build_prompt(conversation, previous_summary="prev {conversation}")
     assert conversation in request.prompt
     assert "prev {conversation}" in request.prompt
-    assert render_context_message("a {summary} b", "{sources}") == fill(
-        load_prompt("context"), {"summary": "a {summary} b", "sources": "{sources}"}
-    ).strip()
+    assert (
+        render_context_message("a {summary} b", "{sources}")
+        == fill(
+            load_prompt("context"), {"summary": "a {summary} b", "sources": "{sources}"}
+        ).strip()
+    )
     assert "a {summary} b" in render_context_message("a {summary} b")
 
 
