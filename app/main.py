@@ -34,6 +34,7 @@ from app.proxy.errors import ProviderErrorShape
 from app.proxy.forward import ProxyClient
 from app.proxy.router import router as proxy_router
 from app.recall.router import router as recall_router
+from app.recall.tools_router import router as recall_tools_router
 from app.sessions.router import router as sessions_router
 from app.tree.router import router as tree_router
 
@@ -152,6 +153,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         compactions_router,
         tree_router,
         recall_router,
+        recall_tools_router,
         proxy_router,
     ):
         app.include_router(router)

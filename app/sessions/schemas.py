@@ -100,11 +100,22 @@ class BranchSummaryConfig(Strict):
     )
 
 
+class RecallConfig(Strict):
+    result_tokens: int = Field(
+        4_000,
+        ge=200,
+        le=32_000,
+        description="The most a recall tool call's result holds (POST …/tool-calls), unless "
+        "the call says otherwise; a longer one ends with a note of how to read on.",
+    )
+
+
 class SessionConfig(Strict):
     """Per-session behaviour; every field can be overridden at create or patch."""
 
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     branch_summary: BranchSummaryConfig = Field(default_factory=BranchSummaryConfig)
+    recall: RecallConfig = Field(default_factory=RecallConfig)
     prune: PruneConfig = Field(default_factory=PruneConfig)
     truncate: TruncateConfig = Field(default_factory=TruncateConfig)
 

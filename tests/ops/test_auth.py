@@ -93,6 +93,9 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("POST", "/v1/sessions/{session_id}/navigate"): {"seq": 1},
     ("POST", "/v1/sessions/{session_id}/fork"): {"id": "stolen"},
     ("GET", "/v1/sessions/{session_id}/search"): None,
+    ("POST", "/v1/sessions/{session_id}/tool-calls"): {
+        "tool_call": {"type": "tool_use", "id": "t", "name": "history_read", "input": {}}
+    },
 }
 # The query a GET route needs besides its path (a 404 must not be a 422 first).
 QUERIES: dict[tuple[str, str], dict[str, str]] = {
