@@ -239,6 +239,46 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
     paged = await api.compaction_source(sid, job["id"], after_seq=0, limit=1, format="anthropic")
     assert len(paged["entries"]) == 1
 
+    # Recall (tests/client/test_recall.py has more): the history the compaction replaced,
+    # searched; the agent's recall tools; and a model's call of one, run for it.
+    asked = await api.search(
+        sid, "module_2.py", role=["user"], kind=["message"], compaction=job["id"], to_seq=9
+    )
+    assert [(h["seq"], h["compacted"]) for h in asked["hits"]] == [(6, True)]
+    assert "«module_2.py»" in asked["hits"][0]["snippet"]
+    outputs = await api.search(sid, "handler_7", tool=["read_file"], from_seq=2, limit=2)
+    assert outputs["next_cursor"] is not None
+    rest_of = await api.search(
+        sid, "handler_7", tool=["read_file"], from_seq=2, limit=2, cursor=outputs["next_cursor"]
+    )
+    found = outputs["hits"] + rest_of["hits"]
+    assert sorted(h["seq"] for h in found) == [4, 8, 12]
+    assert {h["tool_name"] for h in found} == {"read_file"}
+    openai_tools = await api.get_tools()
+    assert [t["function"]["name"] for t in openai_tools["tools"]] == [
+        "history_search",
+        "history_read",
+    ]
+    anthropic_tools = await api.get_tools(format="anthropic")
+    assert [t["name"] for t in anthropic_tools["tools"]] == ["history_search", "history_read"]
+    read = await api.run_tool_call(
+        sid,
+        {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "history_read",
+            "input": {"from_seq": 6, "to_seq": 6},
+        },
+        max_tokens=1000,
+    )
+    assert read["content"] == "[seq 6] user: What does module_2.py do?"
+    assert (read["format"], read["is_error"], read["truncated"]) == ("anthropic", False, False)
+    assert read["message"] == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": read["content"],
+    }
+
     # A compaction that waits on a summarizer that does not answer, cancelled meanwhile.
     upstream.script([Hang(20)])
     await api.append_messages(sid, turn(4))

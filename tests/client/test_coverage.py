@@ -43,6 +43,9 @@ COVERED: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}/tree"): "get_tree",
     ("POST", "/v1/sessions/{session_id}/navigate"): "navigate",
     ("POST", "/v1/sessions/{session_id}/fork"): "fork",
+    ("GET", "/v1/sessions/{session_id}/search"): "search",
+    ("GET", "/v1/tools"): "get_tools",
+    ("POST", "/v1/sessions/{session_id}/tool-calls"): "run_tool_call",
     ("POST", "/proxy/openai/v1/chat/completions"): "proxy_base_url",
     ("POST", "/proxy/anthropic/v1/messages"): "proxy_base_url",
 }

@@ -390,3 +390,57 @@ class AsyncCompactd(BaseClient):
                 idempotency_key=idempotency_key,
             )
         )
+
+    # Recall
+
+    async def search(
+        self,
+        session_id: str,
+        q: str,
+        *,
+        role: Sequence[t.Role] | None = None,
+        tool: Sequence[str] | None = None,
+        kind: Sequence[t.EntryKind] | None = None,
+        from_seq: int | None = None,
+        to_seq: int | None = None,
+        compaction: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> t.SearchPage:
+        """Search the session's whole history (every branch, compacted and pruned entries,
+        tool calls and outputs), best first, each hit with a snippet and its place.
+        ``q``: words (any form), or an identifier, path or phrase as written; ``role``,
+        ``tool`` and ``kind`` filter on any of their values, ``from_seq``/``to_seq`` on a
+        seq range, ``compaction`` on the entries that compaction replaced."""
+        return await self._send(
+            calls.search(
+                session_id,
+                q,
+                role=role,
+                tool=tool,
+                kind=kind,
+                from_seq=from_seq,
+                to_seq=to_seq,
+                compaction=compaction,
+                limit=limit,
+                cursor=cursor,
+            )
+        )
+
+    async def get_tools(self, *, format: t.Format | None = None) -> t.ToolDefinitions:
+        """The recall tools (``history_search``, ``history_read``) to add to the agent's
+        own, in the provider's format (``openai`` by default)."""
+        return await self._send(calls.get_tools(format=format))
+
+    async def run_tool_call(
+        self,
+        session_id: str,
+        tool_call: Mapping[str, Any] | SupportsModelDump,
+        *,
+        max_tokens: int | None = None,
+    ) -> t.ToolCallResult:
+        """Run the model's call of a recall tool, as the model produced it (an OpenAI
+        ``tool_calls`` item or an Anthropic ``tool_use`` block, the SDK's object or its
+        dict); the result within ``max_tokens`` (default: the session's
+        ``config["recall"]["result_tokens"]``), ``result["message"]`` ready to append."""
+        return await self._send(calls.run_tool_call(session_id, tool_call, max_tokens=max_tokens))

@@ -353,3 +353,47 @@ def fork(
         json=body,
         idempotency_key=idempotency_key,
     )
+
+
+# Recall
+
+
+def search(
+    session_id: str,
+    q: str,
+    *,
+    role: Sequence[t.Role] | None,
+    tool: Sequence[str] | None,
+    kind: Sequence[t.EntryKind] | None,
+    from_seq: int | None,
+    to_seq: int | None,
+    compaction: str | None,
+    limit: int | None,
+    cursor: str | None,
+) -> Call[t.SearchPage]:
+    params = drop_none(
+        q=q,
+        role=list(role) if role else None,
+        tool=list(tool) if tool else None,
+        kind=list(kind) if kind else None,
+        from_seq=from_seq,
+        to_seq=to_seq,
+        compaction=compaction,
+        limit=limit,
+        cursor=cursor,
+    )
+    return Call("GET", path("/v1/sessions/{}/search", session_id), params=params)
+
+
+def get_tools(*, format: t.Format | None) -> Call[t.ToolDefinitions]:
+    return Call("GET", "/v1/tools", params=drop_none(format=format))
+
+
+def run_tool_call(
+    session_id: str,
+    tool_call: Mapping[str, Any] | SupportsModelDump,
+    *,
+    max_tokens: int | None,
+) -> Call[t.ToolCallResult]:
+    body = {"tool_call": as_dict(tool_call)} | drop_none(max_tokens=max_tokens)
+    return Call("POST", path("/v1/sessions/{}/tool-calls", session_id), json=body)

@@ -16,6 +16,8 @@ Summarizer = Literal["llm", "extractive"]
 UsageFormat = Literal["native", "openai_chat", "openai_responses", "anthropic", "gemini"]
 OutputCategory = Literal["head_tail", "match_list", "file_content", "generic"]
 NavigateStatus = Literal["moved", "unchanged", "pending"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+EntryKind = Literal["message", "compaction", "continue", "branch_summary"]
 
 
 class Health(TypedDict):
@@ -50,6 +52,12 @@ class BranchSummaryConfig(TypedDict):
     reserve_tokens: int  # the summarizer reads the branch up to the window less this
 
 
+class RecallConfig(TypedDict):
+    """The recall tools' results (``run_tool_call``)."""
+
+    result_tokens: int  # the most a result holds unless the call says otherwise
+
+
 class PruneConfig(TypedDict):
     enabled: bool
     auto: bool
@@ -72,6 +80,7 @@ class SessionConfig(TypedDict):
 
     compaction: CompactionConfig
     branch_summary: BranchSummaryConfig
+    recall: RecallConfig
     prune: PruneConfig
     truncate: TruncateConfig
 
@@ -424,3 +433,43 @@ class NavigateResult(TypedDict):
     leaf_id: str | None
     abandoned_seqs: int
     branch_summary: BranchSummaryJob | None
+
+
+class SearchHit(TypedDict):
+    """An entry that matches a search, anywhere in the session's tree."""
+
+    id: str
+    seq: int
+    branch: int
+    role: str
+    kind: str  # message, compaction, continue or branch_summary
+    tool_name: str | None  # the tool whose output it is
+    on_path: bool  # on the path from the root to the active leaf
+    compacted: bool  # not in the current context (replaced, or on another branch)
+    score: float  # higher is better: 4 and more where the query stands as written
+    snippet: str  # the entry around the match, the matches marked «like this»
+
+
+class SearchPage(TypedDict):
+    hits: list[SearchHit]
+    complete: bool  # every match was ranked (else narrow the query or filter)
+    next_cursor: str | None
+
+
+class ToolDefinitions(TypedDict):
+    """The recall tools (``history_search``, ``history_read``) in a provider's format,
+    to add to the tools of the agent's model requests as they are."""
+
+    format: Format
+    tools: list[dict[str, Any]]
+
+
+class ToolCallResult(TypedDict):
+    tool_call_id: str
+    name: str
+    format: Format
+    is_error: bool  # the call could not be run; content says why
+    content: str
+    tokens: int
+    truncated: bool  # cut to fit: content ends with how to read on
+    message: dict[str, Any]  # the result as the agent appends it, in the call's format
