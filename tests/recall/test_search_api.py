@@ -315,7 +315,7 @@ async def test_bad_input_is_a_problem_naming_it(client: httpx.AsyncClient) -> No
     )
     await append_ok(client, "s", users("hello"))
     url = "/v1/sessions/s/search"
-    for params, named in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({}, "q"),
         ({"q": ""}, "q"),
         ({"q": "   "}, "q"),
@@ -331,7 +331,8 @@ async def test_bad_input_is_a_problem_naming_it(client: httpx.AsyncClient) -> No
         ({"q": "x", "compaction": "nope"}, "compaction"),
         ({"q": "x", "tool": ""}, "tool"),
         ({"q": "x", "tool": [f"t{i}" for i in range(21)]}, "tool"),
-    ]:
+    ]
+    for params, named in cases:
         assert_problem(await client.get(url, params=params), 422, named)
     assert (await client.get(url, params={"q": "x" * 500})).status_code == 200
     assert_problem(await client.get("/v1/sessions/nobody/search", params={"q": "x"}), 404)
