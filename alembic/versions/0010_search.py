@@ -4,9 +4,8 @@
   tool calls' names and arguments, tool outputs), bounded and NUL-free, computed on
   write by app.engine.search_text. Existing rows get an SQL approximation of it
   (arguments as their raw JSON, the same bounds).
-- ``entry.search_tsv``: generated from it, stored: an ``english`` vector (stems:
-  "failing" finds "failed"; paths, dotted names and URLs as whole tokens) and a
-  ``simple`` one (words as written, stop words and all, those tokens' parts too).
+- ``entry.search_tsv``: generated from it, stored: its ``english`` words (stems:
+  "failing" finds "failed"), paths and dotted names split in their parts.
 - Two GIN indexes, both led by the family's key through ``btree_gin``: one on the
   vector, one of trigrams (``pg_trgm``) on the text, for substrings and near matches
   of identifiers, paths and error names the parser keeps whole or splits
@@ -49,13 +48,13 @@ UPDATE entry SET search_text = coalesce((
 ), '')
 """
 
-# The english parser keeps a path, a dotted name or a URL as one token: the simple
-# vector is of the text with their separators made spaces, so that their parts are
-# words too (``src/dates.py``: ``src``, ``dates``, ``py``).
-TSV = (
-    "to_tsvector('english'::regconfig, search_text)"
-    " || to_tsvector('simple'::regconfig, translate(search_text, './\\:@=', '      '))"
-)
+# The parser keeps a path or a dotted name as one token (``src/dates.py``,
+# ``django.core.exceptions.ImproperlyConfigured``): the vector is of the text with its
+# dots and slashes made spaces, so that their parts are words of their own; the whole
+# token is found as written through the trigram index. One english vector: a simple
+# one beside it (words unstemmed, stop words kept) doubled the cost of a write and
+# added little that stems and trigrams do not find.
+TSV = "to_tsvector('english'::regconfig, replace(replace(search_text, '.', ' '), '/', ' '))"
 
 
 def upgrade() -> None:

@@ -5,14 +5,14 @@ Two sources of matches, each read through its own GIN index (migration 0010), bo
 led by the family's key so that a common word costs this family's share of its
 posting list, not every tenant's:
 
-- **words**: ``search_tsv @@`` the query's words, stemmed (``english``) or as written
-  (``simple``, paths and dotted names split in their parts, as the vector's are: see
-  migration 0010); ranked by ``ts_rank_cd`` (cover density: the words close together
-  rank higher), normalized to [0, 1);
+- **words**: ``search_tsv @@`` the query's words, stemmed (``english``; paths and
+  dotted names split in their parts, as the vector's are: see migration 0010); ranked
+  by ``ts_rank_cd`` (cover density: the words close together rank higher), normalized
+  to [0, 1);
 - **substring**: ``search_text ~* 'query'`` (the query as written, any case) through
-  the trigram index: what the
-  parser keeps whole or splits (``django.core.exceptions.ImproperlyConfigured`` is one
-  token to it, ``parse_iso_week`` three) is still found as written. A hit where the
+  the trigram index: an identifier, a path or an error name is found as written,
+  whatever the parser makes of it (``django.core.exceptions.ImproperlyConfigured``
+  one token, ``parse_iso_week`` three), inside a longer word too. A hit where the
   query stands alone (not inside a longer identifier) scores 4, one inside a longer
   word 2: above any hit by words alone, which scores under 2.
 
@@ -40,9 +40,6 @@ from app.store.log import on_path
 # text is measured: word_similarity costs about 0.15 ms per 1,000 characters).
 NEAR_RANKED = 10
 NEAR_CHARS = 1_000
-
-# What the simple vector reads as spaces (migration 0010's generated search_tsv).
-SPLIT = "./\\:@="
 
 # ts_headline's options: a short snippet, the matches marked.
 _HEADLINE = (
@@ -161,8 +158,7 @@ def search_sql(scope_sql: str, first: int, *, trigrams: bool = True) -> str:
     haystack = "e.search_text" if trigrams else "coalesce(e.search_text, '')"
     return f"""
 WITH q AS (
-    SELECT plainto_tsquery('english', {text}::text)
-        || plainto_tsquery('simple', translate({text}::text, '{SPLIT}', '{" " * len(SPLIT)}'))
+    SELECT plainto_tsquery('english', replace(replace({text}::text, '.', ' '), '/', ' '))
         AS tsq
 ), words AS (
     SELECT e.branch, e.seq, ts_rank_cd(e.search_tsv, q.tsq, 32)::float8 AS rank

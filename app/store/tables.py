@@ -194,8 +194,7 @@ class Entry(Base):
     search_tsv: Mapped[Any] = mapped_column(
         TSVECTOR,
         Computed(
-            "to_tsvector('english'::regconfig, search_text)"
-            " || to_tsvector('simple'::regconfig, translate(search_text, './\\:@=', '      '))",
+            "to_tsvector('english'::regconfig, replace(replace(search_text, '.', ' '), '/', ' '))",
             persisted=True,
         ),
         deferred=True,
