@@ -17,7 +17,10 @@ temporary folder) and measures over real HTTP:
   alone (no service, no database), and what each compaction's context still holds of
   the task, the modified files and the last error (:mod:`bench.continuity`);
 - the tree: context read and append at the leaf of a 10,000-entry tree of 100 branches
-  against a 10,000-entry line, forks and navigations (:mod:`bench.tree`).
+  against a 10,000-entry line, forks and navigations (:mod:`bench.tree`);
+- recall: search over a 10,000-entry session and over 1,000 sessions of 1,000 entries
+  (written straight into the database), the append cost of the search indexes and their
+  size (:mod:`bench.recall`). It runs last: it leaves a million entries behind.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, continuity, load, proxy, tree, upstream
+from bench import bounds, continuity, load, proxy, recall, tree, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -480,6 +483,7 @@ SECTIONS = (
     "bounds",
     "load",
     "proxy",
+    "recall",
     "continuity",
 )
 
@@ -581,6 +585,8 @@ def main() -> int:
                 finally:
                     scripted.terminate()
                     scripted.wait(timeout=30)
+            if "recall" in sections:
+                await recall.bench_recall("127.0.0.1", port, url)
             instant.close()
 
         asyncio.run(run())

@@ -346,3 +346,21 @@ async def test_bad_input_is_a_problem_naming_it(client: httpx.AsyncClient) -> No
     cid = r.json()["id"]
     assert (await client.post(f"/v1/sessions/s/compactions/{cid}/cancel")).status_code == 200
     assert_problem(await client.get(url, params={"q": "x", "compaction": cid}), 409, cid)
+
+
+async def test_a_query_matching_more_than_a_search_ranks_says_so(
+    client: httpx.AsyncClient,
+) -> None:
+    await make_session(client, id="s", config=MANUAL)
+    for part in range(2):
+        await append_ok(
+            client, "s", users(*(f"note {part}-{k}: the build is green" for k in range(600)))
+        )
+    await append_ok(client, "s", users("the build is red"))
+    page = await search(client, "s", "build", limit=5)
+    assert page["complete"] is False  # 1,201 match; each source ranks 1,000
+    assert len(page["hits"]) == 5
+    assert page["next_cursor"] is not None
+    narrow = await search(client, "s", "red")
+    assert narrow["complete"] is True
+    assert seqs(narrow) == [1201]
