@@ -2,8 +2,11 @@
 
 - ``entry.search_text``: the entry's plain text (its text parts, readable reasoning,
   tool calls' names and arguments, tool outputs), bounded and NUL-free, computed on
-  write by app.engine.search_text. Existing rows get an SQL approximation of it
-  (arguments as their raw JSON, the same bounds).
+  write by app.engine.search_text.
+- ``entry.search_pending``: its search_text is still to write. Existing rows read
+  true (a column default, so no rewrite here): the worker's indexer
+  (app.recall.indexer) computes their text as an append would, in small batches,
+  after the upgrade. An append sets it on what it leaves to the indexer.
 - ``entry.search_tsv``: generated from it, stored: its ``english`` words (stems:
   "failing" finds "failed"), paths and dotted names split in their parts.
 - Two GIN indexes, both led by the family's key through ``btree_gin``: one on the
@@ -29,25 +32,6 @@ down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# app.engine.search_text's bounds: the first 16,000 and the last 4,000 characters.
-_BACKFILL_SQL = """
-UPDATE entry SET search_text = coalesce((
-    SELECT CASE WHEN length(body) <= 16003 + 4000 THEN body
-        ELSE left(body, 16000) || E'\\n…\\n' || right(body, 4000) END
-    FROM (
-        SELECT string_agg(piece, E'\\n' ORDER BY n) AS body FROM (
-            SELECT n, CASE p->>'type'
-                WHEN 'text' THEN p->>'text'
-                WHEN 'reasoning' THEN p->>'text'
-                WHEN 'tool_call' THEN concat_ws(E'\\n', p->>'name', p->>'arguments')
-                END AS piece
-            FROM jsonb_array_elements(parts) WITH ORDINALITY AS a(p, n)
-        ) AS pieces
-        WHERE piece <> ''
-    ) AS joined
-), '')
-"""
-
 # The parser keeps a path or a dotted name as one token (``src/dates.py``,
 # ``django.core.exceptions.ImproperlyConfigured``): the vector is of the text with its
 # dots and slashes made spaces, so that their parts are words of their own; the whole
@@ -62,8 +46,11 @@ def upgrade() -> None:
     op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
     op.execute("CREATE EXTENSION IF NOT EXISTS btree_gin")
     op.add_column("entry", sa.Column("search_text", sa.Text(), server_default="", nullable=False))
-    op.execute(_BACKFILL_SQL)
-    # Added after the back-fill, so that the table is rewritten once for the vector.
+    # Every existing row is to index; every new one is written indexed unless said.
+    op.add_column(
+        "entry", sa.Column("search_pending", sa.Boolean(), server_default="true", nullable=False)
+    )
+    op.alter_column("entry", "search_pending", server_default=sa.false())
     op.execute(
         f"ALTER TABLE entry ADD COLUMN search_tsv tsvector GENERATED ALWAYS AS ({TSV}) STORED"
     )
@@ -74,11 +61,17 @@ def upgrade() -> None:
         "CREATE INDEX entry_search_text_idx ON entry"
         " USING gin (session_id, tenant_id, search_text gin_trgm_ops)"
     )
+    op.execute(
+        "CREATE INDEX entry_search_pending_idx ON entry (session_id, tenant_id, branch, seq)"
+        " WHERE search_pending"
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("entry_search_pending_idx", table_name="entry")
     op.drop_index("entry_search_text_idx", table_name="entry")
     op.drop_index("entry_search_tsv_idx", table_name="entry")
     op.drop_column("entry", "search_tsv")
+    op.drop_column("entry", "search_pending")
     op.drop_column("entry", "search_text")
     # The extensions stay: something else in the database may use them.

@@ -10,7 +10,8 @@ the cut and stay. A worker that dies leaves its job to be claimed again when
 the lease ends.
 
 Workers sleep until a ``NOTIFY`` on the jobs channel (or a wake-up from the API
-in the same process), and poll as the fallback.
+in the same process), and poll as the fallback. The recall indexer
+(app.recall.indexer) runs beside them and wakes on the same channel.
 
 The continuity gate (:mod:`app.engine.continuity`) has completed the summary
 before the commit; the job's details record what it found (``gate``), whether the
@@ -58,6 +59,7 @@ from app.core.settings import Settings
 from app.engine import branch_summary, catalog, continuity, tokens
 from app.engine.compaction import summary_entry_tokens
 from app.engine.relief import FAILURE_LIMIT
+from app.recall.indexer import Indexer
 from app.sessions import service as sessions
 from app.store.session_row import Unit, lock, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
@@ -615,9 +617,17 @@ class Listener:
     engine's client-side timeouts (see ``driver_bounds``): a frozen server cannot
     hold its connect or its LISTEN."""
 
-    def __init__(self, dsn: str, wake: asyncio.Event, bounds: DriverBounds | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        wake: asyncio.Event,
+        bounds: DriverBounds | None = None,
+        *,
+        also: tuple[asyncio.Event, ...] = (),
+    ) -> None:
         self.dsn = dsn
         self.wake = wake
+        self.also = also  # woken too (the indexer)
         self.bounds: DriverBounds = bounds or {}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -628,7 +638,7 @@ class Listener:
                 lost = asyncio.Event()
                 connection.add_termination_listener(_setter(lost))
                 await connection.add_listener(CHANNEL, self._notified)
-                self.wake.set()  # jobs may have come while not listening
+                self._notified()  # jobs may have come while not listening
                 await _wait_any(stop, lost, None)
                 if lost.is_set() and not stop.is_set():
                     log.warning("compaction listener: connection lost; reconnecting")
@@ -643,6 +653,8 @@ class Listener:
 
     def _notified(self, *_: Any) -> None:
         self.wake.set()
+        for event in self.also:
+            event.set()
 
 
 def listen_dsn(engine: AsyncEngine) -> str:
@@ -671,13 +683,18 @@ class WorkerPool:
         self.workers = [
             Worker(engine, config, http, name=worker_name(i), wake=self.wake) for i in range(count)
         ]
-        self.listener = Listener(listen_dsn(engine), self.wake, driver_bounds(engine))
+        # Text that appends left to index; woken by the same channel.
+        self.indexer = Indexer(engine, asyncio.Event(), config.poll_seconds)
+        self.listener = Listener(
+            listen_dsn(engine), self.wake, driver_bounds(engine), also=(self.indexer.wake,)
+        )
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         if not self.workers:
             return
         self.tasks = [asyncio.create_task(w.run(self.stop)) for w in self.workers]
+        self.tasks.append(asyncio.create_task(self.indexer.run(self.stop)))
         self.tasks.append(asyncio.create_task(self.listener.run(self.stop)))
 
     async def close(self) -> None:

@@ -8,7 +8,9 @@ escapes), a tool result's output (its text parts), and the words of opaque block
 encrypted content are left out: they are not words anyone searches for.
 
 Bounded: the first :data:`HEAD_CHARS` and the last :data:`TAIL_CHARS` characters
-(a long output's start says what ran, its end how it ended: the error). Postgres
+(a long output's start says what ran, its end how it ended: the error). An append
+writes the text of its first entries, up to :data:`APPEND_CHARS` in all
+(:func:`for_append`); the worker's indexer writes the rest's soon after. Postgres
 stores neither NUL nor a lone surrogate, so neither is ever in the result, whatever
 the parts hold. The database derives the full-text vector from this text
 (migration 0010), and the trigram index is on the text itself.
@@ -31,6 +33,11 @@ TAIL_CHARS = 4_000
 # Between the head and the tail of a text cut in the middle.
 ELISION = "\n…\n"
 MAX_CHARS = HEAD_CHARS + len(ELISION) + TAIL_CHARS
+# The searchable characters one append writes itself. Postgres indexes them in the
+# append's statement, at about 1 to 2 us a character for the words and the trigrams
+# (random text is the worst): a bulk append of 8 MB took longer than the statement
+# timeout. Past this an append leaves its entries' text to the indexer.
+APPEND_CHARS = 500_000
 
 # In an opaque block: the keys whose string values are words, and those never read.
 _WORD_KEYS = frozenset(
@@ -62,6 +69,32 @@ def search_text(parts: Sequence[Mapping[str, Any]]) -> str:
     """The searchable text of an entry with these parts: bounded, NUL-free, valid
     UTF-8 (a lone surrogate becomes U+FFFD)."""
     return clean(bound("\n".join(piece for piece in _pieces(parts) if piece)))
+
+
+def for_append(
+    entries: Sequence[Sequence[Mapping[str, Any]]], budget: int = APPEND_CHARS
+) -> tuple[list[str], list[bool]]:
+    """The searchable text an append writes for each of its entries (their parts),
+    and which it leaves to the indexer (an empty text, pending): the first entry
+    always, and the next while their texts come to at most ``budget`` characters;
+    every entry after the first that does not fit is pending."""
+    texts: list[str] = []
+    pending: list[bool] = []
+    used = 0
+    for parts in entries:
+        if pending and (pending[-1] or used >= budget):
+            texts.append("")
+            pending.append(True)
+            continue
+        text = search_text(parts)
+        if pending and used + len(text) > budget:
+            texts.append("")
+            pending.append(True)
+            continue
+        used += len(text)
+        texts.append(text)
+        pending.append(False)
+    return texts, pending
 
 
 def bound(text: str) -> str:

@@ -37,6 +37,7 @@ from app.engine.model import Entry, InvalidMessage
 from app.engine.storable import MAX_JSON_DEPTH, find_oversized
 from app.history.schemas import Format
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest, StoredEntry
+from app.recall import indexer
 from app.sessions import service as sessions
 from app.sessions.schemas import TruncateConfig
 from app.store.log import (
@@ -558,6 +559,7 @@ class AppendService:
                     call_id_tokens=shown.call_id_tokens,
                     pinned=batch.pinned[offset],
                     search_text=batch.search_texts[offset],
+                    search_pending=batch.search_pending[offset],
                 )
             )
             stored.append(
@@ -613,6 +615,8 @@ class AppendService:
         )
         if not written:
             return None
+        if any(batch.search_pending):
+            await indexer.wake(driver)  # at the commit: the worker writes the rest
         if relieve:
             # The row lock is held (``lock``), and the write above saved the state.
             unit = Unit(driver, self.tenant_id, session_id, session)
@@ -705,7 +709,9 @@ class _Batch:
         self.digest = request_hash(body, overhead_tokens) if self.idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
-        self.search_texts = [search_text.search_text(e.parts) for e in self.entries]
+        self.search_texts, self.search_pending = search_text.for_append(
+            [e.parts for e in self.entries]
+        )
         # About the bytes there are to count (the content as JSON).
         self.size = sum(map(len, self.parts))
         self._shown: dict[tuple[Any, ...], _Shown] = {}

@@ -61,6 +61,13 @@ class SearchPage(BaseModel):
     complete: bool = Field(
         description="Every match was ranked. False when the query matches more entries than "
         "one search ranks (1,000 by its words, 1,000 by substring): the page ranks the first "
-        "found; narrow the query or filter by role, tool, kind or seq range."
+        "found; narrow the query or filter by role, tool, kind or seq range. False too while "
+        "`pending` is not 0."
+    )
+    pending: int = Field(
+        description="Entries of the session's tree whose text is not searchable yet. An append "
+        "writes the searchable text of its first entries, up to 500,000 characters, and leaves "
+        "the rest to the worker's indexer, which writes it within seconds (as it does for "
+        "entries stored before search existed). 0 but after a very large append."
     )
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")

@@ -17,7 +17,7 @@ from app.compactions.service import CompactionService
 from app.core.database import driver_connection
 from app.core.errors import Conflict, NotFound, invalid
 from app.engine import search_text, tree
-from app.recall import repository
+from app.recall import indexer, repository
 from app.recall.schemas import (
     MAX_QUERY_CHARS,
     MAX_TOOL_NAME_CHARS,
@@ -148,6 +148,7 @@ class RecallService:
                 limit=query.limit + 1,
                 after=after,
             )
+            pending = await driver.fetchval(indexer.PENDING_SQL, family, self.tenant_id)
         rows = found.hits[: query.limit]
         path, leaf = state.path, state.next_seq - 1
         hits = []
@@ -175,7 +176,8 @@ class RecallService:
         last = rows[-1] if rows else None
         return SearchPage(
             hits=hits,
-            complete=found.complete,
+            complete=found.complete and not pending,
+            pending=pending,
             next_cursor=encode_cursor(query, last.score, last.seq, last.branch)
             if more and last is not None
             else None,

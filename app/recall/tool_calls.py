@@ -144,8 +144,14 @@ class ToolCallService:
                 cursor=args.cursor,
             ),
         )
+        indexing = (
+            f" [{page.pending} entries are still being indexed: search again in a few seconds "
+            "to include them.]"
+            if page.pending
+            else ""
+        )
         if not page.hits:
-            return [f"No entry matches {args.query!r}."], lambda i: ""
+            return [f"No entry matches {args.query!r}.{indexing}"], lambda i: ""
         blocks = [_hit_text(h) for h in page.hits]
         hits = page.hits
 
@@ -165,6 +171,7 @@ class ToolCallService:
                 if page.next_cursor
                 else "]"
             )
+            + indexing
         )
         return blocks, read_on
 

@@ -108,6 +108,7 @@ class EntryRow(NamedTuple):
     search_text: str  # what recall searches (app.engine.search_text)
     parent_branch: int | None = None  # where the parent entry is (None: the first entry)
     path_tokens: int = 0  # the stored tokens of the path up to this entry
+    search_pending: bool = False  # search_text left to the indexer (app.recall.indexer)
 
 
 class CallRow(NamedTuple):
@@ -226,7 +227,7 @@ _LOCK_SQL = "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 _ENTRY_TYPES = (
     "bigint", "uuid", "text", "jsonb", "text", "text", "boolean", "text", "text",
     "jsonb", "int", "jsonb", "text", "text", "int", "int", "text", "int", "boolean",
-    "text", "bigint", "bigint",
+    "text", "bigint", "bigint", "boolean",
 )  # fmt: skip
 _CALL_TYPES = ("text", "text", "bigint", "bigint", "text")
 _ANSWER_TYPES = ("text", "bigint", "bigint", "bigint")
@@ -278,13 +279,14 @@ WITH advanced AS (
     INSERT INTO entry (session_id, tenant_id, branch, seq, id, kind, role, parts, tool_call_id,
         tool_name, is_error, name, content_form, extra, source_format, tokens, call_ids,
         view_openai, view_anthropic, omitted_lines, omitted_bytes, view_call_id,
-        call_id_tokens, pinned, search_text, parent_seq, parent_branch, path_tokens, created_at)
+        call_id_tokens, pinned, search_text, parent_seq, parent_branch, path_tokens,
+        search_pending, created_at)
     SELECT $16, $2, $17, r.seq, r.id, 'message', r.role, r.parts, r.tool_call_id, r.tool_name,
         r.is_error, r.name, r.content_form, r.extra, $3, r.tokens,
         (SELECT array_agg(c) FROM jsonb_array_elements_text(r.call_ids) AS c),
         r.view_openai, r.view_anthropic, r.omitted_lines, r.omitted_bytes, r.view_call_id,
         r.call_id_tokens, r.pinned, r.search_text, NULLIF(r.seq - 1, 0), r.parent_branch,
-        r.path_tokens, $4
+        r.path_tokens, r.search_pending, $4
     FROM advanced, {_unnest(_ENTRY_ARG, _ENTRY_TYPES, EntryRow._fields)}
 ), new_calls AS (
     INSERT INTO tool_call (session_id, tenant_id, branch, call_id, name, call_seq, result_seq,

@@ -142,6 +142,15 @@ class Entry(Base):
             postgresql_using="gin",
             postgresql_ops={"search_text": "gin_trgm_ops"},
         ),
+        # The entries whose searchable text the worker has yet to write (app.recall.indexer).
+        Index(
+            "entry_search_pending_idx",
+            "session_id",
+            "tenant_id",
+            "branch",
+            "seq",
+            postgresql_where=text("search_pending"),
+        ),
     )
 
     # session_id is the family's root session (the session's own id unless it is a
@@ -199,6 +208,11 @@ class Entry(Base):
         ),
         deferred=True,
         deferred_raiseload=True,
+    )
+    # Its search_text is still to write: an append indexes a bounded amount of text
+    # itself and leaves the rest to the worker (app.recall.indexer).
+    search_pending: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false(), deferred=True, deferred_raiseload=True
     )
 
 

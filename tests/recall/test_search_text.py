@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from app.engine import search_text as st_
 from app.engine.search_text import (
+    APPEND_CHARS,
     HEAD_CHARS,
     MAX_CHARS,
     TAIL_CHARS,
+    for_append,
     read_query,
     search_text,
     snippet,
@@ -133,6 +135,46 @@ def test_always_bounded_nul_free_and_utf8(parts: list[dict[str, str]]) -> None:
     assert len(text) <= MAX_CHARS
     assert "\x00" not in text
     text.encode("utf-8")
+
+
+def _texts(*sizes: int) -> list[list[dict[str, Any]]]:
+    return [[{"type": "text", "text": str(k % 10) * size}] for k, size in enumerate(sizes)]
+
+
+def test_an_append_writes_its_first_entries_text_and_leaves_the_rest_pending() -> None:
+    texts, pending = for_append(_texts(100, 200, 300, 10), budget=350)
+    # 100 + 200 fit, 300 more do not, and nothing after a pending entry is written.
+    assert pending == [False, False, True, True]
+    assert texts == ["0" * 100, "1" * 200, "", ""]
+    # The first entry is written whatever its size.
+    texts, pending = for_append(_texts(500, 10), budget=350)
+    assert pending == [False, True]
+    assert texts[0] == "0" * 500
+
+
+@given(st.lists(st.integers(0, 50_000), max_size=40), st.integers(1, 200_000))
+def test_the_written_text_is_a_prefix_within_the_budget(sizes: list[int], budget: int) -> None:
+    entries = _texts(*sizes)
+    texts, pending = for_append(entries, budget=budget)
+    assert len(texts) == len(pending) == len(entries)
+    written = pending.count(False)
+    assert pending == [False] * written + [True] * (len(entries) - written)
+    if entries:
+        assert written >= 1  # the first entry always
+    # Within the budget, but for a first entry longer than it on its own.
+    assert sum(map(len, texts)) <= max(budget, len(texts[0]) if texts else 0)
+    for parts, text, left in zip(entries, texts, pending, strict=True):
+        assert text == ("" if left else search_text(parts))
+    # Nothing pending that would have fit.
+    if written < len(entries):
+        assert sum(map(len, texts)) + len(search_text(entries[written])) > budget
+
+
+def test_the_default_budget_takes_a_thousand_small_messages_whole() -> None:
+    _, pending = for_append(_texts(*[400] * 1000))
+    assert not any(pending)
+    _, pending = for_append(_texts(*[8_000] * 1000))
+    assert pending.count(False) == APPEND_CHARS // 8_000
 
 
 # --- queries -----------------------------------------------------------------------

@@ -1,0 +1,126 @@
+"""The indexer: writes the searchable text that appends left to it.
+
+An append writes the searchable text of its first entries itself, up to
+``search_text.APPEND_CHARS`` characters, so that Postgres's indexing (words and
+trigrams, in the append's statement) stays a bounded part of it. The entries after
+those are stored with an empty text and ``search_pending`` set, as are the entries
+stored before migration 0010. Until the indexer writes them, search does not find
+them and says how many there are (``pending``).
+
+The indexer runs beside the compaction workers, in every process that runs them.
+It takes a batch of pending entries at a time (``FOR UPDATE SKIP LOCKED``: processes
+share the work and none waits on another), computes each text as the append would
+have (app.engine.search_text, from the stored parts), and writes it in the same
+short transaction, bounded in characters like one append. An append that leaves
+text pending wakes it through the workers' channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.compactions.repository import CHANNEL
+from app.core.database import driver_connection, unavailable_cause
+from app.core.driver import Driver
+from app.engine.search_text import APPEND_CHARS, MAX_CHARS, search_text
+
+log = logging.getLogger("compactd.recall.indexer")
+
+# Entries a batch takes: at most an append's worth of characters.
+BATCH_ENTRIES = max(1, APPEND_CHARS // MAX_CHARS)
+
+_NOTIFY_SQL = f"SELECT pg_notify('{CHANNEL}', '')"
+
+# In the order of entry_search_pending_idx (partial: it holds only pending entries).
+_CLAIM_SQL = """
+SELECT session_id, tenant_id, branch, seq, parts::text AS parts FROM entry
+WHERE search_pending
+ORDER BY session_id, tenant_id, branch, seq
+LIMIT $1
+FOR UPDATE SKIP LOCKED
+"""
+
+_WRITE_SQL = """
+UPDATE entry AS e SET search_text = r.text, search_pending = false
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[])
+    AS r(session_id, tenant_id, branch, seq, text)
+WHERE e.session_id = r.session_id AND e.tenant_id = r.tenant_id
+    AND e.branch = r.branch AND e.seq = r.seq
+"""
+
+# The pending entries of one family, for a search's answer.
+PENDING_SQL = """
+SELECT count(*) FROM entry WHERE session_id = $1 AND tenant_id = $2 AND search_pending
+"""
+
+
+async def wake(driver: Driver) -> None:
+    """Wake the indexers (at the commit of the caller's transaction, if any)."""
+    await driver.execute(_NOTIFY_SQL)
+
+
+async def index_once(driver: Driver, limit: int = BATCH_ENTRIES) -> int:
+    """Write the searchable text of up to ``limit`` pending entries that no one else
+    is writing; the number written (0: none was left)."""
+    async with driver.transaction():
+        rows = await driver.fetch(_CLAIM_SQL, limit)
+        if not rows:
+            return 0
+        texts = [search_text(orjson.loads(r["parts"])) for r in rows]
+        await driver.execute(
+            _WRITE_SQL,
+            [r["session_id"] for r in rows],
+            [r["tenant_id"] for r in rows],
+            [r["branch"] for r in rows],
+            [r["seq"] for r in rows],
+            texts,
+        )
+    return len(rows)
+
+
+async def index_all(engine: AsyncEngine, stop: asyncio.Event | None = None) -> int:
+    """Write every pending entry's text, batch after batch until none is left (or
+    ``stop`` is set); the number written."""
+    done = 0
+    async with driver_connection(engine) as driver:
+        while not (stop is not None and stop.is_set()) and (written := await index_once(driver)):
+            done += written
+    return done
+
+
+class Indexer:
+    """The indexing loop of a worker process: batches until none is pending, then
+    waits for a wake-up (or ``poll_seconds``)."""
+
+    def __init__(self, engine: AsyncEngine, wake: asyncio.Event, poll_seconds: float) -> None:
+        self.engine = engine
+        self.wake = wake
+        self.poll_seconds = poll_seconds
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.wake.clear()  # a wake-up from now on means more to do
+            try:
+                await index_all(self.engine, stop)
+            except Exception as exc:  # the database went away, a bug: keep indexing later
+                if unavailable_cause(exc) is not None:
+                    log.warning("indexer: the database is unavailable")
+                else:
+                    log.exception("indexer: a batch failed")
+                await _wait(stop, None, min(5.0, self.poll_seconds * 2))
+                continue
+            await _wait(stop, self.wake, self.poll_seconds)
+
+
+async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> None:
+    events = [stop] if wake is None else [stop, wake]
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
