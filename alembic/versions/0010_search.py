@@ -5,7 +5,7 @@
   write by app.engine.search_text.
 - ``entry.search_pending``: its search_text is still to write. Existing rows read
   true (a column default, so no rewrite here): the worker's indexer
-  (app.recall.indexer) computes their text as an append would, in small batches,
+  (app.store.search_index) computes their text as an append would, in small batches,
   after the upgrade. An append sets it on what it leaves to the indexer.
 - ``entry.search_tsv``: generated from it, stored: its ``english`` words (stems:
   "failing" finds "failed"), paths and dotted names split in their parts.

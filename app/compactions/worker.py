@@ -11,7 +11,7 @@ the lease ends.
 
 Workers sleep until a ``NOTIFY`` on the jobs channel (or a wake-up from the API
 in the same process), and poll as the fallback. The recall indexer
-(app.recall.indexer) runs beside them and wakes on the same channel.
+(app.store.search_index) runs beside them and wakes on the same channel.
 
 The continuity gate (:mod:`app.engine.continuity`) has completed the summary
 before the commit; the job's details record what it found (``gate``), whether the
@@ -59,8 +59,9 @@ from app.core.settings import Settings
 from app.engine import branch_summary, catalog, continuity, tokens
 from app.engine.compaction import summary_entry_tokens
 from app.engine.relief import FAILURE_LIMIT
-from app.recall.indexer import Indexer
 from app.sessions import service as sessions
+from app.store import search_index
+from app.store.search_index import Indexer
 from app.store.session_row import Unit, lock, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
 
@@ -605,10 +606,12 @@ async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, seconds: float | N
 
 
 def _setter(event: asyncio.Event) -> Any:
-    def on_termination(_connection: Any) -> None:
+    """A callback that sets ``event`` (a connection's termination, a notification)."""
+
+    def set_it(*_: Any) -> None:
         event.set()
 
-    return on_termination
+    return set_it
 
 
 class Listener:
@@ -623,11 +626,11 @@ class Listener:
         wake: asyncio.Event,
         bounds: DriverBounds | None = None,
         *,
-        also: tuple[asyncio.Event, ...] = (),
+        also: dict[str, asyncio.Event] | None = None,
     ) -> None:
         self.dsn = dsn
         self.wake = wake
-        self.also = also  # woken too (the indexer)
+        self.also = also or {}  # more channels, and whom each wakes (the indexer)
         self.bounds: DriverBounds = bounds or {}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -638,7 +641,12 @@ class Listener:
                 lost = asyncio.Event()
                 connection.add_termination_listener(_setter(lost))
                 await connection.add_listener(CHANNEL, self._notified)
-                self._notified()  # jobs may have come while not listening
+                for channel, event in self.also.items():
+                    await connection.add_listener(channel, _setter(event))
+                # Jobs (and text to index) may have come while not listening.
+                self._notified()
+                for event in self.also.values():
+                    event.set()
                 await _wait_any(stop, lost, None)
                 if lost.is_set() and not stop.is_set():
                     log.warning("compaction listener: connection lost; reconnecting")
@@ -653,8 +661,6 @@ class Listener:
 
     def _notified(self, *_: Any) -> None:
         self.wake.set()
-        for event in self.also:
-            event.set()
 
 
 def listen_dsn(engine: AsyncEngine) -> str:
@@ -686,7 +692,10 @@ class WorkerPool:
         # Text that appends left to index; woken by the same channel.
         self.indexer = Indexer(engine, asyncio.Event(), config.poll_seconds)
         self.listener = Listener(
-            listen_dsn(engine), self.wake, driver_bounds(engine), also=(self.indexer.wake,)
+            listen_dsn(engine),
+            self.wake,
+            driver_bounds(engine),
+            also={search_index.CHANNEL: self.indexer.wake},
         )
         self.tasks: list[asyncio.Task[None]] = []
 

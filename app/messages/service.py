@@ -37,9 +37,9 @@ from app.engine.model import Entry, InvalidMessage
 from app.engine.storable import MAX_JSON_DEPTH, find_oversized
 from app.history.schemas import Format
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest, StoredEntry
-from app.recall import indexer
 from app.sessions import service as sessions
 from app.sessions.schemas import TruncateConfig
+from app.store import search_index as indexer
 from app.store.log import (
     Answer,
     AppendWrite,

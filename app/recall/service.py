@@ -17,7 +17,7 @@ from app.compactions.service import CompactionService
 from app.core.database import driver_connection
 from app.core.errors import Conflict, NotFound, invalid
 from app.engine import search_text, tree
-from app.recall import indexer, repository
+from app.recall import repository
 from app.recall.schemas import (
     MAX_QUERY_CHARS,
     MAX_TOOL_NAME_CHARS,
@@ -27,6 +27,7 @@ from app.recall.schemas import (
     SearchQuery,
 )
 from app.store import branches
+from app.store import search_index as indexer
 from app.store.log import OnPath
 from app.store.session_row import SessionState, read_state
 

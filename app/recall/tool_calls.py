@@ -92,6 +92,14 @@ class ToolCallService:
         self.db = db
         self.tenant_id = tenant_id
 
+    async def result_tokens(self, session_id: str) -> int:
+        """The session's ``recall.result_tokens``."""
+        async with driver_connection(self.engine) as driver:
+            state = await read_state(driver, self.tenant_id, session_id)
+        if state is None:
+            raise NotFound(f"session {session_id!r} does not exist")
+        return sessions.effective_config(state.config).recall.result_tokens
+
     async def run(self, session_id: str, raw: Any, max_tokens: int | None) -> Ran:
         try:
             call = tools.read_call(raw)

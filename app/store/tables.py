@@ -142,7 +142,7 @@ class Entry(Base):
             postgresql_using="gin",
             postgresql_ops={"search_text": "gin_trgm_ops"},
         ),
-        # The entries whose searchable text the worker has yet to write (app.recall.indexer).
+        # The entries whose searchable text the worker has yet to write (app.store.search_index).
         Index(
             "entry_search_pending_idx",
             "session_id",
@@ -210,7 +210,7 @@ class Entry(Base):
         deferred_raiseload=True,
     )
     # Its search_text is still to write: an append indexes a bounded amount of text
-    # itself and leaves the rest to the worker (app.recall.indexer).
+    # itself and leaves the rest to the worker (app.store.search_index).
     search_pending: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default=false(), deferred=True, deferred_raiseload=True
     )

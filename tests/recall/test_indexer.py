@@ -16,7 +16,7 @@ import pytest
 
 from app.compactions.worker import WorkerConfig, WorkerPool
 from app.engine.search_text import APPEND_CHARS
-from app.recall import indexer
+from app.store import search_index as indexer
 from tests import postgres
 from tests.conftest import make_session
 from tests.helpers import append_ok

@@ -15,7 +15,7 @@ import pytest
 from app.core import migrations
 from app.core.settings import Settings
 from app.main import create_app
-from app.recall import indexer
+from app.store import search_index as indexer
 from tests import postgres
 from tests.compactions.helpers import drain
 from tests.conftest import make_session

@@ -12,7 +12,8 @@ It takes a batch of pending entries at a time (``FOR UPDATE SKIP LOCKED``: proce
 share the work and none waits on another), computes each text as the append would
 have (app.engine.search_text, from the stored parts), and writes it in the same
 short transaction, bounded in characters like one append. An append that leaves
-text pending wakes it through the workers' channel.
+text pending wakes it (``NOTIFY`` on :data:`CHANNEL`, which the workers' listener
+also listens on).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import logging
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.compactions.repository import CHANNEL
 from app.core.database import driver_connection, unavailable_cause
 from app.core.driver import Driver
 from app.engine.search_text import APPEND_CHARS, MAX_CHARS, search_text
 
-log = logging.getLogger("compactd.recall.indexer")
+log = logging.getLogger("compactd.store.search_index")
+
+# Its own channel: an append that leaves text to index notifies it.
+CHANNEL = "compactd_search_index"
 
 # Entries a batch takes: at most an append's worth of characters.
 BATCH_ENTRIES = max(1, APPEND_CHARS // MAX_CHARS)
