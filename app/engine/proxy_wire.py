@@ -289,14 +289,23 @@ def stored_reply(api: Api, entry: Entry) -> dict[str, Any]:
     return {"role": "assistant", "content": content}
 
 
-def replayed_body(api: Api, message: dict[str, Any], model: str, created: int) -> dict[str, Any]:
+def replayed_body(
+    api: Api,
+    message: dict[str, Any],
+    model: str,
+    created: int,
+    usage: dict[str, Any] | None = None,
+    response_id: str | None = None,
+) -> dict[str, Any]:
     """A whole response carrying ``message``, a reply already stored (OpenAI's assistant
     message; Anthropic's ``{"role": "assistant", "content": [blocks]}``), for a call sent
-    again: its finish reason as the message shows it, its usage none."""
+    again: its finish reason as the message shows it, its usage none (or ``usage``, the
+    provider's, for a reply compactd reshaped: app.engine.proxy_recall)."""
     reason = _finish_reason(api, message)
+    usage = dict(usage) if usage is not None else dict(_NO_USAGE[api])
     if api == "openai":
         return {
-            "id": REPLAY_ID[api],
+            "id": response_id or REPLAY_ID[api],
             "object": "chat.completion",
             "created": created,
             "model": model,
@@ -308,17 +317,17 @@ def replayed_body(api: Api, message: dict[str, Any], model: str, created: int) -
                     "finish_reason": reason,
                 }
             ],
-            "usage": dict(_NO_USAGE[api]),
+            "usage": usage,
         }
     return {
-        "id": REPLAY_ID[api],
+        "id": response_id or REPLAY_ID[api],
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": message["content"],
         "stop_reason": reason,
         "stop_sequence": None,
-        "usage": dict(_NO_USAGE[api]),
+        "usage": usage,
     }
 
 
@@ -328,15 +337,22 @@ def _sse(data: Any, name: str | None = None) -> bytes:
 
 
 def replayed_events(
-    api: Api, message: dict[str, Any], model: str, created: int, wants_usage: bool
+    api: Api,
+    message: dict[str, Any],
+    model: str,
+    created: int,
+    wants_usage: bool,
+    usage: dict[str, Any] | None = None,
+    response_id: str | None = None,
 ) -> list[bytes]:
     """:func:`replayed_body` as the API streams it, one server-sent event each (OpenAI's
     usage chunk only if the agent asked for it)."""
     reason = _finish_reason(api, message)
+    usage = dict(usage) if usage is not None else dict(_NO_USAGE[api])
     if api == "openai":
         reply = _openai_reply(message)
         base = {
-            "id": REPLAY_ID[api],
+            "id": response_id or REPLAY_ID[api],
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
@@ -357,10 +373,10 @@ def replayed_events(
             out.append(chunk({"tool_calls": [{"index": index, **call}]}))
         out.append(chunk({}, reason))
         if wants_usage:
-            out.append(_sse({**base, "choices": [], "usage": dict(_NO_USAGE[api])}))
+            out.append(_sse({**base, "choices": [], "usage": usage}))
         out.append(b"data: [DONE]\n\n")
         return out
-    start = replayed_body(api, {"content": []}, model, created)
+    start = replayed_body(api, {"content": []}, model, created, usage, response_id)
     start["stop_reason"] = None
     out = [_sse({"type": "message_start", "message": start}, "message_start")]
     for index, block in enumerate(message["content"]):
@@ -370,7 +386,7 @@ def replayed_events(
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": reason, "stop_sequence": None},
-                "usage": {"output_tokens": 0},
+                "usage": {"output_tokens": usage.get("output_tokens", 0)},
             },
             "message_delta",
         )

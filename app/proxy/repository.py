@@ -21,7 +21,9 @@ from app.store.log import on_session_path
 # table's (session_id, tenant_id, id) index and filtered every entry of the session,
 # 7 ms a call at 10,000 entries; an ordered scan is the primary key's.
 _KNOWN_SQL = f"""
-SELECT s.version, s.created_at, s.path_branches, s.path_ends, p.entry_count, p.last_seq, p.chain, p.raw_count,
+SELECT s.version, s.created_at, s.path_branches, s.path_ends,
+    coalesce(s.config -> 'recall' ->> 'proxy_tools' = 'true', false) AS recall_tools,
+    p.entry_count, p.last_seq, p.chain, p.raw_count,
     p.raw_digest, p.raw_entry_count, p.raw_chain,
     (
         SELECT e.seq FROM entry AS e
@@ -97,6 +99,7 @@ class KnownRow:
     behind: bool
     created_at: datetime
     path: tuple[tuple[int, ...], tuple[int, ...]] = ((0,), ())  # the session's (app.engine.tree)
+    recall_tools: bool = False  # config recall.proxy_tools (app.engine.proxy_recall)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,15 @@ class ProxyRepository:
             return None
         path = (tuple(row["path_branches"]), tuple(row["path_ends"]))
         if row["entry_count"] is None:
-            return KnownRow(row["version"], Known(), 0, row["behind"], row["created_at"], path)
+            return KnownRow(
+                row["version"],
+                Known(),
+                0,
+                row["behind"],
+                row["created_at"],
+                path,
+                row["recall_tools"],
+            )
         return KnownRow(
             row["version"],
             Known(
@@ -155,6 +166,7 @@ class ProxyRepository:
             row["behind"],
             row["created_at"],
             path,
+            row["recall_tools"],
         )
 
     async def messages_after(

@@ -83,7 +83,7 @@ from app.core.errors import (
 )
 from app.core.http import run_sized
 from app.core.settings import Settings
-from app.engine import catalog, overflow_errors, provider_usage
+from app.engine import catalog, overflow_errors, provider_usage, proxy_recall
 from app.engine.model import Entry, InvalidMessage
 from app.engine.proxy_history import (
     Diverged,
@@ -129,6 +129,8 @@ from app.proxy.context import Built
 from app.proxy.errors import BadGateway, GatewayTimeout
 from app.proxy.forward import ProxyClient, agent_headers, upstream_headers
 from app.proxy.repository import KnownRow, ProxyRepository, StoredMessage
+from app.recall import agent_tools
+from app.recall.tool_calls import ToolCallService
 from app.sessions import service as sessions
 from app.sessions.schemas import SESSION_ID_PATTERN, SessionCreate
 from app.store.session_row import locked, read_state, record_served
@@ -229,6 +231,9 @@ class _Call:
     sent_tokens: int = 0  # counted tokens of the context sent
     attempts: int = 0  # upstream requests made
     stored_reply: bool = field(default=False)
+    # The request with the recall tools, when the session offers them.
+    offered: proxy_recall.Offered | None = None
+    sent: Built | None = None  # the context sent last
 
 
 class _Turns:
@@ -385,7 +390,10 @@ class ProxyService:
                 except BaseException:
                     await _abandon(sending)
                     raise
-            answer = await self._exchange(prepared, release, sending)
+            if prepared.offered is not None:
+                answer = await self._recall_exchange(prepared, release, sending)
+            else:
+                answer = await self._exchange(prepared, release, sending)
             handed_over = answer.holds_turn
             return answer
         finally:
@@ -408,9 +416,7 @@ class ProxyService:
         that reply (see :meth:`_replay`). ``first``: the known history's read, made
         already."""
         parse = PARSERS[request.api]
-        # The system prompt and the tools: the session's overhead, set with the append
-        # (so its verdict counts them), and again by the usage report.
-        overhead = _overhead(request, catalog.lookup(request.model).encoding)
+        encoding = catalog.lookup(request.model).encoding
         created = False
         for _ in range(ATTEMPTS):
             tail: list[Stored] = []
@@ -425,6 +431,15 @@ class ProxyService:
                 created = True
                 continue
             known, last_seq = row.known, row.last_seq
+            offered = (
+                proxy_recall.offer(request, agent_tools.definitions(request.api))
+                if row.recall_tools
+                else None
+            )
+            # The system prompt and the tools (the recall tools too, when offered): the
+            # session's overhead, set with the append (so its verdict counts them), and
+            # again by the usage report.
+            overhead = _overhead(request if offered is None else offered.request, encoding)
             if row.behind:
                 known, last_seq, tail = await self._caught_up(driver, session_id, known, last_seq)
             # The raw fast path's check here (serializing and hashing: C code, that a
@@ -487,6 +502,7 @@ class ProxyService:
                 last_seq=last_seq,
                 session_version=version,
                 path=row.path,
+                offered=offered,
             )
         raise Conflict(
             f"session {session_id!r} kept changing while this call's messages were stored "
@@ -646,6 +662,9 @@ class ProxyService:
         """The agent's request with ``context`` in place of its history, as JSON."""
         call.version = context.version
         call.sent_tokens = context.tokens
+        call.sent = context
+        if call.offered is not None:
+            return upstream_bytes(call.offered.request, context.messages, context.system)
         return upstream_bytes(call.request, context.messages, context.system)
 
     async def _fresh_context(self, call: _Call) -> Built:
@@ -685,19 +704,10 @@ class ProxyService:
     ) -> Answer:
         """The upstream's answer (``sending``: the request with the call's context, on
         its way), retried once after an overflow error that a relief made room for."""
-        response = await sending
-        if response.status_code >= 400:
-            raw = await _read(response, MAX_ERROR_BYTES)
-            verdict = overflow_errors.classify(response.status_code, raw.decode("utf-8", "replace"))
-            if verdict.overflow and await self._relieved(call, response.status_code, raw, verdict):
-                response = await self._send(call, self._body(call, await self._fresh_context(call)))
-                if response.status_code >= 400:
-                    raw = await _read(response, MAX_ERROR_BYTES)
-            if response.status_code >= 400:
-                self._later(call, self._record(call), release)
-                return Answer(
-                    response.status_code, agent_headers(response.headers), raw, holds_turn=True
-                )
+        checked = await self._refused(call, await sending, release)
+        if isinstance(checked, Answer):
+            return checked
+        response = checked
         content_type = response.headers.get("content-type", "")
         if call.request.stream and content_type.startswith("text/event-stream"):
 
@@ -740,6 +750,155 @@ class ProxyService:
         return Answer(
             response.status_code, headers, raw, holds_turn=True, delivery=Delivery(delivered)
         )
+
+    async def _refused(
+        self, call: _Call, response: httpx.Response, release: Callable[[], None]
+    ) -> httpx.Response | Answer:
+        """``response`` when it is not an error. An error is the agent's answer, but for
+        an overflow on the call's first request that a relief made room for: then the
+        retry's response, or its error."""
+        if response.status_code < 400:
+            return response
+        raw = await _read(response, MAX_ERROR_BYTES)
+        verdict = overflow_errors.classify(response.status_code, raw.decode("utf-8", "replace"))
+        if verdict.overflow and await self._relieved(call, response.status_code, raw, verdict):
+            response = await self._send(call, self._body(call, await self._fresh_context(call)))
+            if response.status_code < 400:
+                return response
+            raw = await _read(response, MAX_ERROR_BYTES)
+        self._later(call, self._record(call), release)
+        return Answer(response.status_code, agent_headers(response.headers), raw, holds_turn=True)
+
+    async def _recall_exchange(
+        self, call: _Call, release: Callable[[], None], sending: asyncio.Future[httpx.Response]
+    ) -> Answer:
+        """:meth:`_exchange` for a session that offers the recall tools: the model's
+        calls of them answered and the model asked again, for up to
+        ``proxy_recall.ROUNDS`` requests; the agent gets the last reply, without those
+        calls (app.engine.proxy_recall)."""
+        offered = call.offered
+        assert offered is not None
+        assert call.sent is not None
+        api = call.request.api
+        checked = await self._refused(call, await sending, release)
+        if isinstance(checked, Answer):
+            return checked
+        response, extra, rounds, first_usage = checked, [], 1, None
+        while True:
+            raw = await _read(response, MAX_REPLY_BYTES)
+            headers = agent_headers(response.headers)
+            try:
+                data = orjson.loads(raw)
+                reply = reply_of(api, data)
+            except (orjson.JSONDecodeError, UnreadableReply) as exc:
+                log.warning(
+                    "proxied reply not stored: not a reply of the API",
+                    extra={"session_id": call.session_id, "reason": str(exc)},
+                )
+                self._later(call, self._record(call), release)
+                return Answer(response.status_code, headers, raw, holds_turn=True)
+            if first_usage is None:
+                first_usage = reply.usage  # what the context sent cost: the report's
+            wanted = proxy_recall.calls(api, reply.message, offered.names)
+            if not wanted or rounds >= proxy_recall.ROUNDS:
+                break
+            answered = await self._answer_recall(
+                call, wanted, last=rounds + 1 == proxy_recall.ROUNDS
+            )
+            extra += proxy_recall.round_messages(api, reply.message, answered)
+            body = upstream_bytes(
+                offered.request,
+                proxy_recall.extended(call.sent.messages, extra),
+                call.sent.system,
+            )
+            checked = await self._refused(call, await self._send(call, body), release)
+            if isinstance(checked, Answer):
+                return checked
+            response, rounds = checked, rounds + 1
+        message = proxy_recall.without_calls(api, reply.message, offered.names)
+        stored = Reply(
+            message, reply.finish_reason if message == reply.message else None, first_usage
+        )
+        headers["x-compactd-recall-rounds"] = str(rounds - 1)
+
+        def delivered(sent: bool) -> None:
+            self._later(call, (self._finish if sent else self._unsent)(call, stored), release)
+
+        if rounds == 1 and message == reply.message and not call.request.stream:
+            return Answer(
+                response.status_code, headers, raw, holds_turn=True, delivery=Delivery(delivered)
+            )
+        created = int(time.time())
+        found_id = data.get("id") if isinstance(data, dict) else None
+        response_id = found_id if isinstance(found_id, str) else None
+        model = call.request.model
+        if not call.request.stream:
+            whole = replayed_body(api, message, model, created, reply.usage, response_id)
+            return Answer(
+                200,
+                {**headers, "content-type": "application/json"},
+                orjson.dumps(whole),
+                holds_turn=True,
+                delivery=Delivery(delivered),
+            )
+        events = replayed_events(
+            api, message, model, created, call.request.wants_usage, reply.usage, response_id
+        )
+        # Stored as a streamed reply is: the message the agent builds from the events.
+        reader: OpenAIStream | AnthropicStream = (
+            OpenAIStream(call.request.wants_usage) if api == "openai" else AnthropicStream()
+        )
+        parsed = SseEvents()
+        for event in events:
+            for read in parsed.feed(event):
+                reader.feed(read)
+        stored = Reply(reader.message(), stored.finish_reason, first_usage)
+
+        async def stream() -> AsyncGenerator[bytes, None]:
+            sent = False
+            try:
+                for event in events:
+                    yield event
+                sent = True
+            finally:
+                delivered(sent)
+
+        async def unstarted() -> None:
+            delivered(False)
+
+        headers.pop("content-type", None)
+        return Answer(
+            200,
+            {**headers, "cache-control": "no-cache"},
+            stream=EventStream(stream(), unstarted),
+            media_type="text/event-stream",
+            holds_turn=True,
+        )
+
+    async def _answer_recall(
+        self, call: _Call, wanted: list[dict[str, Any]], *, last: bool
+    ) -> list[tuple[dict[str, Any], str, bool]]:
+        """Each recall call run as POST …/tool-calls runs it; one round's results hold
+        ``recall.result_tokens`` together. Before the last round, the results say so."""
+        answered: list[tuple[dict[str, Any], str, bool]] = []
+        async with self.sessionmaker() as db:
+            tools = ToolCallService(self.engine, db, self.tenant_id)
+            share: int | None = None
+            for raw in wanted:
+                try:
+                    if share is None:
+                        share = max(
+                            agent_tools.MIN_RESULT_TOKENS,
+                            await tools.result_tokens(call.session_id) // len(wanted),
+                        )
+                    ran = await tools.run(call.session_id, raw, share)
+                    text, is_error = ran.content, ran.is_error
+                except ProblemError as exc:
+                    text, is_error = f"Error: {exc.detail}", True
+                if last:
+                    text = f"{text}\n\n{proxy_recall.LAST_ROUND_NOTE}"
+                answered.append((raw, text, is_error))
+        return answered
 
     def _later(
         self, call: _Call, work: Coroutine[Any, Any, None], release: Callable[[], None]

@@ -106,7 +106,14 @@ class RecallConfig(Strict):
         ge=200,
         le=32_000,
         description="The most a recall tool call's result holds (POST …/tool-calls), unless "
-        "the call says otherwise; a longer one ends with a note of how to read on.",
+        "the call says otherwise; a longer one ends with a note of how to read on. Through the "
+        "proxy, the most one round's results hold together.",
+    )
+    proxy_tools: bool = Field(
+        False,
+        description="Proxied calls offer the model history_search and history_read beside the "
+        "agent's tools, and compactd answers them itself before the agent gets the reply (see "
+        "docs/proxy.md, Recall). Every upstream request of such a call is whole, not streamed.",
     )
 
 

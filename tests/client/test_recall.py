@@ -162,7 +162,7 @@ async def test_the_recall_tools_come_in_both_formats(api: AsyncCompactd) -> None
 async def test_a_history_read_call_answers_the_stored_entries(api: AsyncCompactd) -> None:
     job = await compacted(api, "read")
     session = await api.get_session("read")
-    assert session["config"]["recall"] == {"result_tokens": 4_000}
+    assert session["config"]["recall"] == {"result_tokens": 4_000, "proxy_tools": False}
 
     # The model's call as a dict, OpenAI's: step 2 read back as stored.
     call: dict[str, Any] = {

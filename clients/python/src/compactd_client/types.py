@@ -53,9 +53,10 @@ class BranchSummaryConfig(TypedDict):
 
 
 class RecallConfig(TypedDict):
-    """The recall tools' results (``run_tool_call``)."""
+    """The recall tools (``get_tools``, ``run_tool_call``, and through the proxy)."""
 
     result_tokens: int  # the most a result holds unless the call says otherwise
+    proxy_tools: bool  # proxied calls offer them, and compactd answers them itself
 
 
 class PruneConfig(TypedDict):
@@ -453,6 +454,7 @@ class SearchHit(TypedDict):
 class SearchPage(TypedDict):
     hits: list[SearchHit]
     complete: bool  # every match was ranked (else narrow the query or filter)
+    pending: int  # entries not searchable yet (the indexer writes them within seconds)
     next_cursor: str | None
 
 
