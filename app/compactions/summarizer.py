@@ -14,6 +14,25 @@ the modified files and the latest unresolved error is completed from those
 anchors in a ``<continuity-anchors>`` block. A model's summary is first asked for
 again, once, with the missing things named (``must_name.md`` after the same
 prompt); the better of the two is completed. :attr:`Summarized.gate` records it all.
+
+Where the summarizer's requests go (:class:`Llm`):
+
+- **A remote endpoint** (``compaction.remote_endpoint``, :mod:`app.upstream.remote`):
+  every request, the history's, the split turn's, the gate's retry and the short
+  summary's, is POSTed there as ``{"systemPrompt", "prompt"}``; the summary records
+  ``remote:<host>`` as its model. It wins over the upstream LLM and needs none.
+- **The upstream LLM**, with the job's model first and then the session's
+  ``compaction.models`` candidates: when a model fails in a way that would end in
+  the extractive summary (an error not worth retrying, or a retryable one on the
+  job's last attempt), the next candidate is asked, in the same attempt, before
+  falling back. A retryable failure with attempts left still retries the whole job
+  later (from the first candidate again). The notes say which models failed, why,
+  and which one wrote the summary.
+
+A hook may hand :func:`summarize` a ``prompt`` (in place of the strategy's
+instructions for the history summary) and ``context`` lines (an
+``<additional-context>`` list in the history's prompt, or the split turn's when
+there is no history; quoted in their own section by the extractive summary).
 """
 
 from __future__ import annotations
@@ -41,7 +60,14 @@ from app.engine.summary import (
     clean_short_reply,
     serialize_conversation,
 )
-from app.upstream.client import UpstreamConfig, UpstreamError, backoff_delay, complete
+from app.upstream.client import (
+    Completion,
+    UpstreamConfig,
+    UpstreamError,
+    backoff_delay,
+    complete,
+)
+from app.upstream.remote import RemoteEndpoint, summarize_remote
 
 CLIP_CHARS = 2_000
 HARD_CLIP_CHARS = 400
@@ -50,15 +76,41 @@ SHORT_MAX_CHARS = 120
 PROMPT_MARGIN_TOKENS = 1_024
 MAX_OVERFLOW_RETRIES = 3
 MAX_CHUNKS = 64
+# The output room assumed for a remote endpoint's model (it sizes the prompt only).
+REMOTE_OUTPUT_TOKENS = 4_096
 
 
 @dataclass(frozen=True, slots=True)
 class Llm:
-    """Where and how to call the summarizer model."""
+    """Where and how to call the summarizer model.
+
+    The upstream LLM (``config``): ``model`` first, then each of ``fallback_models``
+    not already tried. Or, when ``remote`` is set, that endpoint for every request:
+    ``config`` and ``fallback_models`` are then not used, and ``model`` only sizes
+    the prompts (the endpoint's own model is not known)."""
 
     http: httpx.AsyncClient
-    config: UpstreamConfig
+    config: UpstreamConfig | None
     model: str
+    fallback_models: tuple[str, ...] = ()
+    remote: RemoteEndpoint | None = None
+
+    def __post_init__(self) -> None:
+        if self.config is None and self.remote is None:
+            raise ValueError("an Llm needs an upstream config or a remote endpoint")
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """The models to try, in order (the remote endpoint's label alone)."""
+        if self.remote is not None:
+            return (self.remote.label,)
+        return tuple(dict.fromkeys((self.model, *self.fallback_models)))
+
+    @property
+    def max_output_tokens(self) -> int:
+        if self.remote is not None or self.config is None:
+            return REMOTE_OUTPUT_TOKENS
+        return self.config.max_output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +129,9 @@ class Summarized:
     upstream_model: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # why the LLM was not (fully) used
+    # A summarizer (the upstream, a remote endpoint) was asked and failed for good:
+    # this is the extractive fallback.
+    fell_back: bool = False
     # What the continuity gate found, and the summary's parts (to render it again
     # with a shorter block, should the commit find it too long).
     gate: continuity.GateRecord | None = None
@@ -93,10 +148,14 @@ class RetryLater(Exception):
 
 
 def extractive(
-    plan: Plan, previous_summary: str | None, instructions: str | None = None
+    plan: Plan,
+    previous_summary: str | None,
+    instructions: str | None = None,
+    context: Sequence[str] = (),
 ) -> Summarized:
     """The summary without a model; ``instructions`` are its focus (see
-    :mod:`app.engine.extractive`), and the job's notes say what became of them."""
+    :mod:`app.engine.extractive`), and the job's notes say what became of them;
+    ``context`` lines are quoted in their own section."""
     entries = [*plan.history, *plan.turn_prefix]
     body = extractive_summary(
         entries,
@@ -110,6 +169,7 @@ def extractive(
         max_chars=plan.summary_chars,
         instructions=instructions,
         first_request_quoted=plan.first_request_quoted,
+        context=context,
     )
     notes = [_focus_note(instructions, body)] if instructions and instructions.strip() else []
     draft = Draft(body, None, plan)
@@ -164,21 +224,33 @@ def input_budget(model: str, max_output_tokens: int) -> int:
 
 
 class _Call:
-    """One summarization run against the upstream: usage adds up across calls."""
+    """One summarization run against the upstream or the remote endpoint, with one
+    candidate model at a time (:meth:`use`): usage adds up across calls."""
 
     def __init__(self, llm: Llm) -> None:
         self.llm = llm
         self.usage: dict[str, int] = {}
         self.model: str | None = None
+        self.asked = llm.candidates[0]
+
+    def use(self, model: str) -> None:
+        """Ask ``model`` from now on; the summary's model is its answer's."""
+        self.asked = model
+        self.model = None
+
+    async def _complete(self, system: str, prompt: str) -> Completion:
+        llm = self.llm
+        if llm.remote is not None:
+            return await summarize_remote(llm.http, llm.remote, system=system, prompt=prompt)
+        assert llm.config is not None  # Llm's own check
+        return await complete(llm.http, llm.config, model=self.asked, system=system, prompt=prompt)
 
     async def ask(
         self, system: str, prompt: str, clean: Callable[[str], str | None] = clean_reply
     ) -> str:
-        done = await complete(
-            self.llm.http, self.llm.config, model=self.llm.model, system=system, prompt=prompt
-        )
+        done = await self._complete(system, prompt)
         # The model that wrote the summary: the first call's (the title call is last).
-        self.model = self.model or done.model or self.llm.model
+        self.model = self.model or done.model or self.asked
         for key, value in done.usage.items():
             self.usage[key] = self.usage.get(key, 0) + value
         # done.text is already storable: the client cleans every upstream string.
@@ -242,6 +314,8 @@ async def _summarize_entries(
     previous: str | None,
     instructions: str | None,
     budget: int,
+    prompt: str | None = None,
+    context: Sequence[str] = (),
 ) -> tuple[str, PromptRequest | None]:
     """The summary of ``entries`` (updating ``previous``), chunked when needed; and
     the request that wrote it (the last chunk's), for the gate's retry."""
@@ -253,6 +327,8 @@ async def _summarize_entries(
                 strategy=strategy,
                 previous_summary=previous,
                 instructions=instructions,
+                prompt=prompt,
+                context=context,
             )
             text = request.system + request.prompt
             if not _fits(text, budget, _upper_bound(entries, conversation, len(text))):
@@ -262,6 +338,8 @@ async def _summarize_entries(
                     strategy=strategy,
                     previous_summary=previous,
                     instructions=instructions,
+                    prompt=prompt,
+                    context=context,
                 )
             if _fits(request.system + request.prompt, budget):
                 return await call.ask(request.system, request.prompt), request
@@ -271,7 +349,12 @@ async def _summarize_entries(
             last: PromptRequest | None = None
             for piece in _chunks(entries, room):
                 last = build_prompt(
-                    piece, strategy=strategy, previous_summary=summary, instructions=instructions
+                    piece,
+                    strategy=strategy,
+                    previous_summary=summary,
+                    instructions=instructions,
+                    prompt=prompt,
+                    context=context,
                 )
                 summary = await call.ask(last.system, last.prompt)
             return summary or "", last
@@ -284,15 +367,19 @@ async def _summarize_entries(
 
 
 async def _summarize_prefix(
-    call: _Call, entries: Sequence[Entry], instructions: str | None, budget: int
+    call: _Call,
+    entries: Sequence[Entry],
+    instructions: str | None,
+    budget: int,
+    context: Sequence[str] = (),
 ) -> tuple[str, PromptRequest]:
     conversation = serialize_conversation(entries, clip_chars=CLIP_CHARS)
-    request = build_turn_prefix_prompt(conversation, instructions)
+    request = build_turn_prefix_prompt(conversation, instructions, context=context)
     if not _fits(request.system + request.prompt, budget):
         pieces = _chunks(entries, max(1_024, budget - 2_048))
         # The turn's start and its latest steps matter most for continuing it.
         conversation = pieces[0] if len(pieces) == 1 else pieces[0] + "\n[...]\n" + pieces[-1]
-        request = build_turn_prefix_prompt(conversation, instructions)
+        request = build_turn_prefix_prompt(conversation, instructions, context=context)
     return await call.ask(request.system, request.prompt), request
 
 
@@ -331,6 +418,51 @@ async def _gate(
     return draft, summary, record
 
 
+@dataclass(slots=True)
+class _Drafted:
+    history: str
+    prefix: str | None
+    history_request: PromptRequest | None
+    prefix_request: PromptRequest | None
+
+
+async def _draft(
+    call: _Call,
+    plan: Plan,
+    *,
+    previous_summary: str | None,
+    strategy: Literal["structured", "narrative"],
+    instructions: str | None,
+    budget: int,
+    prompt: str | None,
+    context: Sequence[str],
+) -> _Drafted:
+    """The history's summary and the split turn's, by the call's current model."""
+    history_request: PromptRequest | None = None
+    prefix_request: PromptRequest | None = None
+    if plan.history:
+        history, history_request = await _summarize_entries(
+            call,
+            plan.history,
+            strategy=strategy,
+            previous=previous_summary,
+            instructions=instructions,
+            budget=budget,
+            prompt=prompt,
+            context=context,
+        )
+    else:
+        history = previous_summary or "(No earlier history: the turn below began the session.)"
+    prefix = None
+    if plan.turn_prefix:
+        # The context goes where a summary is written from the conversation: the
+        # history's prompt, or this one when there is no history.
+        prefix, prefix_request = await _summarize_prefix(
+            call, plan.turn_prefix, instructions, budget, () if plan.history else context
+        )
+    return _Drafted(history, prefix, history_request, prefix_request)
+
+
 async def summarize(
     plan: Plan,
     *,
@@ -340,55 +472,83 @@ async def summarize(
     llm: Llm | None,
     attempt: int,
     backoff: Backoff,
+    prompt: str | None = None,
+    context: Sequence[str] = (),
 ) -> Summarized:
     """The summary for ``plan``. Raises :class:`RetryLater` when the upstream
-    failed in a retryable way and attempts remain; otherwise falls back to the
-    extractive summarizer, and says why in ``notes``."""
+    failed in a retryable way and attempts remain; otherwise tries the next
+    candidate model (:attr:`Llm.candidates`), then falls back to the extractive
+    summarizer, and says why in ``notes``.
+
+    ``prompt``, when given, replaces the strategy's instructions in the history
+    summary's prompt (see :func:`app.engine.summary.build_prompt`); ``context``
+    lines are added to it as an ``<additional-context>`` list, and quoted by the
+    extractive summary in their own section. The defaults change nothing."""
+    context = tuple(context)
     if llm is None:
         # A second of CPU for a large history: in a worker thread, off the event loop.
-        return await anyio.to_thread.run_sync(extractive, plan, previous_summary, instructions)
+        return await anyio.to_thread.run_sync(
+            extractive, plan, previous_summary, instructions, context
+        )
     call = _Call(llm)
-    budget = input_budget(llm.model, llm.config.max_output_tokens)
-    try:
-        history_request: PromptRequest | None = None
-        prefix_request: PromptRequest | None = None
-        if plan.history:
-            history, history_request = await _summarize_entries(
+    budget = input_budget(llm.model, llm.max_output_tokens)
+    candidates = llm.candidates
+    source = "remote" if llm.remote is not None else "upstream"  # what the notes call it
+    tried: list[str] = []  # what became of each candidate that failed
+    for index, model in enumerate(candidates):
+        call.use(model)
+        # Named only when there is a choice: a single model's notes read as before.
+        who = f"model {model}: " if len(candidates) > 1 else ""
+        try:
+            drafted = await _draft(
                 call,
-                plan.history,
+                plan,
+                previous_summary=previous_summary,
                 strategy=strategy,
-                previous=previous_summary,
                 instructions=instructions,
                 budget=budget,
+                prompt=prompt,
+                context=context,
             )
-        else:
-            history = previous_summary or "(No earlier history: the turn below began the session.)"
-        prefix = None
-        if plan.turn_prefix:
-            prefix, prefix_request = await _summarize_prefix(
-                call, plan.turn_prefix, instructions, budget
+        except UpstreamError as exc:
+            failure = f"{who}{source} {exc.kind}: {exc}"
+            if exc.retryable and attempt < backoff.max_attempts:
+                delay = backoff_delay(
+                    attempt,
+                    base=backoff.base_seconds,
+                    cap=backoff.cap_seconds,
+                    retry_after=exc.retry_after,
+                    rand=backoff.rand,
+                )
+                raise RetryLater(delay, "; ".join([*tried, failure])) from exc
+            if index + 1 < len(candidates):
+                tried.append(f"{failure}; trying model {candidates[index + 1]}")
+                continue
+            fallback = await anyio.to_thread.run_sync(
+                extractive, plan, previous_summary, instructions, context
             )
-    except UpstreamError as exc:
-        if exc.retryable and attempt < backoff.max_attempts:
-            delay = backoff_delay(
-                attempt,
-                base=backoff.base_seconds,
-                cap=backoff.cap_seconds,
-                retry_after=exc.retry_after,
-                rand=backoff.rand,
+            fallback.notes += tried
+            fallback.notes.append(
+                f"{who}{source} {exc.kind} (attempt {attempt}): {exc}; used extractive"
             )
-            raise RetryLater(delay, f"upstream {exc.kind}: {exc}") from exc
-        fallback = await anyio.to_thread.run_sync(extractive, plan, previous_summary, instructions)
-        fallback.notes.append(f"upstream {exc.kind} (attempt {attempt}): {exc}; used extractive")
-        fallback.upstream_model = call.model
-        fallback.usage = call.usage
-        return fallback
+            fallback.upstream_model = call.model
+            fallback.usage = call.usage
+            fallback.fell_back = True
+            return fallback
+        break
+    notes: list[str] = list(tried)
+    if tried:
+        notes.append(
+            f"summary by model {call.asked} (candidate {len(tried) + 1} of {len(candidates)})"
+        )
     draft, summary, gate = await _gate(
-        call, Draft(history, prefix, plan), history_request, prefix_request
+        call,
+        Draft(drafted.history, drafted.prefix, plan),
+        drafted.history_request,
+        drafted.prefix_request,
     )
     history, prefix = draft.history_summary, draft.turn_prefix_summary
     short: str | None
-    notes: list[str] = []
     # Titled after the history, unless there is none: then after the split turn.
     titled = prefix if prefix and not plan.history and not previous_summary else history
     try:
@@ -396,7 +556,7 @@ async def summarize(
         short = await call.ask(request.system, request.prompt, clean_short_reply)
     except UpstreamError as exc:
         short = _short_from(titled)
-        notes.append(f"short summary: upstream {exc.kind}; taken from the summary")
+        notes.append(f"short summary: {source} {exc.kind}; taken from the summary")
     return Summarized(
         summary=summary,
         short_summary=short,

@@ -64,6 +64,7 @@ from app.store import search_index
 from app.store.search_index import Indexer
 from app.store.session_row import Unit, lock, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
+from app.upstream.remote import RemoteEndpoint
 
 log = logging.getLogger("compactd.worker")
 
@@ -95,6 +96,8 @@ class WorkerConfig:
     backoff: Backoff = field(default_factory=Backoff)
     upstream: UpstreamConfig | None = None
     upstream_model: str | None = None
+    # A session's compaction.remote_endpoint: how long one request may take.
+    remote_timeout_seconds: float = 120.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
@@ -118,6 +121,7 @@ class WorkerConfig:
             ),
             upstream=upstream,
             upstream_model=settings.upstream_model,
+            remote_timeout_seconds=settings.upstream_timeout_seconds,
         )
 
 
@@ -227,7 +231,7 @@ class Worker:
                 # Claims beyond max_attempts come from crashes: no more upstream calls.
                 llm = None
                 if job.attempts <= self.config.backoff.max_attempts:
-                    llm = self._llm(job, state_model, prepared.plan.summary_chars)
+                    llm = await self._llm(job, state_model, prepared.plan.summary_chars)
                 summarized = await self._heartbeat_while(
                     job,
                     summarize(
@@ -240,7 +244,7 @@ class Worker:
                         backoff=self.config.backoff,
                     ),
                 )
-                if self.config.upstream is None and job.summarizer == "llm":
+                if llm is None and self.config.upstream is None and job.summarizer == "llm":
                     summarized.notes.append("no upstream LLM is configured: extractive summary")
                 if await self._commit(job, prepared, summarized, repo):
                     return
@@ -299,16 +303,30 @@ class Worker:
             needed = sessions.verdict_of(state, config).action in ("compact", "emergency")
             return prepared, state.model, needed
 
-    def _llm(self, job: JobRow, session_model: str, summary_chars: int) -> Llm | None:
-        if job.summarizer != "llm" or self.config.upstream is None or self.http is None:
+    async def _llm(self, job: JobRow, session_model: str, summary_chars: int) -> Llm | None:
+        """The summarizer: the session's remote endpoint when it has one, else the
+        upstream LLM with the job's model then the session's candidates; None for
+        the extractive summary."""
+        if job.summarizer != "llm" or self.http is None:
             return None
+        async with driver_connection(self.engine) as driver:
+            state = await read_state(driver, job.tenant_id, job.session_id)
+        wanted = sessions.effective_config(state.config).compaction if state else None
         model = job.model or self.config.upstream_model or session_model
+        if wanted is not None and wanted.remote_endpoint is not None:
+            remote = RemoteEndpoint(
+                url=wanted.remote_endpoint, timeout_seconds=self.config.remote_timeout_seconds
+            )
+            return Llm(http=self.http, config=None, model=model, remote=remote)
+        upstream = self.config.upstream
+        if upstream is None:
+            return None
         # A summary in proportion to the session's window (about two characters
         # a token of room): a small window is not filled by its own summary.
-        upstream = self.config.upstream
         limit = min(upstream.max_output_tokens, max(1_024, summary_chars // 2))
         config = dataclasses.replace(upstream, max_output_tokens=limit)
-        return Llm(http=self.http, config=config, model=model)
+        fallbacks = tuple(wanted.models) if wanted is not None else ()
+        return Llm(http=self.http, config=config, model=model, fallback_models=fallbacks)
 
     async def _heartbeat_while(self, job: JobRow, work: Awaitable[T]) -> T:
         """Run ``work`` while extending the lease; stop it when the lease is lost
@@ -402,7 +420,7 @@ class Worker:
                 fell_back = (
                     job.summarizer == "llm"
                     and summarized.used == "extractive"
-                    and self.config.upstream is not None
+                    and (self.config.upstream is not None or summarized.fell_back)
                 )
                 error = "; ".join(summarized.notes) if fell_back and summarized.notes else None
                 await repo.succeed(
@@ -447,7 +465,7 @@ class Worker:
             plan = await branch.plan_branch(driver, job, state, nav)
         llm = None
         if job.attempts <= self.config.backoff.max_attempts:
-            llm = self._llm(job, state.model, plan.summary_chars)
+            llm = await self._llm(job, state.model, plan.summary_chars)
         summarized = await self._heartbeat_while(
             job,
             summarize(

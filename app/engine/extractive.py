@@ -35,6 +35,11 @@ lines that hold them open Critical Context, after the instructions themselves
 ("Focus asked for: …"); in every list, the items that name a term come first,
 so they are the last to go when the summary is cut to size.
 
+Given ``context`` (extra lines a hook supplied, seed 001's ``session.compacting``),
+the summary quotes them, each on one line, in an ``## Additional Context`` section
+after Critical Context (there only when there are some), cut like the other
+sections only beyond its share of ``max_chars``.
+
 Lists are newest first (focus items ahead). Given the previous summary, the new one carries it
 forward: its sections are parsed (those written here exactly, a model's
 structured summary as well as can be done, a prose summary as its goal) and
@@ -98,6 +103,11 @@ FOCUS_ITEMS = 6
 FOCUS_LINES_PER_TERM = 4
 FOCUS_WINDOW = 160  # characters either side of a term in a long line
 FOCUS_SHARE = 0.10  # of max_chars, on top of Critical Context's own share
+
+# A hook's context lines: their section, and each line's limit.
+CONTEXT_HEADING = "## Additional Context"
+CONTEXT_CHARS = 1_000
+CONTEXT_SHARE = 0.10  # of max_chars, on top of the others
 
 # How many items each list keeps, at most.
 CAPS = {
@@ -165,6 +175,9 @@ class SummaryFacts:
     # :data:`PINNED` in all). The head of Blocked, never trimmed; a previous summary's are
     # read back as Blocked items too.
     pinned: list[str] = field(default_factory=list)
+    # The context lines supplied for this summary (a later one reads them back as
+    # Critical Context).
+    context: list[str] = field(default_factory=list)
 
     def items(self, key: str) -> list[str]:
         """The list of section ``key`` (one of the keys of :data:`HEADINGS` but goal)."""
@@ -872,6 +885,8 @@ def _render_list(facts: SummaryFacts, key: str) -> str:
 
 
 def _render_section(facts: SummaryFacts, key: str) -> str:
+    if key == "context":
+        return CONTEXT_HEADING + "\n" + "\n".join(f"- {line}" for line in facts.context)
     return _render_goal(facts) if key == "goal" else _render_list(facts, key)
 
 
@@ -887,6 +902,8 @@ def _trim(facts: SummaryFacts, key: str) -> bool:
             facts.original = None if too_short else shorter
             return True
         return False
+    if key == "context":
+        return _trim_list(facts.context)
     # The focus goes last: it is what the user asked this summary to keep.
     lists = [facts.items(key), facts.focus] if key == "critical" else [facts.items(key)]
     return any(_trim_list(items) for items in lists)
@@ -907,9 +924,13 @@ def _trim_list(items: list[str]) -> bool:
 
 def _render(facts: SummaryFacts, max_chars: int) -> str:
     keys = list(HEADINGS)
+    shares = dict(SHARES)
+    if facts.context:
+        # After Critical Context, before Lookup Hints.
+        keys.insert(keys.index("critical") + 1, "context")
+        shares["context"] = CONTEXT_SHARE
     sizes = {k: len(_render_section(facts, k)) for k in keys}
     separators = 2 * len(keys)  # a blank line after the note and between sections
-    shares = dict(SHARES)
     if facts.focus:
         shares["critical"] += FOCUS_SHARE
     stuck: set[str] = set()
@@ -935,6 +956,7 @@ def extractive_summary(
     max_chars: int = DEFAULT_MAX_CHARS,
     instructions: str | None = None,
     first_request_quoted: bool = False,
+    context: Sequence[str] = (),
 ) -> str:
     """A structured summary of ``entries`` without a model, at most ``max_chars`` long.
 
@@ -944,7 +966,8 @@ def extractive_summary(
     one is. ``read_files`` and ``modified_files`` are the cumulative file lists.
     ``instructions`` are the focus asked for (see the module's docstring).
     ``first_request_quoted``: the summary's ``<user-requests>`` block quotes the
-    first request, so Goal only names it in short.
+    first request, so Goal only names it in short. ``context`` lines are quoted
+    in their own section (see the module's docstring).
     The result has no file tags; add them with
     :func:`app.engine.summary.with_file_tags` like any other summary.
     """
@@ -967,4 +990,5 @@ def extractive_summary(
         facts = _merge(facts, old)
     if facts.original:
         facts.original = _short_goal(facts.original, first_request_quoted)
+    facts.context = [_one_line(line, CONTEXT_CHARS) for line in context if line.strip()]
     return _render(facts, max(max_chars, 0))

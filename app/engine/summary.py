@@ -5,8 +5,10 @@ Compaction hands the summarizer model a plain-text transcript of the history
 real tool calls tends to continue the conversation instead of describing it.
 The prompt (:func:`build_prompt`) wraps that transcript in
 ``<conversation>`` tags, with the previous summary in ``<previous-summary>``
-tags when this is not the first compaction, followed by the instructions of
-the chosen strategy (``structured`` sections or ``narrative`` prose).
+tags when this is not the first compaction and the lines a hook supplied in an
+``<additional-context>`` list, followed by the instructions of the chosen
+strategy (``structured`` sections or ``narrative`` prose), or the prompt a hook
+supplied in their place.
 
 What comes back is cleaned (:func:`clean_reply`), merged with the summary of a
 split turn's first part (:func:`merge_split_turn`), given the lists of files
@@ -195,12 +197,33 @@ def _focus(instructions: str | None) -> list[str]:
     ]
 
 
+ADDITIONAL_CONTEXT_TAG = "additional-context"
+
+
+def render_additional_context(lines: Sequence[str]) -> str:
+    """Extra context lines (a hook's, seed 001's ``context``) as the
+    ``<additional-context>`` list a prompt carries: one ``- `` item a line, a
+    line's own line breaks indented under its item; blank lines left out; empty
+    when there is none. A closing tag inside a line is made inert."""
+    items: list[str] = []
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        items.append("- " + "\n  ".join(part.rstrip() for part in text.splitlines()))
+    if not items:
+        return ""
+    return _tagged(ADDITIONAL_CONTEXT_TAG, "\n".join(items))
+
+
 def build_prompt(
     conversation: str,
     *,
     strategy: Strategy = "structured",
     previous_summary: str | None = None,
     instructions: str | None = None,
+    prompt: str | None = None,
+    context: Sequence[str] = (),
 ) -> PromptRequest:
     """The request that summarizes ``conversation`` (a :func:`serialize_conversation`).
 
@@ -208,15 +231,25 @@ def build_prompt(
     the new messages into it and writes one summary in the same format
     (``update.md`` around the strategy's own instructions). ``instructions``
     are the user's extra focus (``/compact <instructions>``).
+
+    ``prompt`` (a hook's, seed 001's ``session.compacting``), when not blank,
+    replaces the strategy's instructions: the summary's format and what it must
+    say. Everything else stays: the ``<previous-summary>`` and ``<conversation>``
+    blocks, ``update.md``'s merge instructions around it on an update, the
+    focus. ``context`` lines come as an ``<additional-context>`` list
+    (:func:`render_additional_context`) after the conversation, before the
+    instructions.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown summary strategy {strategy!r}; expected one of {STRATEGIES}")
     sections: list[str] = []
-    body = load_prompt(strategy)
+    body = prompt.strip() if prompt is not None and prompt.strip() else load_prompt(strategy)
     if previous_summary is not None and previous_summary.strip():
         sections.append(_tagged("previous-summary", previous_summary))
         body = fill(load_prompt("update"), {"strategy_instructions": body})
     sections.append(_tagged("conversation", conversation))
+    if extra := render_additional_context(context):
+        sections.append(extra)
     sections.append(body)
     sections += _focus(instructions)
     return PromptRequest(system=load_prompt("system"), prompt="\n\n".join(sections))
@@ -233,9 +266,15 @@ def add_must_name(request: PromptRequest, items: Sequence[str]) -> PromptRequest
     return PromptRequest(system=request.system, prompt=f"{request.prompt}\n\n{section}")
 
 
-def build_turn_prefix_prompt(conversation: str, instructions: str | None = None) -> PromptRequest:
-    """The request that summarizes the first part of a split turn; the rest is kept."""
-    sections = [_tagged("conversation", conversation), load_prompt("turn_prefix")]
+def build_turn_prefix_prompt(
+    conversation: str, instructions: str | None = None, *, context: Sequence[str] = ()
+) -> PromptRequest:
+    """The request that summarizes the first part of a split turn; the rest is
+    kept. ``context`` as for :func:`build_prompt`."""
+    sections = [_tagged("conversation", conversation)]
+    if extra := render_additional_context(context):
+        sections.append(extra)
+    sections.append(load_prompt("turn_prefix"))
     sections += _focus(instructions)
     return PromptRequest(system=load_prompt("system"), prompt="\n\n".join(sections))
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.engine.view import SENTINEL
+from app.upstream.remote import MAX_URL_CHARS, url_problem
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
 SessionId = Annotated[
@@ -40,9 +41,32 @@ class CompactionConfig(Strict):
     strategy: Literal["structured", "narrative"] = "structured"
     summarizer: Literal["llm", "extractive"] = "llm"
     model: str | None = Field(None, max_length=200)
+    models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=5,
+        description="Summarizer models tried in order, after the compaction's own model (the "
+        "request's model, else `model`, else the server's COMPACTD_UPSTREAM_MODEL, else the "
+        "session's model), when it fails in a way that would end in the extractive summary; "
+        "duplicates are skipped.",
+    )
+    remote_endpoint: str | None = Field(
+        None,
+        max_length=MAX_URL_CHARS,
+        description="An absolute http(s) URL: every summarizer request of a compaction is "
+        'POSTed there as {"systemPrompt", "prompt"}, answered with {"summary"}, instead of '
+        "going to the upstream LLM (none needs to be configured); its summaries record "
+        "`remote:<host>` as their model.",
+    )
     auto_continue: bool = True
     emergency_fraction: float = Field(0.95, gt=0, le=1)
     instructions: str | None = Field(None, max_length=20_000)
+
+    @field_validator("remote_endpoint")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        if value is not None and (problem := url_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
 
 
 class PruneConfig(Strict):
