@@ -40,6 +40,10 @@ class CompactionConfig(TypedDict):
     strategy: Strategy
     summarizer: Summarizer
     model: str | None
+    # Summarizer models tried in order after the compaction's own, before extractive.
+    models: list[str]
+    # POST {systemPrompt, prompt} here for every summarizer request; {summary} back.
+    remote_endpoint: str | None
     auto_continue: bool
     emergency_fraction: float
     instructions: str | None
