@@ -197,6 +197,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from app.core.tls import client_context
     from app.core.tokenizer import load_encodings
     from app.engine.tokens import register_encodings
+    from app.webhooks.dispatcher import Dispatcher
 
     settings = get_settings()
     count = args.count if args.count is not None else max(1, settings.compaction_workers)
@@ -220,6 +221,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             http,
             count=count,
             grace_seconds=settings.compaction_shutdown_grace_seconds,
+            extras=[Dispatcher(engine, http, settings)],
         )
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()

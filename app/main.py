@@ -12,10 +12,15 @@ from fastapi import Depends, FastAPI, Request
 from app import __version__
 from app.budget.router import router as budget_router
 from app.compactions.router import router as compactions_router
-from app.compactions.worker import WorkerConfig, WorkerPool
+from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
 from app.context.router import router as context_router
 from app.core import metrics
-from app.core.database import create_engine, resolve_database_url, sessionmaker
+from app.core.database import (
+    create_engine,
+    driver_bounds,
+    resolve_database_url,
+    sessionmaker,
+)
 from app.core.docs import install_docs
 from app.core.errors import BadRequest, invalid
 from app.core.http import install_error_handlers, run_sized
@@ -27,6 +32,8 @@ from app.core.tls import client_context
 from app.core.tokenizer import load_encodings
 from app.engine.storable import find_unstorable
 from app.engine.tokens import register_encodings
+from app.events.hub import EventHub
+from app.events.router import router as events_router
 from app.health.router import router as health_router
 from app.keys.auth import AuthMiddleware, KeyStore, document_bearer_auth
 from app.messages.router import router as messages_router
@@ -37,6 +44,8 @@ from app.recall.router import router as recall_router
 from app.recall.tools_router import router as recall_tools_router
 from app.sessions.router import router as sessions_router
 from app.tree.router import router as tree_router
+from app.webhooks.dispatcher import Dispatcher
+from app.webhooks.router import router as webhooks_router
 
 
 async def reject_unstorable_text(request: Request) -> None:
@@ -98,6 +107,7 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
             limits=httpx.Limits(max_connections=max(4, settings.compaction_workers * 4)),
             verify=client_context(),
         )
+        app.state.http = http  # the workers', the dispatcher's and the hooks' client
         app.state.compaction_wake = wake = asyncio.Event()
         workers = WorkerPool(
             engine,
@@ -106,13 +116,17 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
             count=settings.compaction_workers,
             grace_seconds=settings.compaction_shutdown_grace_seconds,
             wake=wake,
+            extras=[Dispatcher(engine, http, settings)],
         )
+        app.state.event_hub = hub = EventHub(listen_dsn(engine), driver_bounds(engine))
+        hub.start()
         # The served process then freezes the collector's view of the heap
         # (app.core.server.serve): serve-only work, which test apps do not pay.
         workers.start()
         try:
             yield
         finally:
+            await hub.close()
             await workers.close()
             await http.aclose()
             await app.state.proxy.aclose()
@@ -154,6 +168,8 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
         tree_router,
         recall_router,
         recall_tools_router,
+        events_router,
+        webhooks_router,
         proxy_router,
     ):
         app.include_router(router)

@@ -18,6 +18,8 @@ temporary folder) and measures over real HTTP:
   the task, the modified files and the last error (:mod:`bench.continuity`);
 - the tree: context read and append at the leaf of a 10,000-entry tree of 100 branches
   against a 10,000-entry line, forks and navigations (:mod:`bench.tree`);
+- events and webhooks: their cost on an append, SSE fan-out to 100 streams, webhook
+  delivery throughput (:mod:`bench.events`);
 - recall: search over a 10,000-entry session and over 1,000 sessions of 1,000 entries
   (written straight into the database), the append cost of the search indexes and their
   size (:mod:`bench.recall`). It runs last: it leaves a million entries behind.
@@ -50,7 +52,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, continuity, load, proxy, recall, tree, upstream
+from bench import bounds, continuity, events, load, proxy, recall, tree, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -483,6 +485,7 @@ SECTIONS = (
     "bounds",
     "load",
     "proxy",
+    "events",
     "recall",
     "continuity",
 )
@@ -585,6 +588,10 @@ def main() -> int:
                 finally:
                     scripted.terminate()
                     scripted.wait(timeout=30)
+            if "events" in sections:
+                await events.bench_events(
+                    "127.0.0.1", port, url, {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"}
+                )
             if "recall" in sections:
                 await recall.bench_recall("127.0.0.1", port, url)
             instant.close()

@@ -18,6 +18,7 @@ from app.engine import catalog, ledger, tokens, view
 from app.engine.prune import PruneSettings, plan_prune
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
+from app.store import events
 from app.store.log import ErasedRow, LogRepository, OnPath, PrunedRow
 from app.store.session_row import Unit
 
@@ -129,6 +130,20 @@ async def prune_locked(
         await repo.mark_pruned(driver, at, rows, now, erased)
         unit.apply(ledger.Pruned(saved, urgent))
         await unit.save(now=now)
+        await events.emit(
+            driver,
+            unit.tenant_id,
+            session_id,
+            "session.pruned",
+            {
+                "trigger": trigger,
+                "tokens_saved": saved,
+                "entries": len(rows),
+                "erased": bool(erased),
+                "context_tokens": state.context_tokens,
+                "version": state.version,
+            },
+        )
         metrics.pruned(trigger, saved)
     return result(pruned, saved, plan.candidate_tokens, plan.protected_tokens, None)
 

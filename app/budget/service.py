@@ -32,6 +32,7 @@ from app.engine import budget, catalog, ledger, overflow_errors, tokens
 from app.history.schemas import Format
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
+from app.store import events
 from app.store.session_row import SessionState, locked
 
 
@@ -130,6 +131,7 @@ class BudgetService:
             async with locked(self.engine, self.tenant_id, session_id) as unit:
                 state = unit.state
                 config = sessions.effective_config(state.config)
+                was = sessions.verdict_of(state, config)
                 encoding = catalog.lookup(state.model).encoding
                 if report.tools_tokens is not None:
                     overhead = report.tools_tokens
@@ -180,6 +182,9 @@ class BudgetService:
                 # call's: one call never gets two.)
                 relieved = await relieve(
                     unit, config, "usage", now=now, may_compact=not measured.queued_since
+                )
+                await events.verdict_changed(
+                    unit.driver, self.tenant_id, session_id, was, relieved.verdict, "usage"
                 )
                 overflow = Verdict.model_validate(dataclasses.asdict(relieved.verdict))
                 return UsageResponse(

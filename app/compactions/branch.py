@@ -22,7 +22,7 @@ from app.engine import branch_summary, catalog, ledger, pivot_rules
 from app.engine.compaction import Plan
 from app.engine.tree import Path, Prefix
 from app.sessions import service as sessions
-from app.store import branches
+from app.store import branches, events
 from app.store.log import LogRepository, OnPath
 from app.store.session_row import SessionState, Unit
 
@@ -197,6 +197,20 @@ async def commit_branch(
     )
     unit.apply(ledger.Appended((ledger.Added(stored.tokens),)))
     await unit.save()
+    await events.emit(
+        driver,
+        unit.tenant_id,
+        unit.session_id,
+        "session.navigated",
+        {
+            "from_leaf_seq": nav.from_next_seq - 1,
+            "to_leaf_seq": nav.target_seq,
+            "to_entry_id": str(landing.id),
+            "abandoned_seqs": nav.from_next_seq - 1 - nav.common_seq,
+            "branch_summary_seq": seq,
+            "compaction_id": str(job.id),
+        },
+    )
     return Outcome(
         summary=summarized.summary,
         short_summary=summarized.short_summary,

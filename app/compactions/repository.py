@@ -17,6 +17,7 @@ import orjson
 
 from app.core.driver import Driver, Record, record_of
 from app.engine import tree
+from app.store import events
 
 CHANNEL = "compactd_compactions"
 
@@ -284,6 +285,7 @@ class CompactionRepository:
         if row is not None:
             job = _job(row)
             await driver.execute(_NOTIFY_SQL)
+            await _emit(driver, job, "compaction.queued")
             return job, True
         if reason == "overflow":
             # The provider refused a prompt: a job still waiting plans with the
@@ -316,7 +318,9 @@ class CompactionRepository:
         if row is None:
             raise RuntimeError("a compaction is still active")
         await driver.execute(_NOTIFY_SQL)
-        return _job(row), True
+        job = _job(row)
+        await _emit(driver, job, "compaction.queued")
+        return job, True
 
     async def release(self, driver: Driver, job: JobRow) -> None:
         await driver.execute(
@@ -326,8 +330,13 @@ class CompactionRepository:
     @staticmethod
     async def claim(driver: Driver, owner: str, lease_seconds: float) -> JobRow | None:
         """The next due job of any tenant, leased to ``owner``: the queue is shared."""
-        row = await driver.fetchrow(_CLAIM_SQL, owner, lease_seconds)
-        return None if row is None else _job(row)
+        async with driver.transaction():
+            row = await driver.fetchrow(_CLAIM_SQL, owner, lease_seconds)
+            if row is None:
+                return None
+            job = _job(row)
+            await _emit(driver, job, "compaction.started", attempt=job.attempts, worker=owner)
+        return job
 
     async def heartbeat(self, driver: Driver, job: JobRow, lease_seconds: float) -> bool | None:
         """Extend the lease; whether a cancel was asked. None: the lease is lost."""
@@ -385,6 +394,14 @@ class CompactionRepository:
         await driver.execute(
             _RETRY_SQL, job.session_id, job.tenant_id, job.id, delay_seconds, error
         )
+        await _emit(
+            driver,
+            job,
+            "compaction.retrying",
+            attempt=job.attempts,
+            retry_in_seconds=round(delay_seconds, 1),
+            error=error,
+        )
 
     async def finish(
         self,
@@ -403,19 +420,22 @@ class CompactionRepository:
             error,
             None if details is None else orjson.dumps(details).decode(),
         )
+        await _emit(driver, job, f"compaction.{status}", error=error)
 
     async def cancel(self, driver: Driver, session_id: str, job_id: uuid.UUID) -> JobRow | None:
         """Cancel a queued job at once, or ask a running one to stop. None when
         it is neither (finished already)."""
         row = await driver.fetchrow(_CANCEL_QUEUED_SQL, session_id, self.tenant_id, job_id)
-        if row is None:
-            row = await driver.fetchrow(_REQUEST_CANCEL_SQL, session_id, self.tenant_id, job_id)
+        if row is not None:
+            job = _job(row)
+            await _emit(driver, job, "compaction.cancelled", error=job.error)
+            return job
+        row = await driver.fetchrow(_REQUEST_CANCEL_SQL, session_id, self.tenant_id, job_id)
         return None if row is None else _job(row)
 
-    async def succeed(
-        self, driver: Driver, job_id: uuid.UUID, session_id: str, done: Outcome
-    ) -> None:
-        await driver.execute(_SUCCEED_SQL, session_id, self.tenant_id, job_id, *done.values())
+    async def succeed(self, driver: Driver, job: JobRow, done: Outcome) -> None:
+        await driver.execute(_SUCCEED_SQL, job.session_id, self.tenant_id, job.id, *done.values())
+        await _emit(driver, job, "compaction.succeeded", **_succeeded(done))
 
     async def insert_done(
         self,
@@ -431,3 +451,25 @@ class CompactionRepository:
         await driver.execute(
             _INSERT_DONE_SQL, session_id, self.tenant_id, job_id, reason, now, *done.values()
         )
+        data = {"compaction_id": str(job_id), "reason": reason, "auto": True}
+        await events.emit(
+            driver, self.tenant_id, session_id, "compaction.succeeded", {**data, **_succeeded(done)}
+        )
+
+
+async def _emit(driver: Driver, job: JobRow, type_: str, **more: Any) -> None:
+    """The job's event (app.store.events), in the caller's transaction."""
+    data = {"compaction_id": str(job.id), "reason": job.reason, "auto": job.auto, **more}
+    await events.emit(driver, job.tenant_id, job.session_id, type_, data)
+
+
+def _succeeded(done: Outcome) -> dict[str, Any]:
+    return {
+        "tokens_before": done.tokens_before,
+        "tokens_after": done.tokens_after,
+        "summarizer": done.summarizer_used,
+        "first_kept_seq": done.first_kept_seq,
+        "entry_seq": done.entry_seq,
+        "from_hook": bool(done.details.get("from_hook")),
+        "error": done.error,
+    }

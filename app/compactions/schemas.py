@@ -249,7 +249,9 @@ class CompactionOut(BaseModel):
     auto: bool
     strategy: Strategy
     summarizer: Summarizer = Field(description="As requested.")
-    summarizer_used: Summarizer | None = Field(description="What made the summary.")
+    summarizer_used: Literal["llm", "extractive", "hook"] | None = Field(
+        description="What made the summary (`hook`: a blocking hook supplied it)."
+    )
     attempts: int
     cancel_requested: bool
     summary: str | None

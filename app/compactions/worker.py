@@ -11,7 +11,8 @@ the lease ends.
 
 Workers sleep until a ``NOTIFY`` on the jobs channel (or a wake-up from the API
 in the same process), and poll as the fallback. The recall indexer
-(app.store.search_index) runs beside them and wakes on the same channel.
+(app.store.search_index) and the webhook dispatcher run beside them, each woken by
+its own channel.
 
 The continuity gate (:mod:`app.engine.continuity`) has completed the summary
 before the commit; the job's details record what it found (``gate``), whether the
@@ -31,16 +32,16 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.compactions import branch
+from app.compactions import branch, hooks
 from app.compactions.pivot import (
     NoGain,
     Prepared,
@@ -59,8 +60,8 @@ from app.core.settings import Settings
 from app.engine import branch_summary, catalog, continuity, tokens
 from app.engine.compaction import summary_entry_tokens
 from app.engine.relief import FAILURE_LIMIT
+from app.engine.summary import serialize_conversation
 from app.sessions import service as sessions
-from app.store import search_index
 from app.store.search_index import Indexer
 from app.store.session_row import Unit, lock, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
@@ -193,6 +194,7 @@ class Worker:
             if job.reason == branch_summary.KIND:
                 await self._branch_summary(job, repo)
                 return
+            hooked: hooks.Answered | None = None
             for _ in range(REPLANS):
                 loaded = await self._prepare(job)
                 if loaded is None:
@@ -228,6 +230,24 @@ class Worker:
                         "keep_recent_tokens, or has no point to cut at",
                     )
                     return
+                if hooked is None:
+                    hooked = await self._hooks(job, prepared)
+                    if hooked.cancel is not None:
+                        await self._finish(
+                            job, "cancelled", f"cancelled by a hook: {hooked.cancel}"
+                        )
+                        return
+                _hooked_details(prepared, hooked)
+                if hooked.summary is not None:
+                    summarized = Summarized(
+                        summary=hooked.summary,
+                        short_summary=None,
+                        used="hook",
+                        notes=["the summary came from a hook (from_hook)"],
+                    )
+                    if await self._commit(job, prepared, summarized, repo):
+                        return
+                    continue
                 # Claims beyond max_attempts come from crashes: no more upstream calls.
                 llm = None
                 if job.attempts <= self.config.backoff.max_attempts:
@@ -242,6 +262,8 @@ class Worker:
                         llm=llm,
                         attempt=job.attempts,
                         backoff=self.config.backoff,
+                        prompt=hooked.prompt,
+                        context=hooked.context,
                     ),
                 )
                 if llm is None and self.config.upstream is None and job.summarizer == "llm":
@@ -327,6 +349,33 @@ class Worker:
         config = dataclasses.replace(upstream, max_output_tokens=limit)
         fallbacks = tuple(wanted.models) if wanted is not None else ()
         return Llm(http=self.http, config=config, model=model, fallback_models=fallbacks)
+
+    async def _hooks(self, job: JobRow, prepared: Prepared) -> hooks.Answered:
+        """What the session's ``compaction.before`` hooks say (app.compactions.hooks)."""
+        if self.http is None:
+            return hooks.Answered()
+        plan = prepared.plan
+        conversation = serialize_conversation(plan.history)
+        data = {
+            "compaction_id": str(job.id),
+            "reason": job.reason,
+            "auto": job.auto,
+            "attempt": job.attempts,
+            "source_start_seq": plan.start_seq,
+            "first_kept_seq": plan.first_kept_seq,
+            "entries": len(plan.history),
+            "previous_summary": prepared.previous_summary,
+            "conversation": conversation[: hooks.MAX_SUMMARY_CHARS * 2],
+        }
+        return await hooks.call(
+            self.engine,
+            self.http,
+            job.tenant_id,
+            job.session_id,
+            "compaction.before",
+            data,
+            message_id=f"{job.id}-{job.attempts}",
+        )
 
     async def _heartbeat_while(self, job: JobRow, work: Awaitable[T]) -> T:
         """Run ``work`` while extending the lease; stop it when the lease is lost
@@ -425,8 +474,7 @@ class Worker:
                 error = "; ".join(summarized.notes) if fell_back and summarized.notes else None
                 await repo.succeed(
                     driver,
-                    job.id,
-                    job.session_id,
+                    job,
                     outcome(prepared, summarized, committed, error=error),
                 )
         if isinstance(committed, NoGain):
@@ -463,21 +511,31 @@ class Worker:
                 await self._finish(job, "cancelled", _MOVED_ON)
                 return
             plan = await branch.plan_branch(driver, job, state, nav)
-        llm = None
-        if job.attempts <= self.config.backoff.max_attempts:
-            llm = await self._llm(job, state.model, plan.summary_chars)
-        summarized = await self._heartbeat_while(
-            job,
-            summarize(
-                plan,
-                previous_summary=None,
-                strategy="structured",
-                instructions=job.instructions or branch_summary.INSTRUCTIONS,
-                llm=llm,
-                attempt=job.attempts,
-                backoff=self.config.backoff,
-            ),
-        )
+        supplied = (job.details or {}).get("hook_summary")
+        if isinstance(supplied, str) and supplied.strip():
+            # A navigation.before hook wrote it (app.compactions.hooks).
+            summarized = Summarized(
+                summary=supplied,
+                short_summary=None,
+                used="hook",
+                notes=["the branch summary came from a hook (from_hook)"],
+            )
+        else:
+            llm = None
+            if job.attempts <= self.config.backoff.max_attempts:
+                llm = await self._llm(job, state.model, plan.summary_chars)
+            summarized = await self._heartbeat_while(
+                job,
+                summarize(
+                    plan,
+                    previous_summary=None,
+                    strategy="structured",
+                    instructions=job.instructions or branch_summary.INSTRUCTIONS,
+                    llm=llm,
+                    attempt=job.attempts,
+                    backoff=self.config.backoff,
+                ),
+            )
         async with driver_connection(self.engine) as driver, driver.transaction():
             unit = await lock(driver, job.tenant_id, job.session_id)
             if unit is None:
@@ -494,7 +552,7 @@ class Worker:
                 done = await branch.commit_branch(
                     unit, job, nav, plan, summarized, now=datetime.now(UTC)
                 )
-                await repo.succeed(driver, job.id, job.session_id, done)
+                await repo.succeed(driver, job, done)
         if moved:
             await self._finish(job, "cancelled", _MOVED_ON)
             return
@@ -569,6 +627,19 @@ class Worker:
             return
         if later.delay_seconds <= 0:
             self.wake.set()
+
+
+def _hooked_details(prepared: Prepared, hooked: hooks.Answered) -> None:
+    """The hooks' record (and what they gave) in the details the job records."""
+    details = prepared.plan.details
+    if hooked.calls:
+        details["hooks"] = hooked.calls
+    if hooked.preserve:
+        details["preserve"] = hooked.preserve
+    if hooked.summary is not None:
+        details["from_hook"] = True
+        if hooked.summary_details:
+            details["hook_details"] = hooked.summary_details
 
 
 def _with_gate(prepared: Prepared, summarized: Summarized) -> Prepared:
@@ -687,6 +758,15 @@ def listen_dsn(engine: AsyncEngine) -> str:
     return url.render_as_string(hide_password=False)
 
 
+class Background(Protocol):
+    """A loop that runs beside the workers, woken by a ``NOTIFY`` on ``channel``."""
+
+    channel: str
+    wake: asyncio.Event
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
 class WorkerPool:
     """``count`` workers and a listener in this process, stopped gracefully."""
 
@@ -699,6 +779,7 @@ class WorkerPool:
         count: int,
         grace_seconds: float,
         wake: asyncio.Event | None = None,
+        extras: Sequence[Background] = (),
     ) -> None:
         self.wake = wake or asyncio.Event()
         self._claimed_at: dict[uuid.UUID, float] = {}
@@ -707,13 +788,17 @@ class WorkerPool:
         self.workers = [
             Worker(engine, config, http, name=worker_name(i), wake=self.wake) for i in range(count)
         ]
-        # Text that appends left to index; woken by the same channel.
-        self.indexer = Indexer(engine, asyncio.Event(), config.poll_seconds)
+        # Beside the workers: the search indexer, and what the caller adds (the
+        # webhook dispatcher), each woken by its own channel.
+        self.background: list[Background] = [
+            Indexer(engine, asyncio.Event(), config.poll_seconds),
+            *extras,
+        ]
         self.listener = Listener(
             listen_dsn(engine),
             self.wake,
             driver_bounds(engine),
-            also={search_index.CHANNEL: self.indexer.wake},
+            also={b.channel: b.wake for b in self.background},
         )
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -721,7 +806,7 @@ class WorkerPool:
         if not self.workers:
             return
         self.tasks = [asyncio.create_task(w.run(self.stop)) for w in self.workers]
-        self.tasks.append(asyncio.create_task(self.indexer.run(self.stop)))
+        self.tasks += [asyncio.create_task(b.run(self.stop)) for b in self.background]
         self.tasks.append(asyncio.create_task(self.listener.run(self.stop)))
 
     async def close(self) -> None:

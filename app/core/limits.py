@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -260,6 +261,13 @@ class _BodiesFull(Exception):
         self.reason = reason
 
 
+_EVENT_STREAM = re.compile(r"^/v1/(?:sessions/[^/]+/)?events$")
+
+
+def _event_stream(scope: Scope) -> bool:
+    return scope.get("method") == "GET" and _EVENT_STREAM.match(scope["path"]) is not None
+
+
 class LimitMiddleware:
     """Admission, the body, then a fair slot (see the module's docstring). Plain ASGI:
     no task of its own, and the body is handed to the app as the one message it was
@@ -271,7 +279,9 @@ class LimitMiddleware:
         self.slots = FairSlots(limits)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPS_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPS_PATHS or _event_stream(scope):
+            # An event stream (no body) holds no slot for its hours: its route caps
+            # how many are open (app.events.router).
             await self.app(scope, receive, send)
             return
         tenant: str = scope.get("state", {}).get("tenant") or NO_TENANT

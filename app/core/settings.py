@@ -178,6 +178,39 @@ class Settings(BaseSettings):
     compaction_shutdown_grace_seconds: float = Field(
         default=10.0, ge=0, description="How long in-flight jobs may finish on shutdown."
     )
+    events_retention_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="Events (and webhook deliveries) older than this are deleted.",
+    )
+    event_streams_max: int = Field(
+        default=1000,
+        ge=1,
+        description="Event streams (GET …/events, GET /v1/events) open at once in one process; "
+        "one more gets 503. They hold no request slot.",
+    )
+    event_streams_per_tenant_max: int = Field(
+        default=100,
+        ge=1,
+        description="Event streams one tenant may have open at once in one process.",
+    )
+    event_stream_heartbeat_seconds: float = Field(
+        default=15.0, gt=0, description="A comment line on an idle event stream this often."
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=60, description="How long a webhook delivery waits for its answer."
+    )
+    webhook_max_attempts: int = Field(
+        default=8, ge=1, le=50, description="Attempts of one delivery before it is given up."
+    )
+    webhook_backoff_base_seconds: float = Field(default=5.0, ge=0)
+    webhook_backoff_cap_seconds: float = Field(default=3600.0, ge=0)
+    webhook_disable_after_failures: int = Field(
+        default=20,
+        ge=1,
+        description="Failed attempts in a row (across deliveries) after which a webhook is "
+        "disabled; any success resets the count.",
+    )
     upstream_base_url: str | None = Field(
         default=None,
         description="The summarizer LLM's API base, e.g. https://api.openai.com/v1; unset: "

@@ -39,6 +39,7 @@ from app.history.schemas import Format
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest, StoredEntry
 from app.sessions import service as sessions
 from app.sessions.schemas import TruncateConfig
+from app.store import events
 from app.store import search_index as indexer
 from app.store.log import (
     Answer,
@@ -595,24 +596,31 @@ class AppendService:
             "pruned": None,
             "compaction": None,
         }
-        written = await self.repo.write_append(
-            driver,
-            AppendWrite(
-                session_id=session_id,
-                family_id=session.family_id,
-                branch=path.leaf_branch,
-                read_version=read_version,
-                source_format=batch.format,
-                now=datetime.now(UTC),
-                entries=rows,
-                new_calls=linking.new_calls,
-                answers=linking.answers,
-                session=session,
-                idempotency_key=batch.idempotency_key,
-                request_hash=batch.digest,
-                response=append_document(document).decode() if batch.idempotency_key else None,
-            ),
-        )
+        was = sessions.verdict_of(before, config)
+        # A changed verdict is an event, written with the append or not at all.
+        async with driver.transaction() if was.action != verdict.action else _no_transaction():
+            written = await self.repo.write_append(
+                driver,
+                AppendWrite(
+                    session_id=session_id,
+                    family_id=session.family_id,
+                    branch=path.leaf_branch,
+                    read_version=read_version,
+                    source_format=batch.format,
+                    now=datetime.now(UTC),
+                    entries=rows,
+                    new_calls=linking.new_calls,
+                    answers=linking.answers,
+                    session=session,
+                    idempotency_key=batch.idempotency_key,
+                    request_hash=batch.digest,
+                    response=append_document(document).decode() if batch.idempotency_key else None,
+                ),
+            )
+            if written:
+                await events.verdict_changed(
+                    driver, self.tenant_id, session_id, was, verdict, "append"
+                )
         if not written:
             return None
         if any(batch.search_pending):
@@ -631,6 +639,9 @@ class AppendService:
                 version=session.version,
                 context_tokens=session.context_tokens,
                 overflow=dataclasses.asdict(relieved.verdict),
+            )
+            await events.verdict_changed(
+                driver, self.tenant_id, session_id, verdict, relieved.verdict, "relief"
             )
             if batch.idempotency_key:
                 await self.repo.replace_idempotent_response(
@@ -661,6 +672,11 @@ class _Turns:
 
 
 _turns = _Turns()
+
+
+@contextlib.asynccontextmanager
+async def _no_transaction() -> AsyncIterator[None]:
+    yield
 
 
 class _Shown(NamedTuple):

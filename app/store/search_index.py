@@ -99,6 +99,8 @@ class Indexer:
     """The indexing loop of a worker process: batches until none is pending, then
     waits for a wake-up (or ``poll_seconds``)."""
 
+    channel = CHANNEL
+
     def __init__(self, engine: AsyncEngine, wake: asyncio.Event, poll_seconds: float) -> None:
         self.engine = engine
         self.wake = wake

@@ -27,7 +27,7 @@ from app.core.database import driver_connection
 from app.core.driver import Driver, Record, column_names, record_of
 from app.core.errors import NotFound
 from app.engine import ledger, tree
-from app.store.tables import Branch, Entry, PruneMark, Session, ToolCall
+from app.store.tables import Branch, Entry, Event, PruneMark, Session, ToolCall
 
 
 @dataclasses.dataclass(slots=True)
@@ -348,6 +348,9 @@ class SessionRepository:
             delete(PruneMark).where(
                 PruneMark.session_id == session_id, PruneMark.tenant_id == self.tenant_id
             )
+        )
+        await self.db.execute(
+            delete(Event).where(Event.session_id == session_id, Event.tenant_id == self.tenant_id)
         )
         reached = (
             select(Branch.path_branches)

@@ -290,3 +290,74 @@ class Branch(Base):
     path_branches: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
     path_ends: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Event(Base):
+    """A session's event (app.store.events): read in (txid, id) order."""
+
+    __tablename__ = "event"
+    __table_args__ = (
+        Index("event_tenant_idx", "tenant_id", "txid", "id"),
+        Index("event_created_at_idx", "created_at"),
+    )
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    txid: Mapped[int] = mapped_column(
+        BigInteger, primary_key=True, server_default=text("(pg_current_xact_id()::text)::bigint")
+    )
+    id: Mapped[int] = mapped_column(
+        BigInteger, primary_key=True, server_default=text("nextval('event_id_seq')")
+    )
+    type: Mapped[str] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Webhook(Base):
+    """A tenant's subscription to its events, or a blocking hook (``hook``)."""
+
+    __tablename__ = "webhook"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(Text)
+    types: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    session_id: Mapped[str | None] = mapped_column(String(128))
+    hook: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    timeout_seconds: Mapped[float] = mapped_column(Float)
+    description: Mapped[str | None] = mapped_column(Text)
+    enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    failures: Mapped[int] = mapped_column(Integer, server_default="0")
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class WebhookDelivery(Base):
+    """One event sent (or to send) to one webhook: the delivery log."""
+
+    __tablename__ = "webhook_delivery"
+    __table_args__ = (
+        Index(
+            "webhook_delivery_due_idx",
+            "next_attempt_at",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index("webhook_delivery_log_idx", "tenant_id", "webhook_id", "created_at"),
+    )
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    webhook_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    event_id: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 
 from app.compactions.router import WakeDep
 from app.core.database import EngineDep
@@ -59,6 +59,7 @@ async def read_tree(
     responses={202: {"model": NavigateResponse}, **problems(404, 409, 412, 422)},
 )
 async def navigate(
+    request: Request,
     session_id: SessionIdPath,
     body: NavigateRequest,
     engine: EngineDep,
@@ -74,7 +75,8 @@ async def navigate(
     the abandoned branch is summarized by the worker first (202): the leaf moves,
     with the summary after the target, once it is written; cancel the job
     (``…/compactions/{id}/cancel``) to call the navigation off."""
-    document, code, replayed = await TreeService(engine, tenant, wake).navigate(
+    http = getattr(request.app.state, "http", None)
+    document, code, replayed = await TreeService(engine, tenant, wake, http).navigate(
         checked_id(session_id), body, idempotency_key=idempotency_key, if_match=if_match
     )
     return _json(document, code, replayed, ETag=f'"{document["session"]["version"]}"')

@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import httpx
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.compactions import hooks
 from app.compactions.branch import move_leaf
 from app.compactions.pivot import cancel_active, enqueue_branch_summary, transition
 from app.core import metrics
@@ -28,7 +30,7 @@ from app.core.errors import Conflict, NotFound, UnprocessableContent, invalid
 from app.engine.tree import OPEN, Prefix
 from app.engine.tree import Path as TreePath
 from app.sessions import service as sessions
-from app.store import branches
+from app.store import branches, events
 from app.store.log import LogRepository, OnPath
 from app.store.session_row import SessionState, Unit, locked, read_state
 from app.tree.schemas import (
@@ -127,11 +129,16 @@ class TreeService:
     """The tree of one tenant's sessions."""
 
     def __init__(
-        self, engine: AsyncEngine, tenant_id: str, wake: asyncio.Event | None = None
+        self,
+        engine: AsyncEngine,
+        tenant_id: str,
+        wake: asyncio.Event | None = None,
+        http: httpx.AsyncClient | None = None,
     ) -> None:
         self.engine = engine
         self.tenant_id = tenant_id
         self.wake = wake
+        self.http = http  # for the session's navigation.before hooks
 
     # --- reading ------------------------------------------------------------------
 
@@ -198,6 +205,9 @@ class TreeService:
         """The response document, its status (200, or 202 while a branch summary is
         written) and whether it replays an earlier one (an ``Idempotency-Key``)."""
         digest = _request_hash("navigate", body)
+        hooked = await self._hooks(session_id, body)
+        if hooked.cancel is not None:
+            raise Conflict(f"a hook cancelled the navigation: {hooked.cancel}")
         with metrics.after_commit():
             async with locked(self.engine, self.tenant_id, session_id) as unit:
                 driver, state = unit.driver, unit.state
@@ -219,12 +229,25 @@ class TreeService:
                     status = "unchanged"
                 elif summarize and abandoned > 0:
                     summary = await self._enqueue_summary(
-                        unit, body, landing, prefix, common, old_leaf
+                        unit, body, landing, prefix, common, old_leaf, hooked
                     )
                     status, status_code = "pending", 202
                 else:
                     await move_leaf(unit, landing, prefix)
                     status = "moved"
+                    await events.emit(
+                        driver,
+                        self.tenant_id,
+                        session_id,
+                        "session.navigated",
+                        {
+                            "from_leaf_seq": old_leaf,
+                            "to_leaf_seq": landing.seq,
+                            "to_entry_id": str(landing.id),
+                            "abandoned_seqs": abandoned,
+                            "branch_summary_seq": None,
+                        },
+                    )
                 leaf_seq = unit.state.next_seq - 1
                 leaf_id = (
                     landing.id
@@ -241,6 +264,27 @@ class TreeService:
                 ).model_dump(mode="json")
                 await self._keep(driver, session_id, idempotency_key, digest, status_code, document)
         return document, status_code, False
+
+    async def _hooks(self, session_id: str, body: NavigateRequest) -> hooks.Answered:
+        """What the session's ``navigation.before`` hooks say (app.compactions.hooks):
+        called before the session is locked, since they may take seconds."""
+        if self.http is None:
+            return hooks.Answered()
+        data = {
+            "entry_id": None if body.entry_id is None else str(body.entry_id),
+            "seq": body.seq,
+            "summarize": body.summarize,
+            "instructions": body.instructions,
+        }
+        return await hooks.call(
+            self.engine,
+            self.http,
+            self.tenant_id,
+            session_id,
+            "navigation.before",
+            data,
+            message_id=f"navigate-{uuid.uuid4()}",
+        )
 
     async def _leaf_id(
         self, driver: Driver, state: SessionState, leaf_seq: int
@@ -291,6 +335,7 @@ class TreeService:
         prefix: Prefix,
         common: int,
         old_leaf: int,
+        hooked: hooks.Answered,
     ) -> BranchSummaryOut:
         """A branch-summary job: the worker summarizes the old path's entries after
         ``common`` and then moves the leaf, the summary entry after the target."""
@@ -304,7 +349,7 @@ class TreeService:
                 "a compaction of this session is running; navigate again once it ends",
             )
         state = unit.state
-        details = {
+        details: dict[str, Any] = {
             "navigation": {
                 "from_branches": list(state.path_branches),
                 "from_ends": list(state.path_ends),
@@ -317,6 +362,10 @@ class TreeService:
                 "target_ends": list(prefix.ends),
             }
         }
+        if hooked.calls:
+            details["hooks"] = hooked.calls
+        if hooked.summary is not None:
+            details["hook_summary"] = hooked.summary  # the worker writes it as it is
         job = await enqueue_branch_summary(
             unit.driver, self.tenant_id, unit.session_id, body.instructions, details
         )

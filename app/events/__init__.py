@@ -1,0 +1,1 @@
+"""Events: each session's durable event log, streamed as server-sent events."""

@@ -1,0 +1,1 @@
+"""Webhooks: a tenant's subscriptions to its events, signed deliveries, blocking hooks."""

@@ -1,0 +1,169 @@
+"""The webhook dispatcher: sends the deliveries events left (app.store.events), signed
+(app.upstream.signing), retried with backoff, and disables a webhook that keeps
+failing.
+
+It runs beside the compaction workers, in every process that runs them (``serve``
+with workers, ``compactd worker``). Deliveries are claimed like jobs (``FOR UPDATE
+SKIP LOCKED``, leased by moving their next attempt past the request's timeout), so
+processes share the work and a dispatcher that dies leaves its deliveries to be
+claimed again. A delivery is at least once: a receiver drops repeats by its
+``webhook-id``.
+
+An attempt succeeds on a 2xx. Anything else (another status, a timeout, a refused
+connection) is retried after a capped exponential backoff with full jitter, up to
+``webhook_max_attempts``; then the delivery is ``failed``. Every failed attempt counts
+against its webhook, every success resets the count: at
+``webhook_disable_after_failures`` in a row the webhook is disabled, its pending
+deliveries skipped, and a ``webhook.disabled`` event written.
+
+It also deletes events and finished deliveries older than
+``events_retention_seconds``, once a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+import httpx
+import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.database import driver_connection, unavailable_cause
+from app.core.settings import Settings
+from app.store import events
+from app.store import webhooks as store
+from app.upstream import signing
+from app.upstream.client import backoff_delay
+
+log = logging.getLogger("compactd.webhooks")
+
+# Deliveries one pass sends at once.
+BATCH = 32
+EXPIRE_EVERY_SECONDS = 60.0
+
+
+class Dispatcher:
+    """The delivery loop of a worker process (see the module's docstring)."""
+
+    channel = events.CHANNEL
+
+    def __init__(self, engine: AsyncEngine, http: httpx.AsyncClient, settings: Settings) -> None:
+        self.engine = engine
+        self.http = http
+        self.settings = settings
+        self.wake = asyncio.Event()
+        self.poll_seconds = settings.compaction_poll_seconds
+        self._expired_at = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                while not stop.is_set() and await self.run_once() == BATCH:
+                    pass
+                await self._expire()
+            except Exception as exc:  # the database went away, a bug: keep going later
+                if unavailable_cause(exc) is not None:
+                    log.warning("webhooks: the database is unavailable")
+                else:
+                    log.exception("webhooks: a pass failed")
+            await _wait(stop, self.wake, self.poll_seconds)
+
+    async def run_once(self) -> int:
+        """Send the deliveries due now (at most :data:`BATCH`); how many were due."""
+        lease = self.settings.webhook_timeout_seconds * 2 + 5
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            claimed = await store.claim(driver, BATCH, lease)
+        if claimed:
+            await asyncio.gather(*(self._send(c) for c in claimed))
+        return len(claimed)
+
+    async def _send(self, claimed: store.Claimed) -> None:
+        delivery = claimed.delivery
+        if claimed.url is None or not claimed.enabled:
+            why = "the webhook was deleted" if claimed.url is None else "the webhook is disabled"
+            async with driver_connection(self.engine) as driver:
+                await store.delivered(
+                    driver, delivery, status="skipped", http_status=None, error=why
+                )
+            return
+        body = orjson.dumps(delivery.payload)
+        sent = await signing.post(
+            self.http,
+            claimed.url,
+            claimed.secret,
+            delivery.event_id,
+            body,
+            self.settings.webhook_timeout_seconds,
+        )
+        settings = self.settings
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            if sent.ok:
+                await store.delivered(
+                    driver, delivery, status="succeeded", http_status=sent.status, error=None
+                )
+                await store.succeeded(driver, delivery.tenant_id, delivery.webhook_id)
+                return
+            error = (
+                sent.error
+                or f"answered {sent.status}: {sent.body[:200].decode('utf-8', 'replace')}"
+            )
+            last = delivery.attempts >= settings.webhook_max_attempts
+            delay = backoff_delay(
+                delivery.attempts,
+                base=settings.webhook_backoff_base_seconds,
+                cap=settings.webhook_backoff_cap_seconds,
+                retry_after=None,
+                rand=random.random,
+            )
+            await store.delivered(
+                driver,
+                delivery,
+                status="failed" if last else "pending",
+                http_status=sent.status,
+                error=error,
+                retry_in_seconds=0.0 if last else delay,
+            )
+            disabled = await store.failed(
+                driver,
+                delivery.tenant_id,
+                delivery.webhook_id,
+                settings.webhook_disable_after_failures,
+            )
+        if disabled:
+            log.warning(
+                "webhook disabled after %d failed attempts in a row",
+                settings.webhook_disable_after_failures,
+                extra={"tenant": delivery.tenant_id, "webhook_id": str(delivery.webhook_id)},
+            )
+        elif not last:
+            # Woken for it when it is due soon (a short backoff); polled otherwise.
+            self._later(delay)
+
+    def _later(self, delay: float) -> None:
+        if delay <= self.poll_seconds:
+            asyncio.get_running_loop().call_later(max(delay, 0.0), self.wake.set)
+
+    async def _expire(self) -> None:
+        now = time.monotonic()
+        if now - self._expired_at < EXPIRE_EVERY_SECONDS:
+            return
+        self._expired_at = now
+        retention = self.settings.events_retention_seconds
+        async with driver_connection(self.engine) as driver:
+            while await events.expire(driver, retention) == 1000:
+                pass
+            while await store.expire(driver, retention) == 1000:
+                pass
+
+
+async def _wait(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
