@@ -86,27 +86,34 @@ def _read(answer: Any, point: str, into: Answered) -> str:
         return "summary"
     if point != "compaction.before":
         return "proceeded"
-    changed = False
+    # Checked whole before any of it is taken: an answer invalid in part is the
+    # default (the work goes on as without this hook), not half applied.
     prompt = answer.get("prompt")
-    if prompt is not None:
-        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS:
-            raise ValueError(f"prompt must be a string of 1 to {MAX_PROMPT_CHARS:,} characters")
-        into.prompt, changed = prompt, True
+    if prompt is not None and (
+        not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS
+    ):
+        raise ValueError(f"prompt must be a string of 1 to {MAX_PROMPT_CHARS:,} characters")
     context = answer.get("context")
+    lines: list[str] = []
     if context is not None:
         if not isinstance(context, list) or not all(isinstance(c, str) for c in context):
             raise ValueError("context must be a list of strings")
         lines = [c[:MAX_CONTEXT_CHARS] for c in context if c.strip()]
-        into.context = (into.context + lines)[:MAX_CONTEXT_LINES]
-        changed = changed or bool(lines)
     preserve = answer.get("preserve", answer.get("preserveData"))
+    merged: dict[str, Any] | None = None
     if preserve is not None:
         if not isinstance(preserve, Mapping):
             raise ValueError("preserve must be a JSON object")
         merged = {**into.preserve, **preserve}
         if len(orjson.dumps(merged)) > MAX_PRESERVE_BYTES:
             raise ValueError(f"preserve is over {MAX_PRESERVE_BYTES:,} bytes")
-        into.preserve, changed = merged, True
+    if prompt is not None:
+        into.prompt = prompt
+    if lines:
+        into.context = (into.context + lines)[:MAX_CONTEXT_LINES]
+    if merged is not None:
+        into.preserve = merged
+    changed = prompt is not None or bool(lines) or merged is not None
     return "customized" if changed else "proceeded"
 
 
