@@ -101,6 +101,8 @@ async def post(
             )
     except (httpx.TimeoutException, TimeoutError):
         error = f"no answer within {timeout_seconds:g} s"
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
+        # InvalidURL and UnicodeError (a host IDNA refuses) are not HTTPErrors: a
+        # URL the client cannot send to fails the attempt, it does not raise.
         error = f"{type(exc).__name__}: {exc}"[:500]
     return Sent(None, b"", error, time.perf_counter() - started)

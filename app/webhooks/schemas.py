@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.sessions.schemas import SESSION_ID_PATTERN
@@ -17,7 +18,15 @@ HOOK_POINTS = ("compaction.before", "navigation.before")
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        # What the client that sends deliveries cannot send to (a port that is not a
+        # number from 0 to 65535, a host that is not one) is refused here, not on
+        # every attempt later.
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL):
+        raise ValueError("must be an absolute http:// or https:// URL") from None
     if parts.scheme not in ("http", "https") or not parts.netloc or not parts.hostname:
         raise ValueError("must be an absolute http:// or https:// URL")
     return url
