@@ -106,6 +106,13 @@ UPDATE webhook_delivery SET status = $4, last_status = $5, last_error = $6,
     last_attempt_at = now(), next_attempt_at = now() + make_interval(secs => $7)
 WHERE session_id = $1 AND tenant_id = $2 AND id = $3
 """
+# A delivery claimed for a webhook that is gone or disabled: not sent, so not an
+# attempt (the claim counted one); its last attempt's status stays on record.
+_SKIPPED_SQL = """
+UPDATE webhook_delivery SET status = 'skipped', last_error = $4,
+    attempts = greatest(attempts - 1, 0), next_attempt_at = now()
+WHERE session_id = $1 AND tenant_id = $2 AND id = $3
+"""
 _SUCCESS_SQL = "UPDATE webhook SET failures = 0 WHERE tenant_id = $1 AND id = $2 AND failures > 0"
 # One more failed attempt; disabled at ``$3`` in a row (once: returns the row then).
 _FAILURE_SQL = """
@@ -243,6 +250,12 @@ async def delivered(
         error,
         retry_in_seconds,
     )
+
+
+async def skipped(driver: Driver, delivery: DeliveryRow, why: str) -> None:
+    """A claimed delivery not sent (its webhook is gone or disabled): skipped, and
+    the claim's attempt not counted."""
+    await driver.execute(_SKIPPED_SQL, delivery.session_id, delivery.tenant_id, delivery.id, why)
 
 
 async def succeeded(driver: Driver, tenant_id: str, webhook_id: uuid.UUID) -> None:

@@ -86,9 +86,7 @@ class Dispatcher:
         if claimed.url is None or not claimed.enabled:
             why = "the webhook was deleted" if claimed.url is None else "the webhook is disabled"
             async with driver_connection(self.engine) as driver:
-                await store.delivered(
-                    driver, delivery, status="skipped", http_status=None, error=why
-                )
+                await store.skipped(driver, delivery, why)
             return
         body = orjson.dumps(delivery.payload)
         sent = await signing.post(
