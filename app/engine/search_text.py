@@ -76,13 +76,13 @@ def for_append(
 ) -> tuple[list[str], list[bool]]:
     """The searchable text an append writes for each of its entries (their parts),
     and which it leaves to the indexer (an empty text, pending): the first entry
-    always, and the next while their texts come to at most ``budget`` characters;
-    every entry after the first that does not fit is pending."""
+    always, then the next ones while their texts come to at most ``budget``
+    characters; from the first that does not fit on, every entry is pending."""
     texts: list[str] = []
     pending: list[bool] = []
     used = 0
     for parts in entries:
-        if pending and (pending[-1] or used >= budget):
+        if pending and pending[-1]:
             texts.append("")
             pending.append(True)
             continue
