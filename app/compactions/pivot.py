@@ -74,6 +74,7 @@ async def enqueue_locked(
         summarizer=ask.summarizer or c.summarizer,
         model=ask.model or c.model,
         instructions=_instructions(c.instructions, ask.instructions),
+        context_tokens=unit.state.context_tokens,
     )
     unit.state.active_compaction_id = job.id
     await unit.save()

@@ -267,9 +267,11 @@ class CompactionRepository:
         summarizer: str,
         model: str | None,
         instructions: str | None,
+        context_tokens: int | None = None,
     ) -> tuple[JobRow, bool]:
         """The session's active job and whether it is new; a new one becomes the
-        session's ``active_compaction_id``. Runs in the caller's transaction."""
+        session's ``active_compaction_id``. Runs in the caller's transaction.
+        ``context_tokens``: the session's now, for the event."""
         row = await driver.fetchrow(
             _ENQUEUE_SQL,
             session_id,
@@ -285,7 +287,7 @@ class CompactionRepository:
         if row is not None:
             job = _job(row)
             await driver.execute(_NOTIFY_SQL)
-            await _emit(driver, job, "compaction.queued")
+            await _emit(driver, job, "compaction.queued", tokens_before=context_tokens)
             return job, True
         if reason == "overflow":
             # The provider refused a prompt: a job still waiting plans with the
