@@ -224,6 +224,9 @@ async def commit_branch(
             **plan.details,
             "navigation": nav.details(),
             "notes": summarized.notes,
+            # What the navigation's hooks said (app.compactions.hooks), kept on the job.
+            **{k: v for k, v in (job.details or {}).items() if k in ("hooks",)},
+            **({"from_hook": True} if summarized.used == "hook" else {}),
         },
         upstream_model=summarized.upstream_model,
         upstream_usage=summarized.usage,

@@ -192,6 +192,18 @@ class DroppedIndex(BaseModel):
     )
 
 
+class HookCall(BaseModel):
+    webhook_id: str
+    point: str = Field(description="`compaction.before` or `navigation.before`.")
+    outcome: Literal[
+        "proceeded", "customized", "summary", "cancelled", "timeout", "error", "invalid"
+    ]
+    status: int | None = Field(description="The hook's HTTP status (none: no answer).")
+    elapsed_ms: float
+    error: str | None = None
+    applied: str | None = Field(None, description="What applied instead, when it failed.")
+
+
 class CompactionDetails(BaseModel):
     read_files: list[str] = Field(default_factory=list)
     modified_files: list[str] = Field(default_factory=list)
@@ -238,6 +250,18 @@ class CompactionDetails(BaseModel):
         description="What left the context: the paths, commands, error lines, identifiers, "
         "numbers and URLs the summarized entries named (counts and the first of each); "
         "null for a compaction made before it was recorded.",
+    )
+    hooks: list[HookCall] | None = Field(
+        None, description="The blocking hooks called before it, and what each did (docs/events.md)."
+    )
+    from_hook: bool = Field(
+        False, description="A hook supplied the whole summary (seed 001's fromExtension)."
+    )
+    hook_details: dict[str, Any] | None = Field(
+        None, description="The details the hook gave with the summary it supplied."
+    )
+    preserve: dict[str, Any] | None = Field(
+        None, description="Data a hook asked to keep on this compaction."
     )
 
 

@@ -231,10 +231,14 @@ class Worker:
                     )
                     return
                 if hooked is None:
-                    hooked = await self._hooks(job, prepared)
+                    # Under the lease's heartbeat: hooks may take up to 5 x 30 s.
+                    hooked = await self._heartbeat_while(job, self._hooks(job, prepared))
                     if hooked.cancel is not None:
                         await self._finish(
-                            job, "cancelled", f"cancelled by a hook: {hooked.cancel}"
+                            job,
+                            "cancelled",
+                            f"cancelled by a hook: {hooked.cancel}",
+                            details={**prepared.plan.details, "hooks": hooked.calls},
                         )
                         return
                 _hooked_details(prepared, hooked)
@@ -565,7 +569,15 @@ class Worker:
             tokens_after=done.tokens_after,
         )
 
-    async def _finish(self, job: JobRow, status: str, error: str, *, hold: bool = False) -> None:
+    async def _finish(
+        self,
+        job: JobRow,
+        status: str,
+        error: str,
+        *,
+        hold: bool = False,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         """End a job without a summary: cancelled, or failed (which counts
         against automatic compaction when the job was automatic). ``hold``:
         no automatic compaction until new history arrives."""
@@ -574,7 +586,7 @@ class Worker:
             unit = await lock(driver, job.tenant_id, job.session_id)
             if unit is None or await self._owned(driver, repo, job) is None:
                 return
-            failures = await self._end(unit, repo, job, status, error, hold=hold)
+            failures = await self._end(unit, repo, job, status, error, hold=hold, details=details)
         _transition(job, status, detail=error)
         if failures >= FAILURE_LIMIT and status == "failed" and job.auto:
             log.warning(

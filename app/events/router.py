@@ -18,12 +18,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from app.core.database import EngineDep, driver_connection
 from app.core.errors import NotFound, ServiceUnavailable, invalid
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
-from app.events.hub import EventHub
+from app.events.hub import EventHub, Waiter
 from app.sessions.router import SessionIdPath, checked_id
 from app.store import events
 from app.store.session_row import read_state
@@ -85,6 +86,13 @@ def _hub(request: Request, tenant: str) -> EventHub:
     return hub
 
 
+def _join(request: Request, tenant: str) -> Waiter:
+    """The stream's place among the process's, checked and taken with no ``await``
+    between: the body of a stream runs only once its answer has started, so streams
+    asked for at once would all pass the check before any of them counted."""
+    return _hub(request, tenant).join(tenant)
+
+
 async def _start(
     driver: Any, tenant: str, session_id: str | None, last: str | None, after: str | None
 ) -> events.Place:
@@ -118,17 +126,17 @@ def _frame(event: events.Event) -> bytes:
 
 async def _stream(
     request: Request,
-    hub: EventHub,
+    waiter: Waiter,
     tenant: str,
     session_id: str | None,
     start: events.Place,
     types: list[str] | None,
 ) -> AsyncIterator[bytes]:
+    hub = waiter.hub
     engine = request.app.state.engine
     settings = request.app.state.settings
     heartbeat = settings.event_stream_heartbeat_seconds
     poll = min(1.0, heartbeat)
-    waiter = hub.join(tenant)
     cursor = start
     idle = 0.0
     try:
@@ -156,12 +164,34 @@ async def _stream(
         waiter.close()
 
 
-def _response(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(
-        body,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+class _EventStream(StreamingResponse):
+    """A stream that gives its place back however it ends, even when its body never
+    ran (the client left before the answer started)."""
+
+    def __init__(self, body: AsyncIterator[bytes], waiter: Waiter) -> None:
+        super().__init__(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.waiter = waiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.waiter.close()
+
+
+def _response(
+    request: Request,
+    tenant: str,
+    session_id: str | None,
+    start: events.Place,
+    types: list[str] | None,
+) -> StreamingResponse:
+    waiter = _join(request, tenant)  # after the handler's last await
+    return _EventStream(_stream(request, waiter, tenant, session_id, start, types), waiter)
 
 
 @router.get(
@@ -181,12 +211,12 @@ async def session_events(
     compactions queued, started, retried, succeeded, failed and cancelled (with the
     tokens before and after), navigations and hook calls (see docs/events.md)."""
     sid = checked_id(session_id)
-    hub = _hub(request, tenant)
+    _hub(request, tenant)  # full: refused before any database work
     async with driver_connection(engine) as driver:
         if await read_state(driver, tenant, sid) is None:
             raise NotFound(f"session {sid!r} does not exist")
         start = await _start(driver, tenant, sid, last_event_id, after)
-    return _response(_stream(request, hub, tenant, sid, start, None))
+    return _response(request, tenant, sid, start, None)
 
 
 @router.get("/v1/events", response_class=StreamingResponse, responses=_STREAM_DOC)
@@ -200,8 +230,8 @@ async def tenant_events(
 ) -> StreamingResponse:
     """Every event of the tenant's sessions (and the tenant's own: a webhook
     disabled), in the same format and order guarantees as a session's stream."""
-    hub = _hub(request, tenant)
+    _hub(request, tenant)  # full: refused before any database work
     wanted = _check_types(types)
     async with driver_connection(engine) as driver:
         start = await _start(driver, tenant, None, last_event_id, after)
-    return _response(_stream(request, hub, tenant, None, start, wanted))
+    return _response(request, tenant, None, start, wanted)

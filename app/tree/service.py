@@ -205,9 +205,23 @@ class TreeService:
         """The response document, its status (200, or 202 while a branch summary is
         written) and whether it replays an earlier one (an ``Idempotency-Key``)."""
         digest = _request_hash("navigate", body)
-        hooked = await self._hooks(session_id, body)
-        if hooked.cancel is not None:
-            raise Conflict(f"a hook cancelled the navigation: {hooked.cancel}")
+        hooked = hooks.Answered()
+        if self.http is not None:
+            # The hooks come after what would refuse the request or answer it without
+            # them (no such session, a target that is not one, a replay), before the
+            # lock: they may take seconds. All of it is checked again under the lock.
+            async with driver_connection(self.engine) as driver:
+                state = await read_state(driver, self.tenant_id, session_id)
+                if state is None:
+                    raise NotFound(f"session {session_id!r} does not exist")
+                replay = await self._replay(driver, session_id, idempotency_key, digest)
+                if replay is not None:
+                    return replay[0], replay[1], True
+                sessions.check_if_match(if_match, state.version)
+                await self._target(driver, session_id, state, body)
+            hooked = await self._hooks(session_id, body)
+            if hooked.cancel is not None:
+                raise Conflict(f"a hook cancelled the navigation: {hooked.cancel}")
         with metrics.after_commit():
             async with locked(self.engine, self.tenant_id, session_id) as unit:
                 driver, state = unit.driver, unit.state
@@ -268,8 +282,7 @@ class TreeService:
     async def _hooks(self, session_id: str, body: NavigateRequest) -> hooks.Answered:
         """What the session's ``navigation.before`` hooks say (app.compactions.hooks):
         called before the session is locked, since they may take seconds."""
-        if self.http is None:
-            return hooks.Answered()
+        assert self.http is not None
         data = {
             "entry_id": None if body.entry_id is None else str(body.entry_id),
             "seq": body.seq,

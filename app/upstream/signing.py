@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import httpx
 
 SECRET_PREFIX = "whsec_"
-# How much of an answer is read (a hook's JSON; a delivery's body is only logged).
-MAX_ANSWER_BYTES = 256 * 1024
+# How much of an answer is read (a hook's JSON, whose summary may hold 200,000
+# characters of any script; a delivery's body is only logged).
+MAX_ANSWER_BYTES = 1024 * 1024
 
 
 def new_secret() -> str:

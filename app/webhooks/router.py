@@ -48,7 +48,7 @@ async def read_webhook(webhook_id: uuid.UUID, engine: EngineDep, tenant: TenantD
 async def patch_webhook(
     webhook_id: uuid.UUID, body: WebhookPatch, engine: EngineDep, tenant: TenantDep
 ) -> WebhookOut:
-    """Enable a webhook again (after it was disabled for failing), or pause it."""
+    """Enable a webhook again (after it was disabled for failing), or disable it."""
     return await WebhookService(engine, tenant).set_enabled(webhook_id, body.enabled)
 
 

@@ -82,7 +82,10 @@ class WebhookCreate(BaseModel):
 class WebhookPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(description="Enable again (the failure count starts over), or pause.")
+    enabled: bool = Field(
+        description="Enable again (the failure count starts over), or disable (deliveries "
+        "pending then are skipped as they come due)."
+    )
 
 
 class WebhookOut(BaseModel):

@@ -129,11 +129,6 @@ async def test_a_hook_cancels_the_compaction(
     assert (await compaction(client, sid, again["id"]))["status"] == "succeeded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/compactions/worker.py _finish records no details: a hook-cancelled job's "
-    "details.hooks is missing (docs/events.md: every call is in the job's details.hooks)",
-)
 async def test_a_cancelled_job_records_the_hook_call(
     app: Any, client: httpx.AsyncClient, upstream: Upstream, inbox: Inbox
 ) -> None:
@@ -193,11 +188,6 @@ async def test_a_hook_supplies_the_whole_summary(
     assert later["id"] not in {e["webhook_id"] for e in await _hook_events(app)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/compactions/schemas.py CompactionDetails has no hooks, preserve, from_hook "
-    "or hook_details field: GET .../compactions/{id} drops what the worker recorded",
-)
 async def test_the_api_shows_what_hooks_did(
     app: Any, client: httpx.AsyncClient, upstream: Upstream, inbox: Inbox
 ) -> None:
@@ -481,11 +471,6 @@ async def test_a_hook_supplies_the_branch_summary(
     assert [e["type"] for e in await event_log(app)].count("session.navigated") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/compactions/branch.py commit_branch writes the job's details from the plan "
-    "(navigation, notes): the hooks record the navigation put on the job is dropped",
-)
 async def test_a_branch_summary_job_records_the_hook_call(
     app: Any, client: httpx.AsyncClient, upstream: Upstream, inbox: Inbox
 ) -> None:
@@ -546,12 +531,6 @@ async def test_a_failing_navigation_hook_does_not_block_it(
 # --- known faults outside the hooks' own code (reported, not fixed here) -----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/compactions/worker.py calls the compaction.before hooks (up to 5, 30 s "
-    "each) outside _heartbeat_while: the job's lease (30 s by default) runs out while "
-    "they answer, another worker claims the job and the hooks are called again",
-)
 async def test_a_slow_hook_keeps_the_job_s_lease(
     app: Any, client: httpx.AsyncClient, inbox: Inbox
 ) -> None:
@@ -572,13 +551,6 @@ async def test_a_slow_hook_keeps_the_job_s_lease(
     assert not claimed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/tree/service.py navigate calls the navigation.before hooks before it looks "
-    "the session up: a navigation of a session that does not exist calls them and writes a "
-    "hook.called event (and its deliveries) for that session, which a session later "
-    "created with that id inherits",
-)
 async def test_a_navigation_of_a_missing_session_calls_no_hook(
     app: Any, client: httpx.AsyncClient, inbox: Inbox
 ) -> None:
@@ -589,12 +561,6 @@ async def test_a_navigation_of_a_missing_session_calls_no_hook(
     assert inbox.received("nav") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/tree/service.py navigate calls the hooks before it looks for an "
-    "Idempotency-Key replay: a replay calls them again, and a hook that cancels turns the "
-    "replay of a navigation already made into a 409",
-)
 async def test_a_replayed_navigation_calls_no_hook(
     app: Any, client: httpx.AsyncClient, inbox: Inbox
 ) -> None:
