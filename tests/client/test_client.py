@@ -36,6 +36,7 @@ from app.core.settings import Settings
 from app.keys import repository
 from app.main import create_app
 from tests import postgres
+from tests.client.streams import close, take_until
 from tests.e2e.server import free_port, running
 from tests.upstream_server import Hang, Upstream
 
@@ -278,6 +279,34 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
         "tool_use_id": "toolu_1",
         "content": read["content"],
     }
+
+    # Events and webhooks (tests/client/test_events.py and test_webhooks.py have more):
+    # the compaction above in the session's stream and in the tenant's; a webhook made,
+    # read, tested, paused and deleted.
+    stream = await api.events(sid)
+    try:
+        logged = await take_until(stream, lambda e: e["type"] == "compaction.succeeded")
+    finally:
+        await close(stream)
+    assert logged[-1]["data"]["compaction_id"] == job["id"]
+    tenant = await api.tenant_events(types=["compaction.succeeded"], after=logged[0]["id"])
+    try:
+        succeeded = await take_until(tenant, lambda e: e["session_id"] == sid)
+    finally:
+        await close(tenant)
+    assert succeeded[-1] == logged[-1]
+    assert {e["type"] for e in succeeded} == {"compaction.succeeded"}
+    nowhere = f"http://127.0.0.1:{free_port()}/compactd"
+    webhook = await api.create_webhook(nowhere, types=["compaction.*"], description=name)
+    assert webhook["secret"].startswith("whsec_")
+    assert (await api.get_webhook(webhook["id"]))["description"] == name
+    assert [w["id"] for w in (await api.list_webhooks())["webhooks"]] == [webhook["id"]]
+    tested = await api.test_webhook(webhook["id"])
+    deliveries = await api.list_deliveries(webhook["id"], limit=5)
+    assert [d["id"] for d in deliveries["deliveries"]] == [tested["id"]]
+    assert (await api.update_webhook(webhook["id"], enabled=False))["enabled"] is False
+    await api.delete_webhook(webhook["id"])
+    assert (await api.list_webhooks())["webhooks"] == []
 
     # A compaction that waits on a summarizer that does not answer, cancelled meanwhile.
     upstream.script([Hang(20)])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, get_args, get_type_hints, is_typeddict
 
 import pytest
-from compactd_client import AsyncCompactd, Compactd
+from compactd_client import AsyncCompactd, AsyncEventStream, Compactd, EventStream
 from compactd_client.types import SessionChanges
 
 from app.cli import _openapi_document
@@ -46,19 +46,36 @@ COVERED: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}/search"): "search",
     ("GET", "/v1/tools"): "get_tools",
     ("POST", "/v1/sessions/{session_id}/tool-calls"): "run_tool_call",
+    ("GET", "/v1/sessions/{session_id}/events"): "events",
+    ("GET", "/v1/events"): "tenant_events",
+    ("POST", "/v1/webhooks"): "create_webhook",
+    ("GET", "/v1/webhooks"): "list_webhooks",
+    ("GET", "/v1/webhooks/{webhook_id}"): "get_webhook",
+    ("PATCH", "/v1/webhooks/{webhook_id}"): "update_webhook",
+    ("DELETE", "/v1/webhooks/{webhook_id}"): "delete_webhook",
+    ("POST", "/v1/webhooks/{webhook_id}/test"): "test_webhook",
+    ("GET", "/v1/webhooks/{webhook_id}/deliveries"): "list_deliveries",
     ("POST", "/proxy/openai/v1/chat/completions"): "proxy_base_url",
     ("POST", "/proxy/anthropic/v1/messages"): "proxy_base_url",
 }
 PROXY = {op for op, name in COVERED.items() if name == "proxy_base_url"}
 
 # Where an operation's fields go other than as the method's parameters of the same name.
-HEADERS = {"idempotency-key": "idempotency_key", "if-match": "if_match"}
+HEADERS = {
+    "idempotency-key": "idempotency_key",
+    "if-match": "if_match",
+    "last-event-id": "last_event_id",
+}
+# A repeatable query parameter, named in the plural.
+RENAMED = {("tenant_events", "type"): "types"}
 BODY_IN: dict[str, set[str]] = {
     # PATCH takes the changes as a dict: the keys present change.
     "update_session": set(get_type_hints(SessionChanges)),
 }
 # The body is a provider's usage object (or compactd's own figures) passed as it is.
 BODY_AS_IS = {"report_usage": "usage"}
+# Event streams: an iterator of events in the sync client, an async one in the other.
+STREAMS = {"events", "tenant_events"}
 
 
 def spec_of(source: str) -> dict[str, Any]:
@@ -105,7 +122,13 @@ def test_the_table_names_no_operation_that_is_gone() -> None:
 @pytest.mark.parametrize("name", sorted(set(COVERED.values())))
 def test_both_clients_have_the_method_with_the_same_parameters(name: str) -> None:
     sync, async_ = getattr(Compactd, name), getattr(AsyncCompactd, name)
-    assert inspect.signature(sync) == inspect.signature(async_)
+    if name in STREAMS:
+        sync_signature, async_signature = inspect.signature(sync), inspect.signature(async_)
+        assert sync_signature.parameters == async_signature.parameters
+        assert get_type_hints(sync)["return"] is EventStream
+        assert get_type_hints(async_)["return"] is AsyncEventStream
+    else:
+        assert inspect.signature(sync) == inspect.signature(async_)
     if name != "proxy_base_url":
         assert inspect.iscoroutinefunction(async_)
         assert not inspect.iscoroutinefunction(sync)
@@ -121,7 +144,9 @@ def test_every_parameter_and_body_field_is_a_method_parameter(source: str) -> No
         name = COVERED[op]
         accepted = set(inspect.signature(getattr(Compactd, name)).parameters)
         for param in operation.get("parameters", []):
-            wanted = HEADERS.get(param["name"].lower(), param["name"])
+            wanted = RENAMED.get(
+                (name, param["name"]), HEADERS.get(param["name"].lower(), param["name"])
+            )
             if wanted not in accepted:
                 gaps.append(f"{name}: {param['in']} parameter {param['name']}")
         body = operation.get("requestBody", {}).get("content", {}).get("application/json")

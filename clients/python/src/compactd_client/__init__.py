@@ -1,9 +1,12 @@
 """A small typed client for compactd, sync (:class:`Compactd`) and async
-(:class:`AsyncCompactd`), with retries that store a retried append once."""
+(:class:`AsyncCompactd`), with retries that store a retried append once; event streams
+that resume by themselves; and :func:`verify_webhook` for a webhook's deliveries."""
 
 from compactd_client._async import AsyncCompactd
 from compactd_client._base import DEFAULT_URL, KEY_HEADER, SESSION_HEADER
+from compactd_client._events import AsyncEventStream, EventStream
 from compactd_client._sync import Compactd
+from compactd_client._webhooks import verify_webhook
 from compactd_client.errors import (
     CompactdConnectionError,
     CompactdError,
@@ -19,12 +22,15 @@ __all__ = [
     "KEY_HEADER",
     "SESSION_HEADER",
     "AsyncCompactd",
+    "AsyncEventStream",
     "Compactd",
     "CompactdConnectionError",
     "CompactdError",
     "ConflictError",
+    "EventStream",
     "InvalidRequestError",
     "NotFoundError",
     "PreconditionFailedError",
     "ProblemError",
+    "verify_webhook",
 ]

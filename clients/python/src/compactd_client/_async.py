@@ -13,6 +13,7 @@ from compactd_client import _calls as calls
 from compactd_client import types as t
 from compactd_client._base import RETRYABLE_ERRORS, BaseClient
 from compactd_client._calls import Call, SupportsModelDump
+from compactd_client._events import AsyncEventStream
 
 T = TypeVar("T")
 
@@ -444,3 +445,102 @@ class AsyncCompactd(BaseClient):
         dict); the result within ``max_tokens`` (default: the session's
         ``config["recall"]["result_tokens"]``), ``result["message"]`` ready to append."""
         return await self._send(calls.run_tool_call(session_id, tool_call, max_tokens=max_tokens))
+
+    # Events
+
+    async def events(
+        self,
+        session_id: str,
+        *,
+        after: str | None = None,
+        last_event_id: str | None = None,
+    ) -> AsyncEventStream:
+        """The session's events as they happen (verdict changes, prunes, compactions
+        queued, started, retrying, succeeded, failed and cancelled, navigations, hook
+        calls: docs/events.md), from every retained one, or after ``last_event_id`` (or
+        ``after``: an event id, or ``"now"`` for only those to come). Connects now (a
+        missing session raises ``NotFoundError`` here); iterate over the stream, and
+        close it when done. A dropped connection is resumed after the last event read:
+        none lost or repeated."""
+        return await self._stream(calls.session_events(session_id, after=after), last_event_id)
+
+    async def tenant_events(
+        self,
+        *,
+        types: Sequence[str] | None = None,
+        after: str | None = None,
+        last_event_id: str | None = None,
+    ) -> AsyncEventStream:
+        """Every event of the tenant's sessions (and the tenant's own, such as
+        ``webhook.disabled``), of ``types`` only if given, as :meth:`events` has them."""
+        return await self._stream(calls.tenant_events(types=types, after=after), last_event_id)
+
+    async def _stream(self, call: Call[None], last_event_id: str | None) -> AsyncEventStream:
+        stream = AsyncEventStream(self, self._http, call, last_event_id)
+        await stream.open()
+        return stream
+
+    # Webhooks
+
+    async def create_webhook(
+        self,
+        url: str,
+        *,
+        types: Sequence[str] | None = None,
+        session_id: str | None = None,
+        hook: bool = False,
+        timeout_seconds: float | None = None,
+        description: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> t.WebhookCreated:
+        """Subscribe ``url`` to the tenant's events: of ``types`` (``compaction.*`` for
+        a family; default: all), of ``session_id``'s only if given. With ``hook`` it is
+        a blocking hook, called before a compaction or a navigation (``types``: the
+        points) and waited for up to ``timeout_seconds``. The answer's ``secret`` signs
+        the deliveries (check them with :func:`~compactd_client.verify_webhook`); it is
+        shown this once. (A retry after a lost answer may create a second webhook:
+        ``list_webhooks`` shows it.)"""
+        return await self._send(
+            calls.create_webhook(
+                url,
+                types=types,
+                session_id=session_id,
+                hook=hook,
+                timeout_seconds=timeout_seconds,
+                description=description,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def list_webhooks(self) -> t.WebhookList:
+        """The tenant's webhooks, oldest first (at most 100 exist)."""
+        return await self._send(calls.list_webhooks())
+
+    async def get_webhook(self, webhook_id: str) -> t.Webhook:
+        """One webhook: whether it is enabled, its failures in a row and why it was
+        disabled."""
+        return await self._send(calls.get_webhook(webhook_id))
+
+    async def update_webhook(self, webhook_id: str, *, enabled: bool) -> t.Webhook:
+        """Enable a webhook again (after it was disabled for failing: its failure count
+        starts over), or pause it (``enabled=False``)."""
+        return await self._send(calls.update_webhook(webhook_id, enabled=enabled))
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """Delete a webhook; its pending deliveries are skipped."""
+        await self._send(calls.delete_webhook(webhook_id))
+
+    async def test_webhook(
+        self, webhook_id: str, *, idempotency_key: str | None = None
+    ) -> t.Delivery:
+        """Queue a signed ``webhook.test`` delivery to an enabled webhook; the answer is
+        that delivery (``pending``), and the delivery log shows how it went."""
+        return await self._send(calls.test_webhook(webhook_id, idempotency_key=idempotency_key))
+
+    async def list_deliveries(
+        self, webhook_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> t.DeliveryPage:
+        """A page of the webhook's delivery log, newest first: each delivery's event,
+        status (pending, succeeded, failed, skipped), attempts and the receiver's last
+        answer."""
+        return await self._send(calls.list_deliveries(webhook_id, limit=limit, cursor=cursor))

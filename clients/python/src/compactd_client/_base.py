@@ -20,6 +20,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 SESSION_HEADER = "X-Compactd-Session"
 KEY_HEADER = "X-Compactd-Key"  # on the proxy, whose Authorization is the provider's
 Provider = Literal["openai", "anthropic"]
+# An event stream's read timeout, at least: four of the server's keep-alive comments.
+STREAM_READ_SECONDS = 60.0
 
 # Failures where the request may not have arrived, or its answer was lost: worth another
 # attempt. (A bad URL or an unsupported scheme is not.)
@@ -109,6 +111,8 @@ class BaseClient:
         if call.if_match is not None:
             if_match = call.if_match
             headers["If-Match"] = f'"{if_match}"' if isinstance(if_match, int) else if_match
+        if call.headers:
+            headers.update(call.headers)
         return headers
 
     def _timeout(self, http_timeout: httpx.Timeout, wait: float | None) -> httpx.Timeout:
@@ -122,6 +126,27 @@ class BaseClient:
             read=max(read, wait + 30.0),
             write=http_timeout.write,
             pool=http_timeout.pool,
+        )
+
+    def _stream_request(
+        self, http: httpx.Client | httpx.AsyncClient, call: Call[Any]
+    ) -> httpx.Request:
+        """The request of an event stream: as :meth:`_build_request`, with a read timeout
+        that outlasts the server's keep-alive comments (every 15 s), so that only a dead
+        connection times out."""
+        read = http.timeout.read
+        timeout = httpx.Timeout(
+            connect=http.timeout.connect,
+            read=None if read is None else max(read, STREAM_READ_SECONDS),
+            write=http.timeout.write,
+            pool=http.timeout.pool,
+        )
+        return http.build_request(
+            call.method,
+            self.base_url + call.path,
+            params=call.params,
+            headers=self._headers(call),
+            timeout=timeout,
         )
 
     def _delay(self, attempt: int, response: httpx.Response | None) -> float | None:

@@ -67,6 +67,7 @@ class Call(Generic[T]):
     idempotency_key: str | None = None  # the caller's; a POST without one gets a new one
     if_match: int | str | None = None
     wait: float | None = None  # seconds the server may hold the answer
+    headers: Mapping[str, str] | None = None  # more headers (they win over the usual ones)
     decode: Callable[[httpx.Response], T] = json_answer
 
 
@@ -397,3 +398,71 @@ def run_tool_call(
 ) -> Call[t.ToolCallResult]:
     body = {"tool_call": as_dict(tool_call)} | drop_none(max_tokens=max_tokens)
     return Call("POST", path("/v1/sessions/{}/tool-calls", session_id), json=body)
+
+
+# Events: a stream's request (its body is read by compactd_client._events, not decoded).
+
+
+def session_events(session_id: str, *, after: str | None) -> Call[None]:
+    return Call(
+        "GET",
+        path("/v1/sessions/{}/events", session_id),
+        params=drop_none(after=after),
+        decode=no_answer,
+    )
+
+
+def tenant_events(*, types: Sequence[str] | None, after: str | None) -> Call[None]:
+    params = drop_none(type=list(types) if types else None, after=after)
+    return Call("GET", "/v1/events", params=params, decode=no_answer)
+
+
+# Webhooks
+
+
+def create_webhook(
+    url: str,
+    *,
+    types: Sequence[str] | None,
+    session_id: str | None,
+    hook: bool,
+    timeout_seconds: float | None,
+    description: str | None,
+    idempotency_key: str | None,
+) -> Call[t.WebhookCreated]:
+    body = drop_none(
+        url=url,
+        types=list(types) if types is not None else None,
+        session_id=session_id,
+        hook=hook,
+        timeout_seconds=timeout_seconds,
+        description=description,
+    )
+    return Call("POST", "/v1/webhooks", json=body, idempotency_key=idempotency_key)
+
+
+def list_webhooks() -> Call[t.WebhookList]:
+    return Call("GET", "/v1/webhooks")
+
+
+def get_webhook(webhook_id: str) -> Call[t.Webhook]:
+    return Call("GET", path("/v1/webhooks/{}", webhook_id))
+
+
+def update_webhook(webhook_id: str, *, enabled: bool) -> Call[t.Webhook]:
+    return Call("PATCH", path("/v1/webhooks/{}", webhook_id), json={"enabled": enabled})
+
+
+def delete_webhook(webhook_id: str) -> Call[None]:
+    return Call("DELETE", path("/v1/webhooks/{}", webhook_id), decode=no_answer)
+
+
+def test_webhook(webhook_id: str, *, idempotency_key: str | None) -> Call[t.Delivery]:
+    return Call("POST", path("/v1/webhooks/{}/test", webhook_id), idempotency_key=idempotency_key)
+
+
+def list_deliveries(
+    webhook_id: str, *, limit: int | None, cursor: str | None
+) -> Call[t.DeliveryPage]:
+    params = drop_none(limit=limit, cursor=cursor)
+    return Call("GET", path("/v1/webhooks/{}/deliveries", webhook_id), params=params)

@@ -335,6 +335,18 @@ class DroppedIndex(TypedDict):
     truncated: bool  # some long entries were read in part: counts of what was read
 
 
+class HookCall(TypedDict):
+    """One blocking hook's call and what came of it."""
+
+    webhook_id: str
+    point: str  # compaction.before | navigation.before
+    outcome: str  # proceeded, customized, summary, cancelled, timeout, error, invalid
+    status: int | None
+    elapsed_ms: float
+    error: str | None
+    applied: str | None
+
+
 class CompactionDetails(TypedDict):
     read_files: list[str]
     modified_files: list[str]
@@ -353,6 +365,10 @@ class CompactionDetails(TypedDict):
     abandoned_entries: int | None  # a branch summary: the entries of the branch left
     navigation: BranchNavigation | None  # a branch summary: its navigation
     dropped: DroppedIndex | None  # what left the context; None before it was recorded
+    hooks: list[HookCall] | None  # the blocking hooks called before it (docs/events.md)
+    from_hook: bool  # a hook supplied the whole summary
+    hook_details: dict[str, Any] | None  # the details the hook gave with it
+    preserve: dict[str, Any] | None  # data a hook asked to keep on it
 
 
 class Compaction(TypedDict):
@@ -479,3 +495,60 @@ class ToolCallResult(TypedDict):
     tokens: int
     truncated: bool  # cut to fit: content ends with how to read on
     message: dict[str, Any]  # the result as the agent appends it, in the call's format
+
+
+class Event(TypedDict):
+    """One event of a session's (or a tenant's) log, as its stream carries it."""
+
+    id: str  # <transaction>-<sequence>: resume after it with last_event_id=
+    type: str  # session.pruned, compaction.succeeded, ... (docs/events.md lists them)
+    session_id: str | None  # None for a tenant's own (webhook.disabled)
+    created_at: str
+    data: dict[str, Any]
+
+
+DeliveryStatus = Literal["pending", "succeeded", "failed", "skipped"]
+
+
+class Webhook(TypedDict):
+    id: str
+    url: str
+    types: list[str]  # event types (or families, compaction.*); a hook's points; []: all
+    session_id: str | None  # only this session's events (or hook calls)
+    hook: bool  # a blocking hook, waited for before a compaction or a navigation
+    timeout_seconds: float  # a hook's time to answer
+    description: str | None
+    enabled: bool
+    failures: int  # failed attempts in a row (a success resets it)
+    disabled_reason: str | None
+    created_at: str
+
+
+class WebhookCreated(Webhook):
+    secret: str  # whsec_...: shown this once; verify_webhook() checks deliveries with it
+
+
+class WebhookList(TypedDict):
+    webhooks: list[Webhook]
+
+
+class Delivery(TypedDict):
+    """One delivery of an event to a webhook, and how it went."""
+
+    id: str
+    event_id: str
+    type: str
+    session_id: str | None
+    status: DeliveryStatus
+    attempts: int
+    last_status: int | None  # the receiver's last HTTP status
+    last_error: str | None
+    last_attempt_at: str | None
+    next_attempt_at: str | None  # when a pending one is tried again
+    created_at: str
+    payload: dict[str, Any]  # the body POSTed: the event as a stream carries it
+
+
+class DeliveryPage(TypedDict):
+    deliveries: list[Delivery]
+    next_cursor: str | None
