@@ -261,9 +261,22 @@ class _ServeServer(uvicorn.Server):
     """uvicorn's server, which freezes the collector's view of the heap once started
     and then calls ``on_started``."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[], None] | None,
+        on_stopping: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.on_started = on_started
+        self.on_stopping = on_stopping
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Before uvicorn waits for the open connections: what never ends by itself (an
+        # event stream) is told to end, or the graceful period would run out on it.
+        if self.on_stopping is not None:
+            self.on_stopping()
+        await super().shutdown(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -295,7 +308,14 @@ def serve(
     config = uvicorn.Config(
         app, host=host, port=port, log_level=settings.log_level, **uvicorn_options(settings)
     )
-    server = _ServeServer(config, on_started)
+    state = getattr(app, "state", None)
+
+    def stopping() -> None:
+        hub = getattr(state, "event_hub", None)
+        if hub is not None:
+            hub.end_streams()
+
+    server = _ServeServer(config, on_started, stopping)
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock] if sock is not None else None)
     if not server.started:

@@ -56,13 +56,17 @@ class EventHub:
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen())
 
-    async def close(self) -> None:
-        """Stop listening, and wake every stream so that it ends."""
+    def end_streams(self) -> None:
+        """Wake every stream so that it ends (the server is stopping); no new one opens."""
         self.closing = True
-        self._stop.set()
         for waiters in self._waiters.values():
             for waiter in waiters:
                 waiter.event.set()
+
+    async def close(self) -> None:
+        """Stop listening, and end every stream."""
+        self.end_streams()
+        self._stop.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -140,7 +140,9 @@ async def _stream(
     cursor = start
     idle = 0.0
     try:
-        yield b"retry: 2000\n\n"
+        # Where it starts, as an id without data: a client that loses the stream before
+        # its first event resumes from here (with after=now, it would skip what came).
+        yield b"retry: 2000\nid: %s\n\n" % str(start).encode()
         while not hub.closing:
             async with driver_connection(engine) as driver:
                 if session_id is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -60,7 +60,9 @@ WITH e AS (
         payload, status, next_attempt_at)
     SELECT e.session_id, e.tenant_id, gen_random_uuid(), w.id, e.txid || '-' || e.id, e.type,
         jsonb_build_object('id', e.txid || '-' || e.id, 'type', e.type,
-            'session_id', nullif(e.session_id, ''), 'created_at', e.created_at, 'data', e.data),
+            'session_id', nullif(e.session_id, ''),
+            'created_at', to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'data', e.data),
         'pending', now()
     FROM e JOIN webhook AS w ON w.tenant_id = e.tenant_id AND w.enabled AND NOT w.hook
         AND (w.session_id IS NULL OR w.session_id = e.session_id)
@@ -149,16 +151,22 @@ class Event:
     created_at: datetime
 
     def document(self) -> bytes:
-        """The event as JSON: its id, type, session, time and data."""
+        """The event as JSON: its id, type, session, time and data (as a delivery's)."""
         return orjson.dumps(
             {
                 "id": str(self.place),
                 "type": self.type,
                 "session_id": self.session_id or None,
-                "created_at": self.created_at,
+                "created_at": timestamp(self.created_at),
                 "data": orjson.Fragment(self.data),
             }
         )
+
+
+def timestamp(at: datetime) -> str:
+    """An event's time as its JSON says it everywhere: UTC, microseconds, ``Z``
+    (what _EMIT_SQL's ``to_char`` writes for a delivery)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 async def emit(

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection
 from app.core.errors import Conflict, NotFound, invalid
+from app.store import events
 from app.store import webhooks as store
 from app.upstream import signing
 from app.webhooks.schemas import (
@@ -153,7 +154,7 @@ class WebhookService:
                 "id": f"test-{uuid.uuid4()}",
                 "type": "webhook.test",
                 "session_id": None,
-                "created_at": now.isoformat(),
+                "created_at": events.timestamp(now),
                 "data": {"webhook_id": str(webhook_id), "hook": row.hook},
             }
             delivery = await store.test_delivery(driver, self.tenant_id, webhook_id, payload)
