@@ -248,3 +248,21 @@ async def test_no_tenant_ever_sees_another_s_events(server: str, db_url: str) ->
             assert r.status_code == 401, r.text
             r = await http.get(path, headers=bearer("ck_not-a-key"))
             assert r.status_code == 401, r.text
+
+
+async def test_a_tenant_past_its_share_of_streams_is_refused_and_another_is_not(
+    db_url: str,
+) -> None:
+    keys = {t: bearer(await create_key(db_url, t)) for t in TENANTS}
+    settings = AUTH_SETTINGS.model_copy(update={"event_streams_per_tenant_max": 1})
+    app = create_app(settings, database_url=db_url)
+    with running(app) as base:
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=10) as http,
+            open_stream(base, "/v1/events", headers=keys["tenant-a"]),
+        ):
+            r = await http.get("/v1/events", headers=keys["tenant-a"])
+            assert_problem(r, 503, "tenant")
+            assert r.headers["retry-after"] == "5"
+            async with open_stream(base, "/v1/events", headers=keys["tenant-b"]):
+                assert app.state.event_hub.streams == 2
