@@ -469,10 +469,15 @@ async def enqueue_branch_summary(
     session_id: str,
     instructions: str | None,
     details: dict[str, Any],
+    context_tokens: int | None = None,
 ) -> JobRow:
     """A branch-summary job (app.tree.service): ``details.navigation`` says which
     branch it summarizes and where the leaf goes once the summary is written."""
     job, _ = await CompactionRepository(tenant_id).enqueue_branch(
-        driver, session_id, instructions=instructions, details=details
+        driver,
+        session_id,
+        instructions=instructions,
+        details=details,
+        context_tokens=context_tokens,
     )
     return job

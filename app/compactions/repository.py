@@ -305,6 +305,7 @@ class CompactionRepository:
         *,
         instructions: str | None,
         details: dict[str, Any],
+        context_tokens: int | None = None,
     ) -> tuple[JobRow, bool]:
         """A branch-summary job (reason ``branch_summary``): ``details.navigation``
         says which branch it summarizes and where the leaf goes once it is written.
@@ -321,7 +322,7 @@ class CompactionRepository:
             raise RuntimeError("a compaction is still active")
         await driver.execute(_NOTIFY_SQL)
         job = _job(row)
-        await _emit(driver, job, "compaction.queued")
+        await _emit(driver, job, "compaction.queued", tokens_before=context_tokens)
         return job, True
 
     async def release(self, driver: Driver, job: JobRow) -> None:

@@ -114,7 +114,7 @@ WHERE e.session_id = old.session_id AND e.tenant_id = old.tenant_id
     AND e.txid = old.txid AND e.id = old.id
 """
 
-_ID = re.compile(r"^(\d{1,19})-(\d{1,19})$")
+_ID = re.compile(r"^([0-9]{1,19})-([0-9]{1,19})$")
 
 
 @dataclass(frozen=True, slots=True, order=True)

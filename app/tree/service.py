@@ -380,7 +380,12 @@ class TreeService:
         if hooked.summary is not None:
             details["hook_summary"] = hooked.summary  # the worker writes it as it is
         job = await enqueue_branch_summary(
-            unit.driver, self.tenant_id, unit.session_id, body.instructions, details
+            unit.driver,
+            self.tenant_id,
+            unit.session_id,
+            body.instructions,
+            details,
+            context_tokens=state.context_tokens,
         )
         state.active_compaction_id = job.id
         await unit.save()

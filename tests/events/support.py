@@ -16,10 +16,10 @@ async def read_events(
     *,
     headers: dict[str, str] | None = None,
     params: dict[str, Any] | None = None,
-    timeout: float = 20.0,
+    within: float = 20.0,
 ) -> list[dict[str, Any]]:
     """The first ``count`` events of a stream (each: its SSE ``id``, ``event`` and the
-    parsed ``data``); fails after ``timeout`` seconds."""
+    parsed ``data``); fails after ``within`` seconds."""
     out: list[dict[str, Any]] = []
 
     async def read() -> None:
@@ -43,5 +43,6 @@ async def read_events(
                     name, _, value = line.partition(": ")
                     frame[name] = orjson.loads(value) if name == "data" else value
 
-    await asyncio.wait_for(read(), timeout)
+    async with asyncio.timeout(within):
+        await read()
     return out

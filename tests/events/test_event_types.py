@@ -472,11 +472,6 @@ async def test_a_navigation_and_a_branch_summary_s_navigation(
     assert txid(summarized) == txid(succeeded)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CompactionRepository.enqueue_branch writes compaction.queued without tokens_before, "
-    "which docs/events.md documents for a branch summary queued too",
-)
 async def test_a_queued_branch_summary_carries_the_tokens_before(
     client: httpx.AsyncClient, reader: str, db_url: str
 ) -> None:
