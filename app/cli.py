@@ -6,14 +6,16 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.core.observability import configure_logging
-from app.core.settings import get_settings
+from app.core.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     import asyncpg
@@ -66,6 +68,9 @@ def _serve(args: argparse.Namespace) -> int:
     settings = get_settings()
     host = args.host or settings.host
     port = args.port or settings.port
+    workers = settings.serve_workers if args.workers is None else args.workers
+    if not 1 <= workers <= MAX_SERVE_WORKERS:
+        raise StartupError(f"--workers must be between 1 and {MAX_SERVE_WORKERS} (it is {workers})")
     # First, so that a busy port is said before the database starts.
     sock = listening_socket(host, port)
     try:
@@ -109,12 +114,19 @@ def _serve(args: argparse.Namespace) -> int:
         if refusal:
             print(f"compactd: {refusal}", file=sys.stderr)
             return 2
-        app = create_app(settings, database_url=url)
+        app = create_app(settings, database_url=url) if workers == 1 else None
     except BaseException:
         sock.close()
         raise
     facts = StartupFacts(
-        __version__, host, port, database, state, keyed=keyed, loopback=is_loopback(host)
+        __version__,
+        host,
+        port,
+        database,
+        state,
+        keyed=keyed,
+        loopback=is_loopback(host),
+        workers=workers,
     )
     terminal = is_terminal()
     if terminal:
@@ -132,6 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
                     "database": database,
                     "migrations": state,
                     "keyed": keyed,
+                    "workers": workers,
                 },
             )
 
@@ -139,8 +152,68 @@ def _serve(args: argparse.Namespace) -> int:
     # handler that kills the process before atexit runs, and an embedded PostgreSQL
     # would outlive it. Exiting through SystemExit runs atexit (which stops it).
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    if app is None:
+        return _serve_processes(_ServeChild(settings, url, host, port), workers, sock, started)
     serve(app, settings, host, port, sock=sock, on_started=started)
     return 0
+
+
+MAX_SERVE_WORKERS = 64
+
+
+@dataclass(frozen=True)
+class _ServeChild:
+    """What each server process of ``serve --workers N`` runs (in a spawned interpreter:
+    it is pickled, so it carries the parent's settings and the database URL it
+    resolved, an embedded PostgreSQL's socket included). The first process runs the
+    compaction workers, the search indexer and the webhook dispatcher; the others
+    none: ``COMPACTD_COMPACTION_WORKERS`` stays the count for the whole command, and
+    jobs queued in any process wake them through ``NOTIFY``."""
+
+    settings: Settings
+    database_url: str
+    host: str
+    port: int
+
+    def __call__(self, index: int, sock: socket.socket, started: Callable[[], None]) -> None:
+        from app.core.server import serve
+        from app.core.startup import is_terminal, quiet_uvicorn_startup
+        from app.main import create_app
+
+        settings = self.settings
+        configure_logging(settings.log_level, settings.log_format)
+        if is_terminal():
+            quiet_uvicorn_startup()
+        if index > 0:
+            settings = settings.model_copy(update={"compaction_workers": 0})
+        app = create_app(settings, database_url=self.database_url)
+        serve(app, settings, self.host, self.port, sock=sock, on_started=started)
+
+
+def _serve_processes(
+    child: _ServeChild, workers: int, sock: socket.socket, started: Callable[[], None]
+) -> int:
+    """Run ``workers`` server processes on ``sock`` until a signal stops them (see
+    app.core.supervisor); their metrics are shared (app.core.metrics)."""
+    from app.core import metrics
+    from app.core.server import GRACEFUL_SHUTDOWN_SECONDS
+    from app.core.supervisor import ServerProcesses
+
+    # A child stops as one server does: its requests, then its compaction jobs.
+    stop_seconds = GRACEFUL_SHUTDOWN_SECONDS + child.settings.compaction_shutdown_grace_seconds
+    logging.getLogger("compactd.serve").info("starting %d server processes…", workers)
+    try:
+        with metrics.shared_folder():
+            return ServerProcesses(
+                child,
+                workers,
+                sock,
+                stop_seconds=stop_seconds + 5,
+                on_serving=started,
+                on_exit=metrics.process_ended,
+            ).run()
+    finally:
+        sock.close()
 
 
 async def _database_state(url: str) -> tuple[str | None, bool]:
@@ -341,6 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP API (migrates first)")
     serve.add_argument("--host", help="bind address (default COMPACTD_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default COMPACTD_PORT, 8080)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="server processes on the one port (default COMPACTD_SERVE_WORKERS, 1); "
+        "the compaction workers run in the first",
+    )
     serve.add_argument("--no-migrate", action="store_true", help="do not run migrations at start")
     serve.add_argument(
         "--insecure-no-auth",

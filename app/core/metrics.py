@@ -3,19 +3,51 @@
 Counters and histograms are process-wide and live in prometheus_client's default
 registry, so the API, the workers and the engine's callers record into the same
 place whatever app instance they belong to. Gauges that describe one app's
-resources (its database pool, the job queue) are read at scrape time.
+resources (its database pool) are read at scrape time.
+
+**Many server processes** (``compactd serve --workers N``): a scrape of ``/metrics``
+reaches whichever process accepts it, so every process must answer for all of them.
+They use prometheus_client's multiprocess mode: the ``serve`` parent points
+``PROMETHEUS_MULTIPROC_DIR`` at a folder (:func:`shared_folder`) before it starts its
+children, each child's metrics are then kept in files there (prometheus_client reads
+the variable when it is first imported, hence before any metric exists), and
+``/metrics`` merges the files of every process (:func:`registries`): counters and
+histograms summed over the processes, dead ones included (what they counted stays
+counted), and the gauges summed over the live ones (``livesum``). A gauge read from
+live state at scrape time cannot be shared that way: there each process copies its
+pool's figures into ``livesum`` gauges once a second (:func:`sample_pool`), so
+``compactd_db_pool_*`` is the sum over the processes, at most a second old. The
+``process_*`` and ``python_*`` metrics of the default collectors describe one process
+and are left out in this mode.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Read once, as prometheus_client read it when this module imported it: whether this
+# process's metrics live in the shared files.
+MULTIPROCESS = bool(os.environ.get(MULTIPROCESS_ENV))
+if MULTIPROCESS:
+    # The metrics below open their files there as they are made: a folder named but
+    # not made yet would fail the import (with a traceback, not a line saying why).
+    Path(os.environ[MULTIPROCESS_ENV]).mkdir(parents=True, exist_ok=True)
+# How often a server process copies its pool's figures into the shared gauges.
+POOL_SAMPLE_SECONDS = 1.0
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _JOB_SECONDS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -31,13 +63,21 @@ HTTP_LATENCY = Histogram(
     ["method", "route"],
     buckets=_LATENCY,
 )
-HTTP_IN_FLIGHT = Gauge("compactd_http_requests_in_flight", "Requests being served now.")
+# Gauges: in multiprocess mode, the sum over the live processes.
+HTTP_IN_FLIGHT = Gauge(
+    "compactd_http_requests_in_flight",
+    "Requests being served now.",
+    multiprocess_mode="livesum",
+)
 HTTP_RECEIVING = Gauge(
     "compactd_http_requests_receiving",
     "Requests whose body is still arriving (they hold a place in the queue, not a slot).",
+    multiprocess_mode="livesum",
 )
 HTTP_WAITING = Gauge(
-    "compactd_http_requests_waiting", "Requests waiting for a free slot (the bounded queue)."
+    "compactd_http_requests_waiting",
+    "Requests waiting for a free slot (the bounded queue).",
+    multiprocess_mode="livesum",
 )
 HTTP_REJECTED = Counter(
     "compactd_http_requests_rejected",
@@ -134,6 +174,25 @@ def pruned(trigger: str, tokens: int) -> None:
     observe(report)
 
 
+_POOL_DOCS = {
+    "compactd_db_pool_size": "Connections the pool keeps open.",
+    "compactd_db_pool_checked_out": "Connections in use now.",
+    "compactd_db_pool_overflow": "Connections open beyond the pool size (negative: not yet opened).",
+    "compactd_db_pool_idle": "Open connections waiting in the pool.",
+}
+
+
+def pool_figures(engine: Any) -> dict[str, int]:
+    """The pool's figures now, by metric name."""
+    pool = engine.pool
+    return {
+        "compactd_db_pool_size": pool.size(),
+        "compactd_db_pool_checked_out": pool.checkedout(),
+        "compactd_db_pool_overflow": pool.overflow(),
+        "compactd_db_pool_idle": pool.checkedin(),
+    }
+
+
 class PoolCollector(Collector):
     """The SQLAlchemy pool of one engine, read when scraped."""
 
@@ -141,18 +200,26 @@ class PoolCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        pool = self.engine.pool
-        metrics = {
-            "compactd_db_pool_size": ("Connections the pool keeps open.", pool.size()),
-            "compactd_db_pool_checked_out": ("Connections in use now.", pool.checkedout()),
-            "compactd_db_pool_overflow": (
-                "Connections open beyond the pool size (negative: not yet opened).",
-                pool.overflow(),
-            ),
-            "compactd_db_pool_idle": ("Open connections waiting in the pool.", pool.checkedin()),
-        }
-        for name, (doc, value) in metrics.items():
-            yield GaugeMetricFamily(name, doc, value=value)
+        for name, value in pool_figures(self.engine).items():
+            yield GaugeMetricFamily(name, _POOL_DOCS[name], value=value)
+
+
+# The pools' figures in multiprocess mode, summed over the live processes. Registered
+# nowhere: the shared files are what /metrics reads then (in a single process the
+# PoolCollector answers, at scrape time).
+_SHARED_POOL = {
+    name: Gauge(name, doc, registry=None, multiprocess_mode="livesum")
+    for name, doc in _POOL_DOCS.items()
+}
+
+
+async def sample_pool(engine: Any, every: float = POOL_SAMPLE_SECONDS) -> None:
+    """Copy ``engine``'s pool figures into the shared gauges every ``every`` seconds,
+    until cancelled (multiprocess mode: see the module's docstring)."""
+    while True:
+        for name, value in pool_figures(engine).items():
+            _SHARED_POOL[name].set(value)
+        await asyncio.sleep(every)
 
 
 def app_registry(engine: Any) -> CollectorRegistry:
@@ -161,6 +228,48 @@ def app_registry(engine: Any) -> CollectorRegistry:
     return registry
 
 
+_merged: CollectorRegistry | None = None
+
+
 def registries(app_state: Any) -> list[CollectorRegistry]:
+    """What /metrics writes: in multiprocess mode, every process's metrics merged from
+    the shared files; else this process's, and its app's pool."""
+    global _merged
+    if MULTIPROCESS:
+        if _merged is None:
+            _merged = CollectorRegistry()
+            MultiProcessCollector(_merged)  # type: ignore[no-untyped-call]
+        return [_merged]
     own: CollectorRegistry | None = getattr(app_state, "metrics", None)
     return [REGISTRY] if own is None else [REGISTRY, own]
+
+
+@contextmanager
+def shared_folder() -> Iterator[Path]:
+    """The folder the server processes of ``serve --workers N`` keep their metrics in,
+    named by ``PROMETHEUS_MULTIPROC_DIR`` for the processes started inside the block.
+    The operator's folder when the variable is set (its ``*.db`` files, left by an
+    earlier run, are deleted first, as prometheus_client requires), else a new
+    temporary folder, removed at the end."""
+    given = os.environ.get(MULTIPROCESS_ENV)
+    if given:
+        folder = Path(given)
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("*.db"):
+            stale.unlink(missing_ok=True)
+        yield folder
+        return
+    folder = Path(tempfile.mkdtemp(prefix="compactd-metrics-"))
+    os.environ[MULTIPROCESS_ENV] = str(folder)
+    try:
+        yield folder
+    finally:
+        os.environ.pop(MULTIPROCESS_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def process_ended(pid: int) -> None:
+    """A server process has ended: its live gauges stop counting (its counters stay)."""
+    folder = os.environ.get(MULTIPROCESS_ENV)
+    if folder:
+        mark_process_dead(pid, folder)  # type: ignore[no-untyped-call]

@@ -26,7 +26,8 @@ The body itself, once the head is in, is the app's to bound: see :mod:`app.core.
 
 :func:`serve` runs the app as ``uvicorn.run`` would, and once it has started moves what the
 start-up built out of the garbage collector's way: work for the served process only, so
-the tests' apps (and their servers) do not pay it.
+the tests' apps (and their servers) do not pay it. ``compactd serve --workers N`` runs it
+in each of N processes (see :mod:`app.core.supervisor`).
 """
 
 from __future__ import annotations
@@ -259,23 +260,31 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 class _ServeServer(uvicorn.Server):
     """uvicorn's server, which freezes the collector's view of the heap once started
-    and then calls ``on_started``."""
+    and then calls ``on_started``; in multiprocess metrics mode it also copies the
+    app's pool figures into the shared gauges (see :mod:`app.core.metrics`)."""
 
     def __init__(
         self,
         config: uvicorn.Config,
         on_started: Callable[[], None] | None,
         on_stopping: Callable[[], None] | None = None,
+        state: Any = None,
     ) -> None:
         super().__init__(config)
         self.on_started = on_started
         self.on_stopping = on_stopping
+        self.app_state = state
+        self._pool_sampler: asyncio.Task[None] | None = None
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Before uvicorn waits for the open connections: what never ends by itself (an
         # event stream) is told to end, or the graceful period would run out on it.
         if self.on_stopping is not None:
             self.on_stopping()
+        if self._pool_sampler is not None:
+            self._pool_sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pool_sampler
         await super().shutdown(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -287,6 +296,9 @@ class _ServeServer(uvicorn.Server):
         # that allocate much (a large prune paused ~70 ms on them).
         gc.collect()
         gc.freeze()
+        engine = getattr(self.app_state, "engine", None)
+        if metrics.MULTIPROCESS and engine is not None:
+            self._pool_sampler = asyncio.create_task(metrics.sample_pool(engine))
         if self.on_started is not None:
             self.on_started()
 
@@ -315,7 +327,7 @@ def serve(
         if hub is not None:
             hub.end_streams()
 
-    server = _ServeServer(config, on_started, stopping)
+    server = _ServeServer(config, on_started, stopping, state)
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock] if sock is not None else None)
     if not server.started:

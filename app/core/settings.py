@@ -34,6 +34,14 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8080
+    serve_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Server processes `compactd serve` runs on its one listening socket "
+        "(`--workers`). The compaction workers, the search indexer and the webhook "
+        "dispatcher run in the first of them only.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="The least severe log level written."
     )

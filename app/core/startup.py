@@ -151,6 +151,7 @@ class StartupFacts:
     migrations: str
     keyed: bool
     loopback: bool
+    workers: int = 1  # server processes (serve --workers)
 
 
 def base_url(host: str, port: int) -> str:
@@ -179,6 +180,8 @@ def banner(facts: StartupFacts) -> str:
         ("access", access),
         ("API docs", f"{url}/docs"),
     ]
+    if facts.workers > 1:
+        rows.insert(0, ("processes", f"{facts.workers} server processes on one port"))
     lines = ["", f"  compactd {facts.version} is serving on {url}"]
     lines += [f"  {name:<11} {value}" for name, value in rows]
     lines += ["  Press Ctrl-C to stop.", ""]
