@@ -48,7 +48,10 @@ async def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_async_engine(_url())
+    # Unnamed statements only: a migration runs each statement once, and a named one
+    # would stay on a transaction pooler's shared server (docs/deployment.md, PgBouncer).
+    no_cache = {"statement_cache_size": 0, "prepared_statement_cache_size": 0}
+    engine = create_async_engine(_url(), connect_args=no_cache)
     async with engine.connect() as conn:
         await conn.run_sync(_run)
     await engine.dispose()

@@ -54,7 +54,13 @@ from app.compactions.pivot import (
 from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
 from app.compactions.summarizer import Backoff, Llm, RetryLater, Summarized, summarize
 from app.core import metrics
-from app.core.database import DriverBounds, driver_bounds, driver_connection, unavailable_cause
+from app.core.database import (
+    DriverBounds,
+    driver_bounds,
+    driver_connection,
+    listen_url,
+    unavailable_cause,
+)
 from app.core.driver import Driver
 from app.core.settings import Settings
 from app.engine import branch_summary, catalog, continuity, tokens
@@ -765,9 +771,9 @@ class Listener:
 
 
 def listen_dsn(engine: AsyncEngine) -> str:
-    """The engine's URL as a plain libpq DSN for asyncpg.connect."""
-    url = engine.url.set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
+    """Where to LISTEN, as a plain libpq DSN for asyncpg.connect: the direct URL when the
+    engine's goes through a transaction pooler (see ``listen_url``)."""
+    return listen_url(engine)
 
 
 class Background(Protocol):

@@ -13,7 +13,7 @@ import asyncpg
 import asyncpg.transaction
 import orjson
 from fastapi import Depends, Request
-from sqlalchemy import Engine, MetaData, event
+from sqlalchemy import Engine, MetaData, event, make_url
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import DeclarativeBase
 
+from app.core import embedded
 from app.core.driver import Driver, Isolation
 from app.core.errors import ProblemError, ServiceUnavailable
 from app.core.settings import Settings
@@ -62,8 +63,25 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
     its bound drops its connection (Postgres rolls the transaction back when it sees
     that) and the request gets 503; a COMMIT past it may yet have committed, and a 503
     never claims otherwise.
+
+    Behind a transaction pooler (``database_pooler``), consecutive transactions of one
+    connection run on different server connections, shared with other clients. So the
+    connections send no startup parameters (PgBouncer refuses them, and a session-level
+    SET would outlive the transaction on a server that others then use): the role's
+    settings give ``statement_timeout`` (checked at the first connection, see
+    :func:`_check_pooled_settings`). And they use only the unnamed prepared statement:
+    asyncpg sends its Parse and Describe with a Flush, not a Sync, so the statement and
+    its execution never straddle a switch of server connection, and nothing named is
+    left on a server for another client to collide with.
     """
     bounds = driver_bounds_of(settings)
+    connect_args: dict[str, Any] = {"connection_class": BoundedConnection, **bounds}
+    if pooled(settings):
+        connect_args["prepared_statement_cache_size"] = 0  # SQLAlchemy's own cache
+    else:
+        # Every query is a keyed lookup; the append's write statement (CTEs over
+        # unnest) cost more to plan on each call than to run. See docs/deployment.md.
+        connect_args["server_settings"] = _server_settings(settings)
     engine = create_async_engine(
         url,
         pool_size=settings.db_pool_size,
@@ -71,42 +89,63 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_pool_timeout_seconds,
         json_serializer=_dumps,
         json_deserializer=orjson.loads,
-        # Every query is a keyed lookup; the append's write statement (CTEs over
-        # unnest) cost more to plan on each call than to run. See docs/deployment.md.
-        connect_args={
-            "server_settings": _server_settings(settings),
-            "connection_class": BoundedConnection,
-            **bounds,
-        },
+        connect_args=connect_args,
     )
     event.listen(engine.sync_engine, "checkout", _skip_closed)
     event.listen(engine.sync_engine, "handle_error", _drop_when_unanswered)
+    if pooled(settings):
+        event.listen(engine.sync_engine, "connect", _check_pooled_settings(settings))
     _BOUNDS[engine.sync_engine] = bounds
+    if settings.database_direct_url:
+        _DIRECT[engine.sync_engine] = embedded.to_async_url(settings.database_direct_url)
     return engine
 
 
+def pooled(settings: Settings) -> bool:
+    """Whether ``database_url`` goes through a transaction pooler."""
+    return settings.database_pooler != "none"
+
+
 class DriverBounds(TypedDict, total=False):
-    """asyncpg's client-side bounds, as ``asyncpg.connect`` takes them."""
+    """What ``asyncpg.connect`` needs besides the URL: the client-side bounds, and behind
+    a transaction pooler no statement cache (every raw connection, the CLI's included)."""
 
     timeout: float
     command_timeout: float
+    statement_cache_size: int
 
 
 _BOUNDS: weakref.WeakKeyDictionary[Engine, DriverBounds] = weakref.WeakKeyDictionary()
+_DIRECT: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 
 
 def driver_bounds_of(settings: Settings) -> DriverBounds:
-    """asyncpg's client-side bounds: ``timeout`` (to connect) and ``command_timeout``."""
-    return {
+    """asyncpg's client-side bounds: ``timeout`` (to connect) and ``command_timeout``;
+    behind a transaction pooler, ``statement_cache_size=0`` too (unnamed statements only:
+    a named one prepared in one transaction is not on the next one's server)."""
+    bounds: DriverBounds = {
         "timeout": settings.db_connect_timeout_seconds,
         "command_timeout": settings.db_command_timeout_seconds,
     }
+    if pooled(settings):
+        bounds["statement_cache_size"] = 0
+    return bounds
 
 
 def driver_bounds(engine: AsyncEngine) -> DriverBounds:
     """The bounds of ``engine``'s connections, for a connection opened apart from its
     pool (the workers' LISTEN connection); none for an engine made elsewhere."""
     return DriverBounds(**_BOUNDS.get(engine.sync_engine, {}))
+
+
+def listen_url(engine: AsyncEngine) -> str:
+    """Where ``engine``'s process LISTENs, as a plain libpq URL for ``asyncpg.connect``:
+    ``database_direct_url`` when set (a transaction pooler cannot carry a LISTEN: the
+    server connection that registered it serves other clients once the statement ends,
+    and the notifications never reach this one), else the engine's own URL."""
+    direct = _DIRECT.get(engine.sync_engine)
+    url = make_url(direct) if direct is not None else engine.url
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def unanswered(error: BaseException | None) -> bool:
@@ -176,8 +215,63 @@ def _server_settings(settings: Settings) -> dict[str, str]:
     # the only safe way to bound a handler, which is never cancelled from outside.
     return {
         "plan_cache_mode": "force_generic_plan",
-        "statement_timeout": str(int(settings.db_statement_timeout_seconds * 1000)),
+        "statement_timeout": str(statement_timeout_ms(settings)),
     }
+
+
+def statement_timeout_ms(settings: Settings) -> int:
+    return int(settings.db_statement_timeout_seconds * 1000)
+
+
+_POOLED_SETTINGS_SQL = """
+SELECT setting::bigint AS statement_timeout, current_user AS role, current_database() AS db
+FROM pg_settings WHERE name = 'statement_timeout'
+"""
+
+
+def _check_pooled_settings(settings: Settings) -> Any:
+    """A ``connect`` listener for an engine behind a transaction pooler: its first
+    connection reads the ``statement_timeout`` that the database gives the service's role
+    (``ALTER ROLE … IN DATABASE … SET``: every server connection the pooler opens has it)
+    and warns, with the statement to run, when it is not ``db_statement_timeout_seconds``.
+    A mismatch is not fatal: the driver's command timeout still bounds every command."""
+    expected = statement_timeout_ms(settings)
+    checked = False
+
+    def check(dbapi_connection: Any, _record: Any) -> None:
+        nonlocal checked
+        if checked:
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(_POOLED_SETTINGS_SQL)
+            found, role, db = cursor.fetchone()
+        except Exception as exc:  # the next connection checks again
+            log.debug("could not read statement_timeout through the pooler: %r", exc)
+            return
+        finally:
+            cursor.close()
+            with contextlib.suppress(Exception):
+                dbapi_connection.rollback()
+        checked = True
+        if found != expected:
+            log.warning(
+                "statement_timeout through the pooler is %d ms, not the %d ms of "
+                "COMPACTD_DB_STATEMENT_TIMEOUT_SECONDS: behind a transaction pooler it comes "
+                "from the role, so run ALTER ROLE %s IN DATABASE %s SET statement_timeout = "
+                "%d (docs/deployment.md, Behind PgBouncer)",
+                found,
+                expected,
+                _identifier(role),
+                _identifier(db),
+                expected,
+            )
+
+    return check
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _skip_closed(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:

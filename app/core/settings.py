@@ -28,6 +28,20 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("COMPACTD_DATABASE_URL", "DATABASE_URL"),
         description="Postgres URL; when unset, an embedded PostgreSQL is started in data_dir.",
     )
+    database_pooler: Literal["none", "pgbouncer"] = Field(
+        default="none",
+        description="What database_url reaches: `none`, Postgres itself (or a session pooler); "
+        "`pgbouncer`, a transaction pooler (PgBouncer's pool_mode = transaction): no "
+        "startup parameters, no named prepared statements, and LISTEN on "
+        "database_direct_url. See docs/deployment.md, Behind PgBouncer.",
+    )
+    database_direct_url: str | None = Field(
+        default=None,
+        description="A URL that reaches Postgres without a transaction pooler (the server "
+        "itself, or a session-pooled PgBouncer database), for the LISTEN connections that "
+        "wake the workers and event streams. Unset: database_url. Required with "
+        "database_pooler = pgbouncer.",
+    )
     data_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "pgdata",
         description="Where the embedded PostgreSQL keeps its data.",
@@ -140,6 +154,16 @@ class Settings(BaseSettings):
                 f"db_command_timeout_seconds ({self.db_command_timeout_seconds:g}) must exceed "
                 f"db_statement_timeout_seconds ({statement:g}): Postgres then cancels a slow "
                 "statement itself and the connection is kept"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _listen_beside_the_pooler(self) -> Settings:
+        if self.database_pooler != "none" and not self.database_direct_url:
+            raise ValueError(
+                f"database_pooler = {self.database_pooler} needs database_direct_url "
+                "(COMPACTD_DATABASE_DIRECT_URL): LISTEN cannot pass a transaction pooler, so "
+                "the workers and event streams listen on a direct connection"
             )
         return self
 
