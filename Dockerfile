@@ -13,6 +13,14 @@
 #   docker run --rm -p 8080:8080 -e DATABASE_URL=postgresql://... compactd:latest
 #   docker run --rm -e DATABASE_URL=postgresql://... compactd:latest worker --metrics-port 9091
 #
+# One `serve` process is one core of Python: COMPACTD_SERVE_WORKERS=N (or
+# `serve --workers N`) runs N server processes on the one port, about one per
+# core the container may use; /metrics still answers for all of them (their
+# metrics files go to a folder under /tmp). `compactd` stays PID 1 and passes
+# SIGTERM on to them: give the container 30 s to stop (docker stop -t 30).
+#
+#   docker run --rm -p 8080:8080 -e DATABASE_URL=postgresql://... -e COMPACTD_SERVE_WORKERS=4 compactd:latest
+#
 # `serve` (the default command) binds 0.0.0.0 in the container
 # (COMPACTD_HOST), so it refuses to start while the database holds no API key:
 # create one first (second line above), or, when something else keeps clients

@@ -202,7 +202,7 @@ class ServerProcesses:
         slot.began_at = time.monotonic()
         slot.served = False
         slot.restart_at = None
-        log.debug("server process %d started (pid %s)", slot.index, process.pid)
+        log.info("server process %d started (pid %s)", slot.index, process.pid)
 
     def _step(self, wake: socket.socket) -> None:
         now = time.monotonic()
