@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.serve_workers import GIVE_UP_SECONDS, ROOT, ServeWorkers, gone
+from tests.e2e.serve_workers import COMPACTD, GIVE_UP_SECONDS, ROOT, ServeWorkers, gone
 
 pytestmark = pytest.mark.slow
 
@@ -208,3 +208,16 @@ def test_a_server_process_that_cannot_start_stops_serve_with_status_3() -> None:
     print(done.stderr)
     assert done.returncode == 3
     assert "exited with status 1 before it could serve; stopping" in done.stderr
+
+
+def test_a_number_of_processes_out_of_range_is_one_line() -> None:
+    done = subprocess.run(
+        [COMPACTD, "serve", "--workers", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=GIVE_UP_SECONDS,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == "compactd: --workers must be between 1 and 64 (it is 0)"
