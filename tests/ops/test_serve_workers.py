@@ -22,8 +22,6 @@ import pytest
 
 from tests.e2e.serve_workers import COMPACTD, GIVE_UP_SECONDS, ROOT, ServeWorkers, gone
 
-pytestmark = pytest.mark.slow
-
 
 def gauge(text: str, name: str) -> float:
     found = re.search(rf"^{name} (\S+)$", text, re.M)
@@ -52,6 +50,7 @@ async def metrics(server: ServeWorkers) -> str:
         return r.text
 
 
+@pytest.mark.slow
 async def test_a_dead_server_process_is_replaced_and_sigterm_stops_them_all(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -118,6 +117,7 @@ async def _serves_through(server: ServeWorkers) -> bool:
     return all(r.status_code == 200 for r in answers)
 
 
+@pytest.mark.slow
 async def test_the_server_processes_stop_when_serve_is_killed(db_url: str, tmp_path: Path) -> None:
     server = ServeWorkers(db_url, 2, tmp_path / "serve.log")
     try:
@@ -133,6 +133,7 @@ async def test_the_server_processes_stop_when_serve_is_killed(db_url: str, tmp_p
         await server.close()
 
 
+@pytest.mark.slow
 async def test_compaction_workers_run_in_the_first_process_only(
     db_url: str, tmp_path: Path
 ) -> None:
