@@ -119,7 +119,9 @@ async def _serves_through(server: ServeWorkers) -> bool:
 
 @pytest.mark.slow
 async def test_the_server_processes_stop_when_serve_is_killed(db_url: str, tmp_path: Path) -> None:
-    server = ServeWorkers(db_url, 2, tmp_path / "serve.log")
+    # A folder of the test's: a killed serve cannot remove the one it would make.
+    metrics = str(tmp_path / "metrics")
+    server = ServeWorkers(db_url, 2, tmp_path / "serve.log", PROMETHEUS_MULTIPROC_DIR=metrics)
     try:
         await server.start()
         children = server.children()
