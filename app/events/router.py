@@ -58,10 +58,26 @@ Types = Annotated[
     ),
 ]
 
+# One event of the stream (OpenAPI 3.1: a text/event-stream schema describes each event,
+# as 3.2's itemSchema does).
+_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+-[0-9]+$", "description": "The event id."},
+        "event": {"type": "string", "enum": list(events.TYPES), "description": "Its type."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The event as JSON: id, type, session_id, created_at, data.",
+        },
+        "retry": {"type": "integer"},
+    },
+}
 _STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A stream of server-sent events.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": _EVENT_SCHEMA}},
     },
     **problems(404, 422),
 }

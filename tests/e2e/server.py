@@ -31,6 +31,21 @@ def free_port() -> int:
                 return port
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which ends the app's event streams as it begins to stop (as
+    ``compactd serve`` does): uvicorn would otherwise wait its graceful period on them."""
+
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        hub = getattr(self.app.state, "event_hub", None)
+        if hub is not None:
+            hub.end_streams()
+        await super().shutdown(sockets)
+
+
 @contextlib.contextmanager
 def running(app: Any) -> Iterator[str]:
     """Serve ``app`` over real HTTP until the block ends; yields the base URL. The server
@@ -41,7 +56,7 @@ def running(app: Any) -> Iterator[str]:
     port: int = listener.getsockname()[1]
     options = uvicorn_options(app.state.settings)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options)
-    server = uvicorn.Server(config)
+    server = _Server(config, app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
