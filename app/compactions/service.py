@@ -5,10 +5,8 @@ moves in :mod:`app.compactions.pivot`."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 import uuid
-from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -20,10 +18,10 @@ from app.compactions.schemas import (
     CompactionRequest,
     SourcePage,
 )
-from app.core import metrics
+from app.core import cursors, metrics
 from app.core.database import driver_connection
 from app.core.driver import Driver
-from app.core.errors import Conflict, NotFound, invalid
+from app.core.errors import Conflict, NotFound
 from app.history.schemas import Format
 from app.history.service import HistoryService
 from app.sessions import service as sessions
@@ -63,25 +61,6 @@ def to_schema(job: JobRow) -> CompactionOut:
 
 
 # --- the API ------------------------------------------------------------------
-
-
-def _cursor(job: JobRow) -> str:
-    raw = f"{job.created_at.isoformat()}|{job.id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, job_id = raw.split("|")
-        after = datetime.fromisoformat(created)
-        if after.tzinfo is None:
-            raise ValueError("not an issued cursor")
-        # In UTC here, where an instant outside years 1-9999 (year 1 at +14:00)
-        # is an OverflowError, not in the driver, where it was a 500.
-        return after.astimezone(UTC), uuid.UUID(job_id)
-    except (ValueError, UnicodeDecodeError, OverflowError):
-        raise invalid("cursor", "is not a cursor this API returned") from None
 
 
 class CompactionService:
@@ -149,7 +128,7 @@ class CompactionService:
             pause = min(pause * 2, 0.05)
 
     async def list(self, session_id: str, *, limit: int, cursor: str | None) -> CompactionPage:
-        before = _decode_cursor(cursor) if cursor else None
+        before = cursors.decode(cursor) if cursor else None
         async with driver_connection(self.engine) as driver:
             await self._session_exists(driver, session_id)
             jobs = await self.repo.page(driver, session_id, limit=limit + 1, before=before)
@@ -157,7 +136,7 @@ class CompactionService:
         jobs = jobs[:limit]
         return CompactionPage(
             compactions=[to_schema(j) for j in jobs],
-            next_cursor=_cursor(jobs[-1]) if more else None,
+            next_cursor=cursors.encode(jobs[-1].created_at, jobs[-1].id) if more else None,
         )
 
     async def get(self, session_id: str, compaction_id: uuid.UUID) -> CompactionOut:

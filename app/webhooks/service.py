@@ -3,13 +3,13 @@ the delivery log."""
 
 from __future__ import annotations
 
-import base64
 import uuid
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core import cursors
 from app.core.database import driver_connection
 from app.core.errors import Conflict, NotFound, invalid
 from app.store import events
@@ -58,23 +58,6 @@ def _delivery(row: store.DeliveryRow) -> DeliveryOut:
         created_at=row.created_at,
         payload=row.payload,
     )
-
-
-def _cursor(row: store.DeliveryRow) -> str:
-    raw = f"{row.created_at.isoformat()}|{row.id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, delivery_id = raw.split("|")
-        after = datetime.fromisoformat(created)
-        if after.tzinfo is None:
-            raise ValueError("not an issued cursor")
-        return after.astimezone(UTC), uuid.UUID(delivery_id)
-    except (ValueError, UnicodeDecodeError, OverflowError):
-        raise invalid("cursor", "is not a cursor this API returned") from None
 
 
 class WebhookService:
@@ -163,7 +146,7 @@ class WebhookService:
     async def deliveries(
         self, webhook_id: uuid.UUID, *, limit: int, cursor: str | None
     ) -> DeliveryPage:
-        before = _decode_cursor(cursor) if cursor else None
+        before = cursors.decode(cursor) if cursor else None
         async with driver_connection(self.engine) as driver:
             if await store.get(driver, self.tenant_id, webhook_id) is None:
                 raise NotFound(f"webhook {webhook_id} does not exist")
@@ -171,7 +154,9 @@ class WebhookService:
         page = rows[:limit]
         return DeliveryPage(
             deliveries=[_delivery(r) for r in page],
-            next_cursor=_cursor(page[-1]) if len(rows) > limit and page else None,
+            next_cursor=cursors.encode(page[-1].created_at, page[-1].id)
+            if len(rows) > limit and page
+            else None,
         )
 
 
