@@ -23,9 +23,10 @@ log = logging.getLogger("compactd.events")
 class Waiter:
     """One stream's wake-up."""
 
-    def __init__(self, hub: EventHub, tenant: str) -> None:
+    def __init__(self, hub: EventHub, tenant: str, session_id: str | None) -> None:
         self.hub = hub
         self.tenant = tenant
+        self.session_id = session_id  # None: the tenant's stream
         self.event = asyncio.Event()
 
     async def wait(self, seconds: float) -> None:
@@ -72,8 +73,8 @@ class EventHub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    def join(self, tenant: str) -> Waiter:
-        waiter = Waiter(self, tenant)
+    def join(self, tenant: str, session_id: str | None = None) -> Waiter:
+        waiter = Waiter(self, tenant, session_id)
         self._waiters[tenant].add(waiter)
         return waiter
 
@@ -84,14 +85,19 @@ class EventHub:
             if not waiters:
                 del self._waiters[waiter.tenant]
 
-    def _wake(self, tenant: str | None) -> None:
+    def _wake(self, tenant: str | None, session_id: str | None = None) -> None:
+        """Wake the streams ``tenant``'s event may concern (all, with no tenant): its
+        tenant's stream, and its session's (every session's, with no session)."""
         groups = self._waiters.values() if tenant is None else [self._waiters.get(tenant, set())]
         for waiters in groups:
             for waiter in waiters:
-                waiter.event.set()
+                if session_id is None or waiter.session_id in (None, session_id):
+                    waiter.event.set()
 
     def _notified(self, _connection: Any, _pid: int, _channel: str, payload: object) -> None:
-        self._wake(str(payload))
+        # "<tenant>\t<session>" (app.store.events), or "<tenant>" alone.
+        tenant, tab, session_id = str(payload).partition("\t")
+        self._wake(tenant, session_id if tab else None)
 
     async def _listen(self) -> None:
         while not self._stop.is_set():

@@ -102,11 +102,11 @@ def _hub(request: Request, tenant: str) -> EventHub:
     return hub
 
 
-def _join(request: Request, tenant: str) -> Waiter:
+def _join(request: Request, tenant: str, session_id: str | None) -> Waiter:
     """The stream's place among the process's, checked and taken with no ``await``
     between: the body of a stream runs only once its answer has started, so streams
     asked for at once would all pass the check before any of them counted."""
-    return _hub(request, tenant).join(tenant)
+    return _hub(request, tenant).join(tenant, session_id)
 
 
 async def _start(
@@ -208,7 +208,7 @@ def _response(
     start: events.Place,
     types: list[str] | None,
 ) -> StreamingResponse:
-    waiter = _join(request, tenant)  # after the handler's last await
+    waiter = _join(request, tenant, session_id)  # after the handler's last await
     return _EventStream(_stream(request, waiter, tenant, session_id, start, types), waiter)
 
 

@@ -28,8 +28,8 @@ import orjson
 from app.core.driver import Driver
 from app.engine import budget
 
-# Written with every event (the payload: the tenant), listened to by the streams'
-# hub and the webhook dispatcher.
+# Written with every event (the payload: its tenant and session, tab-separated),
+# listened to by the streams' hub and the webhook dispatcher.
 CHANNEL = "compactd_events"
 
 # The tenant's own events (a webhook disabled, say): no session.
@@ -71,7 +71,7 @@ WITH e AS (
     RETURNING 1
 )
 SELECT e.txid, e.id, (SELECT count(*) FROM d) AS deliveries,
-    pg_notify('compactd_events', e.tenant_id) AS notified
+    pg_notify('compactd_events', e.tenant_id || E'\t' || e.session_id) AS notified
 FROM e
 """
 
