@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 import asyncpg
@@ -43,9 +44,28 @@ class EventHub:
         self.dsn = dsn
         self.bounds: DriverBounds = bounds or {}
         self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self._reads: dict[Hashable, asyncio.Future[list[events.Event]]] = {}
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.closing = False
+
+    async def read(
+        self, key: Hashable, fetch: Callable[[], Awaitable[list[events.Event]]]
+    ) -> list[events.Event]:
+        """``fetch()``'s answer, shared with every stream that asks with the same ``key``
+        while it is in flight (a read at the same place: the same answer). A stream that
+        leaves meanwhile does not cancel it for the others."""
+        running = self._reads.get(key)
+        if running is None:
+            running = asyncio.ensure_future(fetch())
+            self._reads[key] = running
+            running.add_done_callback(lambda done: self._done_reading(key, done))
+        return await asyncio.shield(running)
+
+    def _done_reading(self, key: Hashable, done: asyncio.Future[list[events.Event]]) -> None:
+        self._reads.pop(key, None)
+        if not done.cancelled():
+            done.exception()  # seen: the streams that awaited it raised it, if any did
 
     @property
     def streams(self) -> int:
