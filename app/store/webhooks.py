@@ -113,7 +113,18 @@ UPDATE webhook_delivery SET status = 'skipped', last_error = $4,
     attempts = greatest(attempts - 1, 0), next_attempt_at = now()
 WHERE session_id = $1 AND tenant_id = $2 AND id = $3
 """
-_SUCCESS_SQL = "UPDATE webhook SET failures = 0 WHERE tenant_id = $1 AND id = $2 AND failures > 0"
+# A pass's successes, at once.
+_SUCCEEDED_ALL_SQL = """
+UPDATE webhook_delivery AS d SET status = 'succeeded', last_status = r.status,
+    last_error = NULL, last_attempt_at = now(), next_attempt_at = now()
+FROM unnest($1::text[], $2::text[], $3::uuid[], $4::int[]) AS r(session_id, tenant_id, id, status)
+WHERE d.session_id = r.session_id AND d.tenant_id = r.tenant_id AND d.id = r.id
+"""
+_RESET_ALL_SQL = """
+UPDATE webhook AS w SET failures = 0
+FROM unnest($1::text[], $2::uuid[]) AS r(tenant_id, id)
+WHERE w.tenant_id = r.tenant_id AND w.id = r.id AND w.failures > 0
+"""
 # One more failed attempt; disabled at ``$3`` in a row (once: returns the row then).
 _FAILURE_SQL = """
 UPDATE webhook SET failures = failures + 1,
@@ -258,8 +269,18 @@ async def skipped(driver: Driver, delivery: DeliveryRow, why: str) -> None:
     await driver.execute(_SKIPPED_SQL, delivery.session_id, delivery.tenant_id, delivery.id, why)
 
 
-async def succeeded(driver: Driver, tenant_id: str, webhook_id: uuid.UUID) -> None:
-    await driver.execute(_SUCCESS_SQL, tenant_id, webhook_id)
+async def all_succeeded(driver: Driver, done: list[tuple[DeliveryRow, int]]) -> None:
+    """Record deliveries answered 2xx (with their statuses), and reset their webhooks'
+    failure counts: two statements for a whole pass."""
+    await driver.execute(
+        _SUCCEEDED_ALL_SQL,
+        [d.session_id for d, _ in done],
+        [d.tenant_id for d, _ in done],
+        [d.id for d, _ in done],
+        [status for _, status in done],
+    )
+    hooks = sorted({(d.tenant_id, d.webhook_id) for d, _ in done})
+    await driver.execute(_RESET_ALL_SQL, [t for t, _ in hooks], [w for _, w in hooks])
 
 
 async def failed(driver: Driver, tenant_id: str, webhook_id: uuid.UUID, disable_after: int) -> bool:

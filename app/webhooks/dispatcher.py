@@ -78,16 +78,22 @@ class Dispatcher:
         async with driver_connection(self.engine) as driver, driver.transaction():
             claimed = await store.claim(driver, BATCH, lease)
         if claimed:
-            await asyncio.gather(*(self._send(c) for c in claimed))
+            answered = await asyncio.gather(*(self._send(c) for c in claimed))
+            done = [a for a in answered if a is not None]
+            if done:
+                async with driver_connection(self.engine) as driver, driver.transaction():
+                    await store.all_succeeded(driver, done)
         return len(claimed)
 
-    async def _send(self, claimed: store.Claimed) -> None:
+    async def _send(self, claimed: store.Claimed) -> tuple[store.DeliveryRow, int] | None:
+        """Send one delivery. A success comes back, recorded with the pass's others; a
+        failure is recorded here (it may disable the webhook)."""
         delivery = claimed.delivery
         if claimed.url is None or not claimed.enabled:
             why = "the webhook was deleted" if claimed.url is None else "the webhook is disabled"
             async with driver_connection(self.engine) as driver:
                 await store.skipped(driver, delivery, why)
-            return
+            return None
         body = orjson.dumps(delivery.payload)
         sent = await signing.post(
             self.http,
@@ -97,14 +103,10 @@ class Dispatcher:
             body,
             self.settings.webhook_timeout_seconds,
         )
+        if sent.ok and sent.status is not None:
+            return delivery, sent.status
         settings = self.settings
         async with driver_connection(self.engine) as driver, driver.transaction():
-            if sent.ok:
-                await store.delivered(
-                    driver, delivery, status="succeeded", http_status=sent.status, error=None
-                )
-                await store.succeeded(driver, delivery.tenant_id, delivery.webhook_id)
-                return
             error = (
                 sent.error
                 or f"answered {sent.status}: {sent.body[:200].decode('utf-8', 'replace')}"
@@ -140,6 +142,7 @@ class Dispatcher:
         elif not last:
             # Woken for it when it is due soon (a short backoff); polled otherwise.
             self._later(delay)
+        return None
 
     def _later(self, delay: float) -> None:
         if delay <= self.poll_seconds:
