@@ -8,6 +8,7 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import asyncpg.transaction
@@ -97,7 +98,7 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         event.listen(engine.sync_engine, "connect", _check_pooled_settings(settings))
     _BOUNDS[engine.sync_engine] = bounds
     if settings.database_direct_url:
-        _DIRECT[engine.sync_engine] = embedded.to_async_url(settings.database_direct_url)
+        _DIRECT[engine.sync_engine] = to_async_url(settings.database_direct_url)
     return engine
 
 
@@ -145,6 +146,8 @@ def listen_url(engine: AsyncEngine) -> str:
     and the notifications never reach this one), else the engine's own URL."""
     direct = _DIRECT.get(engine.sync_engine)
     url = make_url(direct) if direct is not None else engine.url
+    if "ssl" in url.query:  # SQLAlchemy's asyncpg name; in a DSN asyncpg reads sslmode
+        url = url.update_query_dict({"sslmode": url.query["ssl"]}).difference_update_query(["ssl"])
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
@@ -319,6 +322,9 @@ UNAVAILABLE = (
     asyncpg.exceptions.CrashShutdownError,  # 57P02
     asyncpg.exceptions.CannotConnectNowError,  # 57P03: starting up or shutting down
     asyncpg.exceptions.TooManyConnectionsError,  # 53300
+    # target_session_attrs=read-write and no host accepts writes: a failover in progress
+    # (the old primary down, the standby not yet promoted).
+    asyncpg.exceptions.TargetServerAttributeNotMatched,
     asyncpg.exceptions.QueryCanceledError,  # 57014: statement_timeout (a lock wait, say)
     PoolTimeout,  # no pooled connection came free within pool_timeout
 )
@@ -443,5 +449,31 @@ def resolve_database_url(settings: Settings | None = None) -> str:
 
     settings = settings or get_settings()
     if settings.database_url:
-        return embedded.to_async_url(settings.database_url)
+        return to_async_url(settings.database_url)
     return embedded.start(settings.data_dir)
+
+
+def to_async_url(url: str) -> str:
+    """A libpq URL as a SQLAlchemy asyncpg URL (:func:`embedded.to_async_url`), its hosts
+    moved to the query when it names several (``postgresql://u@h1:5432,h2:5433/db``, as
+    ``pg_autoctl show uri`` gives a pg_auto_failover formation): SQLAlchemy's URL parses
+    one host and port in the authority, while both it and asyncpg read libpq's
+    ``host=h1,h2&port=5432,5433``. asyncpg then tries the hosts in order and, with
+    ``target_session_attrs=read-write``, keeps the one that accepts writes: after a
+    failover, each new connection finds the new primary by itself."""
+    url = embedded.to_async_url(url)
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist or "[" in hostlist:  # one host (or IPv6, left as it is)
+        return url
+    hosts, ports = [], []
+    for item in hostlist.split(","):
+        host, _, port = item.partition(":")
+        hosts.append(host)
+        ports.append(port or "5432")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key in ("host", "port") for key, _ in query):
+        raise ValueError("the database URL names its hosts both before the path and in the query")
+    query += [("host", ",".join(hosts)), ("port", ",".join(ports))]
+    netloc = userinfo + at if at else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe=",")))
