@@ -133,10 +133,7 @@ async def test_the_service_rides_out_a_failover_and_loses_no_acknowledged_append
 ) -> None:
     settings = TEST_SETTINGS.model_copy(update={"database_url": service_uri(formation)})
     app = create_app(settings, database_url=resolve_database_url(settings))
-    primary = formation.primary()
-    assert primary is not None, formation.state()
-    assert primary.name == "node1", formation.state()
-    standby = formation.nodes[1]
+    primary, standby = formation.pair()
     log = Log()
     with running(app) as base:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
@@ -147,8 +144,11 @@ async def test_the_service_rides_out_a_failover_and_loses_no_acknowledged_append
             stop = asyncio.Event()
             agents = [asyncio.create_task(agent(http, s, log, stop)) for s in sessions]
             await asyncio.sleep(BEFORE_KILL_S)
+            started = time.monotonic()
+            while len(log.successes) < AGENTS:  # a slow machine: some appends first
+                assert time.monotonic() - started < 60, "no append succeeded before the kill"
+                await asyncio.sleep(0.05)
             before = len(log.successes)
-            assert before > 0, "no append succeeded before the failover"
 
             watch = await asyncpg.connect(
                 host="127.0.0.1", port=standby.port, user="postgres", database="postgres"
