@@ -237,13 +237,14 @@ class Formation:
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], formation: Formation) -> None:
-    import socket
-
+    """Until the server on ``port`` accepts connections (listening is not enough: it
+    refuses them while it starts up)."""
+    ready = [str(PG_BIN / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port), "-t", "1"]
     deadline = time.monotonic() + 60
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"pg_autoctl exited ({process.returncode}):\n{formation.logs()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        if subprocess.run(ready, check=False, timeout=10).returncode == 0:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"nothing listens on {port}:\n{formation.logs()}")

@@ -39,6 +39,12 @@ WRITABLE = (
     "SELECT NOT pg_is_in_recovery() AND current_setting('default_transaction_read_only') = 'off'"
 )
 
+# Compactions by hand only, keeping few tokens verbatim, so that each request has turns
+# to summarize.
+SESSION = {
+    "model": "gpt-4o",
+    "config": {"compaction": {"auto": False, "keep_recent_tokens": 50}, "prune": {"auto": False}},
+}
 LISTENING = (
     "SELECT count(*) > 0 FROM pg_stat_activity WHERE usename = $1 AND query ILIKE 'LISTEN %'"
 )
@@ -55,6 +61,7 @@ class Log:
     acked_first_try: list[str] = field(default_factory=list)
     acked_after_retry: list[str] = field(default_factory=list)
     successes: list[float] = field(default_factory=list)  # when each 2xx append answered
+    compactions: dict[str, set[str]] = field(default_factory=dict)  # session: ids requested
 
     def saw(self, r: httpx.Response, what: str) -> None:
         self.statuses[r.status_code] += 1
@@ -64,10 +71,14 @@ class Log:
             self.no_retry_after.append(f"{what}: {r.text[:300]}")
 
 
+# An answer long enough that a summary of a few turns is shorter than the turns.
+FILLER = "the build passed, the tests ran, and the diff touched the parser. " * 12
+
+
 def turn(key: str) -> list[dict[str, Any]]:
     return [
         {"role": "user", "content": f"question {key}"},
-        {"role": "assistant", "content": f"answer {key}"},
+        {"role": "assistant", "content": f"answer {key}: " + FILLER},
     ]
 
 
@@ -100,6 +111,17 @@ async def agent(http: httpx.AsyncClient, session: str, log: Log, stop: asyncio.E
     while not stop.is_set():
         await append(http, session, f"{session}-{n}", log)
         n += 1
+        if n % 10 == 0:  # a compaction now and then (the extractive summarizer)
+            try:
+                r = await http.post(f"/v1/sessions/{session}/compactions", json={})
+            except httpx.TransportError as exc:
+                log.errors.append(f"{session} compaction: {exc!r}")
+            else:
+                log.saw(r, f"{session} compaction")
+                # 409: nothing new to compact since the last one (too few turns).
+                assert r.status_code in (200, 202, 409, 503), r.text
+                if r.status_code in (200, 202):
+                    log.compactions.setdefault(session, set()).add(r.json()["id"])
         if n % 3 == 0:  # a usage report now and then: answered, or a 503 (never retried)
             try:
                 r = await http.post(f"/v1/sessions/{session}/usage", json={"input_tokens": 50 * n})
@@ -111,7 +133,22 @@ async def agent(http: httpx.AsyncClient, session: str, log: Log, stop: asyncio.E
     return n
 
 
-async def stored_questions(http: httpx.AsyncClient, session: str) -> list[str]:
+async def finished_compactions(http: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
+    """The session's compactions once none is queued or running."""
+    deadline = time.monotonic() + 60
+    while True:
+        r = await http.get(f"/v1/sessions/{session}/compactions", params={"limit": 200})
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert page["next_cursor"] is None, "more compactions than the test makes"
+        found: list[dict[str, Any]] = page["compactions"]
+        if all(c["status"] not in ("queued", "running") for c in found):
+            return found
+        assert time.monotonic() < deadline, [(c["id"], c["status"]) for c in found]
+        await asyncio.sleep(0.2)
+
+
+async def stored_entries(http: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     after = 0
     while True:
@@ -125,13 +162,21 @@ async def stored_questions(http: httpx.AsyncClient, session: str) -> list[str]:
             break
         after = page["next_after_seq"]
     assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
-    return [str(e["message"]["content"]) for e in entries]
+    return entries
 
 
 async def test_the_service_rides_out_a_failover_and_loses_no_acknowledged_append(
     formation: Formation,
 ) -> None:
-    settings = TEST_SETTINGS.model_copy(update={"database_url": service_uri(formation)})
+    settings = TEST_SETTINGS.model_copy(
+        update={
+            "database_url": service_uri(formation),
+            "compaction_workers": 1,
+            # A job whose worker lost its connection mid-run is claimed again this soon.
+            "compaction_lease_seconds": 3.0,
+            "compaction_poll_seconds": 0.2,
+        }
+    )
     app = create_app(settings, database_url=resolve_database_url(settings))
     primary, standby = formation.pair()
     log = Log()
@@ -139,7 +184,7 @@ async def test_the_service_rides_out_a_failover_and_loses_no_acknowledged_append
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             sessions = [f"agent-{k}" for k in range(AGENTS)]
             for session in sessions:
-                r = await http.post("/v1/sessions", json={"id": session, "model": "gpt-4o"})
+                r = await http.post("/v1/sessions", json={"id": session, **SESSION})
                 assert r.status_code == 201, r.text
             stop = asyncio.Event()
             agents = [asyncio.create_task(agent(http, s, log, stop)) for s in sessions]
@@ -175,7 +220,8 @@ async def test_the_service_rides_out_a_failover_and_loses_no_acknowledged_append
             stop.set()
             turns = dict(zip(sessions, await asyncio.gather(*agents), strict=True))
 
-            stored = {s: await stored_questions(http, s) for s in sessions}
+            compactions = {s: await finished_compactions(http, s) for s in sessions}
+            stored = {s: await stored_entries(http, s) for s in sessions}
 
             # The event hub's LISTEN connection found the new primary by itself too.
             watch = await asyncpg.connect(
@@ -201,7 +247,25 @@ async def test_the_service_rides_out_a_failover_and_loses_no_acknowledged_append
     assert not log.no_retry_after, log.no_retry_after
     assert log.statuses[503] > 0 or log.errors, "the failover went unnoticed: nothing was tested"
     for session, n in turns.items():
-        questions = [q for q in stored[session] if q.startswith("question ")]
+        entries = stored[session]
+        messages = [e for e in entries if e["kind"] == "message"]
+        questions = [str(e["message"]["content"]) for e in messages if e["role"] == "user"]
         expected = [f"question {session}-{i}" for i in range(n)]
         assert questions == expected, (session, Counter(questions).most_common(3))
-        assert len(stored[session]) == 2 * n, session  # each turn's answer too, once
+        assert len(messages) == 2 * n, session  # each turn's answer too, once
+        # Every compaction asked for and answered finished once: succeeded, its own entry
+        # in the history, and no entry of a compaction that is not one of these.
+        done = compactions[session]
+        assert log.compactions.get(session, set()) <= {c["id"] for c in done}, session
+        # A summary no shorter than what it replaces is refused by the gate: failed, at
+        # once and cleanly; any other failure is one this test is here to catch.
+        for c in done:
+            assert c["status"] == "succeeded" or (
+                c["status"] == "failed" and str(c["error"]).startswith("not committed:")
+            ), (c["status"], c["error"])
+        succeeded = [c for c in done if c["status"] == "succeeded"]
+        others = sorted(e["seq"] for e in entries if e["kind"] != "message")
+        assert sorted(c["entry_seq"] for c in succeeded) == others, (session, others)
+    statuses = Counter(c["status"] for done in compactions.values() for c in done)
+    print(f"compactions: {dict(statuses)}, each finished once")
+    assert statuses["succeeded"] > 0, "no compaction ran: nothing was tested"
