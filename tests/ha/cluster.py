@@ -209,10 +209,7 @@ class Formation:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.process.pid, signal.SIGKILL)
         node.process.wait(10)
-        postmaster = node.pgdata / "postmaster.pid"
-        if postmaster.exists():  # a postmaster outside the group: kill it too
-            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-                os.kill(int(postmaster.read_text().split()[0]), signal.SIGKILL)
+        _kill_postmaster(node.pgdata)  # one outside the group, if any
 
     def stop(self) -> None:
         for process in [n.process for n in self.nodes] + [self.monitor]:
@@ -230,10 +227,16 @@ class Formation:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
         for pgdata in [self.folder / "monitor", *(n.pgdata for n in self.nodes)]:
-            pid = pgdata / "postmaster.pid"
-            if pid.exists():
-                with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
-                    os.kill(int(pid.read_text().split()[0]), signal.SIGKILL)
+            _kill_postmaster(pgdata)
+
+
+def _kill_postmaster(pgdata: Path) -> None:
+    """SIGKILL the postmaster of ``pgdata`` if one still runs (its pid file stays after
+    a SIGKILL: the pid is checked to be a postgres of that folder, not a reused one)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+        if str(pgdata).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], formation: Formation) -> None:
