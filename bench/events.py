@@ -148,9 +148,12 @@ async def bench_fanout(host: str, port: int, pg: asyncpg.Connection[Any]) -> Non
             path = f"/v1/sessions/{sid}/events"
             async with client.stream("GET", path, params={"after": "now"}) as r:
                 ready.release()
+                last_id = ""
                 async for line in r.aiter_lines():
                     if line.startswith("id: "):
-                        arrivals[k].append((line[4:], time.perf_counter()))
+                        last_id = line[4:]
+                    elif line.startswith("data: "):  # an event (the opening id has none)
+                        arrivals[k].append((last_id, time.perf_counter()))
                         if len(arrivals[k]) >= FANOUT_EVENTS:
                             return
 
