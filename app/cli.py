@@ -250,11 +250,11 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 async def _connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
     import asyncpg
 
-    from app.core.database import driver_bounds_of
+    from app.core.database import driver_bounds_of, libpq_url
 
     # Bounded as the service's connections are: a hung database fails the command.
     bounds = driver_bounds_of(get_settings())
-    return await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1), **bounds)
+    return await asyncpg.connect(libpq_url(url), **bounds)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import asyncpg
 import asyncpg.transaction
 import orjson
 from fastapi import Depends, Request
-from sqlalchemy import Engine, MetaData, event, make_url
+from sqlalchemy import URL, Engine, MetaData, event, make_url
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -145,7 +145,12 @@ def listen_url(engine: AsyncEngine) -> str:
     server connection that registered it serves other clients once the statement ends,
     and the notifications never reach this one), else the engine's own URL."""
     direct = _DIRECT.get(engine.sync_engine)
-    url = make_url(direct) if direct is not None else engine.url
+    return libpq_url(make_url(direct) if direct is not None else engine.url)
+
+
+def libpq_url(url: URL | str) -> str:
+    """A SQLAlchemy asyncpg URL as a plain libpq URL that ``asyncpg.connect`` reads."""
+    url = make_url(url)
     if "ssl" in url.query:  # SQLAlchemy's asyncpg name; in a DSN asyncpg reads sslmode
         url = url.update_query_dict({"sslmode": url.query["ssl"]}).difference_update_query(["ssl"])
     return url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from app.compactions.service import _decode_cursor
+from app.core import cursors
 from app.core.errors import ProblemError
 from app.core.settings import Settings
 from app.main import create_app
@@ -144,7 +144,7 @@ def test_a_sessions_cursor_decodes_to_a_utc_time_or_is_a_422(raw: str) -> None:
     )
 )
 def test_a_compactions_cursor_decodes_to_a_utc_time_or_is_a_422(raw: str) -> None:
-    decoded = _decoded(_decode_cursor, raw)
+    decoded = _decoded(cursors.decode, raw)
     if decoded is not None:
         assert decoded[0].utcoffset() == timedelta(0)
 
