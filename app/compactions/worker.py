@@ -298,8 +298,12 @@ class Worker:
             raise
         except Exception as exc:
             # A bug, or the database going away mid-job: recorded on the job and
-            # retried after a backoff; claims past max_attempts go extractive.
-            log.exception("compaction %s: failed unexpectedly", job.id)
+            # retried after a backoff; claims past max_attempts go extractive. The
+            # database going away (a failover, a restart) is expected: no traceback.
+            if unavailable_cause(exc) is not None:
+                log.warning("compaction %s: the database is unavailable; retried", job.id)
+            else:
+                log.exception("compaction %s: failed unexpectedly", job.id)
             delay = backoff_delay(
                 job.attempts,
                 base=self.config.backoff.base_seconds,
