@@ -117,9 +117,19 @@ def _read(answer: Any, point: str, into: Answered) -> str:
     return "customized" if changed else "proceeded"
 
 
+async def lookup(
+    engine: AsyncEngine, tenant_id: str, session_id: str, point: str
+) -> list[store.WebhookRow]:
+    """The hooks ``point`` calls for the session, oldest first (at most :data:`MAX_HOOKS`):
+    looked up first, so that a caller with none builds no payload for them."""
+    async with driver_connection(engine) as driver:
+        return (await store.hooks(driver, tenant_id, session_id, point))[:MAX_HOOKS]
+
+
 async def call(
     engine: AsyncEngine,
     http: httpx.AsyncClient,
+    found: list[store.WebhookRow],
     tenant_id: str,
     session_id: str,
     point: str,
@@ -127,12 +137,8 @@ async def call(
     *,
     message_id: str,
 ) -> Answered:
-    """Call the session's hooks for ``point`` (see the module's docstring)."""
+    """Call ``found``, the session's hooks for ``point`` (see the module's docstring)."""
     answered = Answered()
-    async with driver_connection(engine) as driver:
-        found = (await store.hooks(driver, tenant_id, session_id, point))[:MAX_HOOKS]
-    if not found:
-        return answered
     body = orjson.dumps({"type": point, "session_id": session_id, "data": data}, default=str)
     for hook in found:
         started = time.perf_counter()

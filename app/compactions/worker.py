@@ -368,6 +368,9 @@ class Worker:
         """What the session's ``compaction.before`` hooks say (app.compactions.hooks)."""
         if self.http is None:
             return hooks.Answered()
+        found = await hooks.lookup(self.engine, job.tenant_id, job.session_id, "compaction.before")
+        if not found:
+            return hooks.Answered()  # nothing to serialize the conversation for
         plan = prepared.plan
         conversation = serialize_conversation(plan.history)
         data = {
@@ -384,6 +387,7 @@ class Worker:
         return await hooks.call(
             self.engine,
             self.http,
+            found,
             job.tenant_id,
             job.session_id,
             "compaction.before",

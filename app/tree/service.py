@@ -33,6 +33,7 @@ from app.sessions import service as sessions
 from app.store import branches, events
 from app.store.log import LogRepository, OnPath
 from app.store.session_row import SessionState, Unit, locked, read_state
+from app.store.webhooks import WebhookRow
 from app.tree.schemas import (
     BranchSummaryOut,
     ForkRequest,
@@ -206,7 +207,12 @@ class TreeService:
         written) and whether it replays an earlier one (an ``Idempotency-Key``)."""
         digest = _request_hash("navigate", body)
         hooked = hooks.Answered()
-        if self.http is not None:
+        found = (
+            []
+            if self.http is None
+            else await hooks.lookup(self.engine, self.tenant_id, session_id, "navigation.before")
+        )
+        if found:
             # The hooks come after what would refuse the request or answer it without
             # them (no such session, a target that is not one, a replay), before the
             # lock: they may take seconds. All of it is checked again under the lock.
@@ -219,7 +225,7 @@ class TreeService:
                     return replay[0], replay[1], True
                 sessions.check_if_match(if_match, state.version)
                 await self._target(driver, session_id, state, body)
-            hooked = await self._hooks(session_id, body)
+            hooked = await self._hooks(session_id, body, found)
             if hooked.cancel is not None:
                 raise Conflict(f"a hook cancelled the navigation: {hooked.cancel}")
         with metrics.after_commit():
@@ -279,7 +285,9 @@ class TreeService:
                 await self._keep(driver, session_id, idempotency_key, digest, status_code, document)
         return document, status_code, False
 
-    async def _hooks(self, session_id: str, body: NavigateRequest) -> hooks.Answered:
+    async def _hooks(
+        self, session_id: str, body: NavigateRequest, found: list[WebhookRow]
+    ) -> hooks.Answered:
         """What the session's ``navigation.before`` hooks say (app.compactions.hooks):
         called before the session is locked, since they may take seconds."""
         assert self.http is not None
@@ -292,6 +300,7 @@ class TreeService:
         return await hooks.call(
             self.engine,
             self.http,
+            found,
             self.tenant_id,
             session_id,
             "navigation.before",
