@@ -24,6 +24,8 @@ and are left out in this mode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -228,6 +230,25 @@ def app_registry(engine: Any) -> CollectorRegistry:
     return registry
 
 
+class _SharedFiles(MultiProcessCollector):
+    """The shared files' metrics, without the files of a process that is starting: it
+    makes its file empty and only then sizes it, and prometheus_client fails the whole
+    read on an empty one (``struct.error``: /metrics answered 500 while a server process
+    of ``serve --workers N`` was being replaced)."""
+
+    def collect(self) -> Iterable[Any]:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with contextlib.suppress(OSError):  # gone meanwhile: a dead process's, removed
+                if os.path.getsize(path) >= _SMALLEST_FILE:
+                    files.append(path)
+        merged: Iterable[Any] = self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+        return merged
+
+
+# The first 8 bytes of a metrics file say how much of it is used.
+_SMALLEST_FILE = 8
+
 _merged: CollectorRegistry | None = None
 
 
@@ -238,7 +259,7 @@ def registries(app_state: Any) -> list[CollectorRegistry]:
     if MULTIPROCESS:
         if _merged is None:
             _merged = CollectorRegistry()
-            MultiProcessCollector(_merged)  # type: ignore[no-untyped-call]
+            _SharedFiles(_merged)  # type: ignore[no-untyped-call]
         return [_merged]
     own: CollectorRegistry | None = getattr(app_state, "metrics", None)
     return [REGISTRY] if own is None else [REGISTRY, own]
