@@ -30,6 +30,7 @@ class Linked(Protocol):
 
 
 _KEEP_ALL: frozenset[str] = frozenset()
+_plain = tuple.__new__  # Step(i) without its Python-level __new__: a third of the cost
 
 
 class Step(NamedTuple):
@@ -48,26 +49,37 @@ def plan_pairing(items: Sequence[Linked]) -> list[Step]:
     which the caller decides, see :func:`pair_tool_calls`); the final assistant's
     unanswered calls are kept, pending.
     """
+    # The hot loop of every context read: one pass to find the results and the last
+    # turn, one to order; a step without drops is built without NamedTuple's __new__.
     results: dict[str, int] = {}
-    for i, item in enumerate(items):
-        if item.role == "tool" and item.tool_call_id is not None:
-            results.setdefault(item.tool_call_id, i)
     # Calls before the last entry that is not a tool result were abandoned if
     # unanswered; calls of the final assistant may still be running.
-    last_turn = max((i for i, item in enumerate(items) if item.role != "tool"), default=-1)
+    last_turn = -1
+    for i, item in enumerate(items):
+        if item.role != "tool":
+            last_turn = i
+        elif (link := item.tool_call_id) is not None and link not in results:
+            results[link] = i
 
     steps: list[Step] = []
+    emit = steps.append
     for i, item in enumerate(items):
-        if item.role == "tool":
+        role = item.role
+        if role == "tool":
             continue  # emitted behind its call, or left out as an orphan
-        calls = item.call_ids if item.role == "assistant" else ()
+        calls = item.call_ids if role == "assistant" else ()
         if not calls:
-            steps.append(Step(i))
+            emit(_plain(Step, (i, _KEEP_ALL)))
             continue
         answered = [c for c in calls if c in results]
         missing = len(answered) < len(calls) and i != last_turn
-        steps.append(Step(i, frozenset(calls).difference(answered) if missing else _KEEP_ALL))
-        steps.extend(Step(results.pop(c)) for c in answered)
+        emit(
+            Step(i, frozenset(calls).difference(answered))
+            if missing
+            else _plain(Step, (i, _KEEP_ALL))
+        )
+        for c in answered:
+            emit(_plain(Step, (results.pop(c), _KEEP_ALL)))
     return steps
 
 
