@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import weakref
@@ -25,6 +26,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.util import greenlet_spawn
 
 from app.core import embedded
 from app.core.driver import Driver, Isolation
@@ -400,8 +402,11 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Driver]:
     pool never hands it out again.
     """
     try:
-        async with engine.connect() as connection:
-            proxied = await connection.get_raw_connection()
+        # The pool's connection as it is: one hop into SQLAlchemy's pool to take it and
+        # one to give it back, no Connection object around it (half the CPU of
+        # engine.connect() with get_raw_connection(), on every hot request).
+        proxied = await engine.raw_connection()
+        try:
             driver = cast(Driver, proxied.driver_connection)
             try:
                 yield driver
@@ -418,12 +423,16 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Driver]:
                 # rolled back); InternalClientError a broken one: never reuse that.
                 timed_out = isinstance(cause, asyncpg.exceptions.QueryCanceledError)
                 broken = (down and not timed_out) or isinstance(exc, asyncpg.InternalClientError)
-                if broken and not connection.invalidated:
-                    await connection.invalidate(exc)
+                if broken and proxied.is_valid:
+                    await greenlet_spawn(proxied.invalidate, exc)
                 if down:
                     log.warning("database unavailable: %r", exc)
                     raise unavailable() from exc
                 raise
+        finally:
+            # Back to the pool (an invalidated one is not), even when the request is
+            # cancelled meanwhile: shielded, as SQLAlchemy's AsyncConnection exits.
+            await asyncio.shield(greenlet_spawn(proxied.close))
     except ProblemError:
         raise
     except Exception as exc:
