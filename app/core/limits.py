@@ -195,12 +195,19 @@ class FairSlots:
         state = self._tenants.get(tenant)
         return state.admitted if state else 0
 
-    async def acquire(self, tenant: str) -> None:
-        """Wait for a slot (bound the wait from outside, e.g. with ``asyncio.timeout``)."""
+    def take(self, tenant: str) -> bool:
+        """Take a slot when one is free to ``tenant`` now (no one waits before it)."""
         state = self._tenants[tenant]
         if self._free and not state.waiters and state.running < self.limits.tenant_concurrent:
             self._take(state)
+            return True
+        return False
+
+    async def acquire(self, tenant: str) -> None:
+        """Wait for a slot (bound the wait from outside, e.g. with ``asyncio.timeout``)."""
+        if self.take(tenant):
             return
+        state = self._tenants[tenant]
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._arrivals += 1
         entry = (self._arrivals, waiter)
@@ -302,77 +309,78 @@ class LimitMiddleware:
         limits = self.limits
         deadline = asyncio.get_running_loop().time() + limits.timeout
         body_limit = limits.body_limit(tenant)
-        too_large = PayloadTooLarge(
-            f"the request body is over the {body_limit}-byte limit"
-            + (" of requests that need no API key" if tenant == NO_TENANT else ""),
-            # Else uvicorn would go on reading (and dropping) the rest of the body.
-            headers={"Connection": "close"},
-        )
         declared = _declared_length(scope)
         if declared > body_limit:
-            await _answer(too_large, scope, receive, send)
+            await _answer(self._too_large(tenant), scope, receive, send)
             return
         if declared and (full := self.slots.fits(tenant, declared)):
             await self._refuse_bodies(scope, receive, send, full, tenant)
             return
 
-        metrics.HTTP_RECEIVING.inc()
-        try:
-            async with asyncio.timeout_at(deadline):
-                body = await self._read_body(receive, tenant, body_limit, held)
-        except TimeoutError:
-            metrics.HTTP_REJECTED.labels("body_timeout").inc()
-            log.warning("request body timed out", extra={"path": scope["path"]})
-            late = RequestTimeout(
-                f"the request body did not arrive within {limits.timeout:g} s",
-                headers={"Connection": "close"},
-            )
-            await _answer(late, scope, receive, send)
-            return
-        except _BodyTooLarge:
-            await _answer(too_large, scope, receive, send)
-            return
-        except _BodiesFull as full:
-            await self._refuse_bodies(scope, receive, send, full.reason, tenant)
-            return
-        finally:
-            metrics.HTTP_RECEIVING.dec()
-        if body is None:  # the client left; nobody reads this answer, the log does
-            gone = BadRequest("the connection closed before the request body arrived")
-            await _answer(gone, scope, receive, send)
-            return
+        # The fast paths cost nothing when they apply (most requests on a server that is
+        # not saturated): a request with no body (no Content-Length, not chunked) has
+        # nothing to read, and a free slot is taken without a wait; neither then shows in
+        # the receiving or waiting gauges, which it would leave in the same instant.
+        app_receive = receive
+        if declared or _chunked(scope):
+            metrics.HTTP_RECEIVING.inc()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    body = await self._read_body(receive, tenant, body_limit, held)
+            except TimeoutError:
+                metrics.HTTP_REJECTED.labels("body_timeout").inc()
+                log.warning("request body timed out", extra={"path": scope["path"]})
+                late = RequestTimeout(
+                    f"the request body did not arrive within {limits.timeout:g} s",
+                    headers={"Connection": "close"},
+                )
+                await _answer(late, scope, receive, send)
+                return
+            except _BodyTooLarge:
+                await _answer(self._too_large(tenant), scope, receive, send)
+                return
+            except _BodiesFull as full:
+                await self._refuse_bodies(scope, receive, send, full.reason, tenant)
+                return
+            finally:
+                metrics.HTTP_RECEIVING.dec()
+            if body is None:  # the client left; nobody reads this answer, the log does
+                gone = BadRequest("the connection closed before the request body arrived")
+                await _answer(gone, scope, receive, send)
+                return
+            app_receive = _replay(body, receive)
 
-        metrics.HTTP_WAITING.inc()
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self.slots.acquire(tenant)
-        except TimeoutError:
-            await _refuse(
-                scope,
-                receive,
-                send,
-                "timeout",
-                f"no free slot within {limits.timeout:g} s (the server is busy); retry shortly",
-            )
-            return
-        finally:
-            metrics.HTTP_WAITING.dec()
-
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if delivered:
-                return await receive()  # after the body: a disconnect, whenever it comes
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        if not self.slots.take(tenant):
+            metrics.HTTP_WAITING.inc()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self.slots.acquire(tenant)
+            except TimeoutError:
+                await _refuse(
+                    scope,
+                    receive,
+                    send,
+                    "timeout",
+                    f"no free slot within {limits.timeout:g} s (the server is busy); retry shortly",
+                )
+                return
+            finally:
+                metrics.HTTP_WAITING.dec()
 
         metrics.HTTP_IN_FLIGHT.inc()
         try:
-            await self.app(scope, replay, send)
+            await self.app(scope, app_receive, send)
         finally:
             self.slots.release(tenant)
             metrics.HTTP_IN_FLIGHT.dec()
+
+    def _too_large(self, tenant: str) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"the request body is over the {self.limits.body_limit(tenant)}-byte limit"
+            + (" of requests that need no API key" if tenant == NO_TENANT else ""),
+            # Else uvicorn would go on reading (and dropping) the rest of the body.
+            headers={"Connection": "close"},
+        )
 
     async def _read_body(
         self, receive: Receive, tenant: str, body_limit: int, held: list[int]
@@ -436,6 +444,25 @@ class LimitMiddleware:
                 "of the server's; retry shortly"
             )
         await _refuse(scope, receive, send, reason, detail)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The app's ``receive``: the body read whole as one message, then the client's."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if delivered:
+            return await receive()  # after the body: a disconnect, whenever it comes
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _chunked(scope: Scope) -> bool:
+    """Whether the request's body comes in chunks (its length is not declared)."""
+    return any(name == b"transfer-encoding" for name, _ in scope["headers"])
 
 
 def _declared_length(scope: Scope) -> int:

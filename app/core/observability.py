@@ -136,6 +136,22 @@ def _route(scope: Scope) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
+# The request metrics' children by (method, route template, status): a few hundred at
+# most, and looked up here without prometheus_client's per-call label checks and lock.
+_CHILDREN: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def _request_metrics(method: str, route: str, status: int) -> tuple[Any, Any]:
+    key = (method, route, status)
+    children = _CHILDREN.get(key)
+    if children is None:
+        children = _CHILDREN[key] = (
+            metrics.HTTP_REQUESTS.labels(method, route, str(status)),
+            metrics.HTTP_LATENCY.labels(method, route),
+        )
+    return children
+
+
 class RequestLogMiddleware:
     """Gives every request an id (the client's ``X-Request-ID`` when it is sane), sends
     it back in the same header, logs one line when the response ends and records the
@@ -174,8 +190,9 @@ class RequestLogMiddleware:
             elapsed = time.perf_counter() - started
             route = _route(scope)
             method = scope["method"] if scope["method"] in _METHODS else "other"
-            metrics.HTTP_REQUESTS.labels(method, route, str(status)).inc()
-            metrics.HTTP_LATENCY.labels(method, route).observe(elapsed)
+            counter, latency = _request_metrics(method, route, status)
+            counter.inc()
+            latency.observe(elapsed)
             # The line's fields are only built when the line is written.
             if log.isEnabledFor(logging.INFO) and (scope["path"] not in OPS_PATHS or status >= 400):
                 log.info(
