@@ -52,7 +52,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, continuity, events, load, proxy, recall, tree, upstream
+from bench import bounds, continuity, cpu, events, load, proxy, recall, tree, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -477,6 +477,7 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
 
 
 SECTIONS = (
+    "cpu",
     "append",
     "context",
     "budget",
@@ -551,6 +552,14 @@ def main() -> int:
 
         async def run() -> None:
             instant = await upstream.start(upstream_port)
+            if "cpu" in sections:
+                await cpu.bench_cpu(
+                    "127.0.0.1",
+                    port,
+                    server.pid,
+                    url.replace("postgresql+asyncpg://", "postgresql://"),
+                    folder / "pgdata",
+                )
             if "append" in sections:
                 await bench_appends("127.0.0.1", port, psutil.Process(server.pid))
             if "context" in sections:
