@@ -3,7 +3,7 @@ rendering: both were done once, when each message was written."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -26,44 +26,54 @@ _STATE: dict[str, Literal["ok", "prune", "compact", "overflow"]] = {
 }
 
 
-class _Item:
-    """One row of the window, as the assemblers read it (both names hold the
-    fragment of the requested format)."""
+class _Item(NamedTuple):
+    """One row of the window, as the assemblers read it (both view names hold the
+    fragment of the requested format). A tuple: a context read makes one per row."""
 
-    __slots__ = (
-        "call_ids",
-        "role",
-        "seq",
-        "tokens",
-        "tool_call_id",
-        "view_anthropic",
-        "view_openai",
+    seq: int
+    role: str
+    tool_call_id: str | None
+    call_ids: tuple[str, ...]
+    tokens: int
+    view_openai: str
+
+    @property
+    def view_anthropic(self) -> str:
+        return self.view_openai
+
+
+_new_item = tuple.__new__  # _Item(...) without NamedTuple's Python-level __new__
+
+
+def _item(row: Record, view: str, tokens: int) -> _Item:
+    call_ids = row["call_ids"]
+    return _new_item(
+        _Item,
+        (
+            row["seq"],
+            row["role"],
+            row["link_id"],
+            tuple(call_ids) if call_ids else (),
+            tokens,
+            view,
+        ),
     )
-
-    def __init__(self, row: Record, view: str, tokens: int) -> None:
-        self.seq: int = row["seq"]
-        self.role: str = row["role"]
-        self.tool_call_id: str | None = row["link_id"]
-        call_ids = row["call_ids"]
-        self.call_ids: tuple[str, ...] = tuple(call_ids) if call_ids else ()
-        self.tokens = tokens
-        self.view_openai = self.view_anthropic = view
 
 
 def _items(rows: list[Record], marks: dict[int, int], fmt: Format, placeholder: str) -> list[_Item]:
     """The window's rows; a pruned tool result shows the placeholder and costs its tokens."""
     if not marks:
-        return [_Item(row, row["view"], row["tokens"]) for row in rows]
+        return [_item(row, row["view"], row["tokens"]) for row in rows]
     views = PlaceholderViews(placeholder)
     side = 0 if fmt == "openai" else 1
     items = []
     for row in rows:
         tokens = marks.get(row["seq"])
         if tokens is None:
-            items.append(_Item(row, row["view"], row["tokens"]))
+            items.append(_item(row, row["view"], row["tokens"]))
         else:
             rendered = views.render(row["link_id"], row["is_error"])[side]
-            items.append(_Item(row, rendered, tokens))
+            items.append(_item(row, rendered, tokens))
     return items
 
 
@@ -104,11 +114,15 @@ class ContextService:
         else:
             system_json, messages_json, used = assemble_anthropic(items)
 
-        summary_tokens = sum(items[i].tokens for i in used if items[i].seq == session.summary_seq)
-        tool_tokens = sum(items[i].tokens for i in used if items[i].role == "tool")
-        message_tokens = (
-            sum(items[i].tokens for i in used if items[i].role != "tool") - summary_tokens
-        )
+        summary_tokens = tool_tokens = message_tokens = 0
+        for i in used:
+            item = items[i]
+            if item.seq == session.summary_seq:
+                summary_tokens += item.tokens
+            elif item.role == "tool":
+                tool_tokens += item.tokens
+            else:
+                message_tokens += item.tokens
         # The estimate, state and fraction are the session's verdict, the very
         # figures /overflow gives: one computation from the running totals. The
         # breakdown says what the messages assembled here hold, and the overhead

@@ -9,6 +9,7 @@ get a 128,000-token window.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -135,8 +136,10 @@ def normalize(model: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def lookup(model: str) -> ModelSpec:
-    """The catalog entry for ``model``, or the 128k default for an unknown one."""
+    """The catalog entry for ``model``, or the 128k default for an unknown one.
+    Remembered (a few times per request, a scan of the catalog each)."""
     name = normalize(model)
     for prefix, window, max_output, input_limit, encoding in _CATALOG:
         if name.startswith(prefix):

@@ -375,8 +375,13 @@ async def read_window(
     )
     # The latest summary (its entry is in the window, after the entries it
     # kept) goes first; earlier summaries are not shown.
-    summary = [r for r in records if r["seq"] == summary_seq]
-    window = [r for r in records if r["kind"] != "compaction"]
+    summary: list[Record] = []
+    window: list[Record] = []
+    for r in records:
+        if r["seq"] == summary_seq:
+            summary.append(r)
+        if r["kind"] != "compaction":
+            window.append(r)
     if not pinned_seqs:
         return [*summary, *window]
     pinned: list[Record] = []
