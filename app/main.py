@@ -13,6 +13,7 @@ from app import __version__
 from app.budget.router import router as budget_router
 from app.compactions.router import router as compactions_router
 from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
+from app.context.router import direct_routes
 from app.context.router import router as context_router
 from app.core import metrics
 from app.core.database import (
@@ -21,6 +22,7 @@ from app.core.database import (
     resolve_database_url,
     sessionmaker,
 )
+from app.core.direct import DirectRoutes
 from app.core.docs import install_docs
 from app.core.errors import BadRequest, invalid
 from app.core.http import install_error_handlers, run_sized
@@ -86,8 +88,12 @@ async def reject_unstorable_text(request: Request) -> None:
         raise invalid(*found)
 
 
-def create_app(settings: Settings | None = None, database_url: str | None = None) -> FastAPI:
-    """The app; ``database_url`` (asyncpg) wins over settings, for tests."""
+def create_app(
+    settings: Settings | None = None, database_url: str | None = None, *, direct: bool = True
+) -> FastAPI:
+    """The app; ``database_url`` (asyncpg) wins over settings, for tests. ``direct``: the
+    direct routes (app.core.direct); off, FastAPI's routes answer every request (the tests
+    that compare the two)."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -152,8 +158,10 @@ def create_app(settings: Settings | None = None, database_url: str | None = None
     install_error_handlers(app)
     install_problem_openapi(app, document_bearer_auth)
     # Outermost last: request id and log -> API key -> limits (admission, the body and
-    # its size, a fair slot). The key is checked first: a request without one never
+    # its size, a fair slot) -> the direct routes (app.core.direct), then the router. The key is checked first: a request without one never
     # takes a place that a tenant's request could have.
+    if direct:
+        app.add_middleware(DirectRoutes, routes=direct_routes())
     app.add_middleware(LimitMiddleware, limits=Limits.from_settings(settings))
     app.add_middleware(AuthMiddleware)
     app.add_middleware(ProviderErrorShape)  # the proxy's errors in its provider's shape

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Response
+from fastapi.routing import APIRoute
+from starlette.types import Scope
 
 from app.budget.schemas import Verdict
 from app.budget.service import verdict_model
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
 from app.core.database import DbDep, EngineDep
+from app.core.direct import DirectRoute, only_query, tenant_of, without_header
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
 from app.history.schemas import FormatQuery
@@ -28,6 +33,29 @@ async def get_context(
     """The messages to send to the model now, with their token figures."""
     body = await ContextService(engine, tenant).build(checked_id(session_id), format)
     return Response(body, media_type="application/json")
+
+
+_FORMATS = frozenset({"openai", "anthropic"})
+
+
+async def direct_context(scope: Scope, found: re.Match[str]) -> Response:
+    """:func:`get_context` for its plain form (see app.core.direct): no query string, or
+    ``format`` alone with a valid value; no Idempotency-Key (the app's body checks read
+    it on every route)."""
+    fmt = only_query(scope, "format", _FORMATS)
+    tenant = tenant_of(scope)
+    without_header(scope, b"idempotency-key")
+    engine = scope["app"].state.engine
+    body = await ContextService(engine, tenant).build(
+        checked_id(found["session_id"]), "anthropic" if fmt == "anthropic" else "openai"
+    )
+    return Response(body, media_type="application/json")
+
+
+def direct_routes() -> list[DirectRoute]:
+    """The context read, matched as FastAPI matches its route."""
+    route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is get_context)
+    return [DirectRoute("GET", route.path_regex, route, direct_context)]
 
 
 @router.get("/overflow", responses=problems(404))
