@@ -13,7 +13,7 @@ from app import __version__
 from app.budget.router import router as budget_router
 from app.compactions.router import router as compactions_router
 from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
-from app.context.router import direct_routes
+from app.context.router import direct_routes as context_direct
 from app.context.router import router as context_router
 from app.core import metrics
 from app.core.database import (
@@ -38,6 +38,7 @@ from app.events.hub import EventHub
 from app.events.router import router as events_router
 from app.health.router import router as health_router
 from app.keys.auth import AuthMiddleware, KeyStore, document_bearer_auth
+from app.messages.router import direct_routes as messages_direct
 from app.messages.router import router as messages_router
 from app.proxy.errors import ProviderErrorShape
 from app.proxy.forward import ProxyClient
@@ -161,7 +162,7 @@ def create_app(
     # its size, a fair slot) -> the direct routes (app.core.direct), then the router. The key is checked first: a request without one never
     # takes a place that a tenant's request could have.
     if direct:
-        app.add_middleware(DirectRoutes, routes=direct_routes())
+        app.add_middleware(DirectRoutes, routes=[*messages_direct(), *context_direct()])
     app.add_middleware(LimitMiddleware, limits=Limits.from_settings(settings))
     app.add_middleware(AuthMiddleware)
     app.add_middleware(ProviderErrorShape)  # the proxy's errors in its provider's shape

@@ -38,7 +38,7 @@ async def get_context(
 _FORMATS = frozenset({"openai", "anthropic"})
 
 
-async def direct_context(scope: Scope, found: re.Match[str]) -> Response:
+async def direct_context(scope: Scope, found: re.Match[str], _body: bytes) -> Response:
     """:func:`get_context` for its plain form (see app.core.direct): no query string, or
     ``format`` alone with a valid value; no Idempotency-Key (the app's body checks read
     it on every route)."""

@@ -26,7 +26,7 @@ import asyncpg
 from sqlalchemy.exc import DBAPIError
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.database import UNAVAILABLE, unavailable, unavailable_cause
 from app.core.errors import ProblemError
@@ -34,8 +34,9 @@ from app.core.http import problem_response
 
 log = logging.getLogger("compactd")
 
-# A handler answers the request, or raises NotPlain for FastAPI's route to answer it.
-Handler = Callable[[Scope, "re.Match[str]"], Awaitable[Response]]
+# A handler answers the request (its path's match and its body in hand), or raises
+# NotPlain for FastAPI's route to answer it.
+Handler = Callable[[Scope, "re.Match[str]", bytes], Awaitable[Response]]
 
 
 class NotPlain(Exception):
@@ -51,6 +52,7 @@ class DirectRoute:
     pattern: re.Pattern[str]
     route: BaseRoute
     handle: Handler
+    reads_body: bool = False
 
 
 class DirectRoutes:
@@ -66,21 +68,41 @@ class DirectRoutes:
             for direct in self.routes:
                 if method != direct.method or (found := direct.pattern.fullmatch(path)) is None:
                     continue
+                body = b""
+                if direct.reads_body:
+                    body, receive = await _read_whole(receive)
                 try:
-                    response = await _answer(direct, scope, found)
+                    response = await _answer(direct, scope, found, body)
                 except NotPlain:
-                    break  # FastAPI's route answers it
+                    break  # FastAPI's route answers it (the body given to it again)
                 scope["route"] = direct.route
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-async def _answer(direct: DirectRoute, scope: Scope, found: re.Match[str]) -> Response:
+async def _read_whole(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's body (app.core.limits hands it over whole, as one message), and a
+    ``receive`` that delivers what was read again, then the client's next message."""
+    read: list[Message] = []
+    while True:
+        message = await receive()
+        read.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+    body = b"".join(m.get("body", b"") for m in read if m["type"] == "http.request")
+
+    async def again() -> Message:
+        return read.pop(0) if read else await receive()
+
+    return body, again
+
+
+async def _answer(direct: DirectRoute, scope: Scope, found: re.Match[str], body: bytes) -> Response:
     """The handler's response, with errors answered as the app's exception handlers
     answer them (app.core.http); any other exception goes on to the 500 handler."""
     try:
-        return await direct.handle(scope, found)
+        return await direct.handle(scope, found, body)
     except ProblemError as exc:
         return problem_response(exc, scope["path"])
     except (DBAPIError, *UNAVAILABLE, asyncpg.InterfaceError) as exc:
@@ -117,3 +139,12 @@ def without_header(scope: Scope, name: bytes) -> None:
     plain form."""
     if any(key == name for key, _ in scope["headers"]):
         raise NotPlain
+
+
+def one_header(scope: Scope, name: bytes) -> str | None:
+    """Header ``name`` as FastAPI reads it (latin-1), or None when absent; given twice,
+    not the plain form."""
+    found = [value for key, value in scope["headers"] if key == name]
+    if len(found) > 1:
+        raise NotPlain
+    return found[0].decode("latin-1") if found else None

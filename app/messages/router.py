@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.types import Scope
 
 from app.core.database import DbDep, EngineDep
+from app.core.direct import DirectRoute, NotPlain, one_header, only_query, tenant_of
 from app.core.errors import invalid
-from app.core.http import run_sized
+from app.core.http import OFF_LOOP_BYTES, run_sized
 from app.core.openapi import problems
-from app.core.settings import SettingsDep
+from app.core.settings import Settings, SettingsDep
 from app.core.tenancy import TenantDep
+from app.engine.storable import find_unstorable
 from app.history.schemas import FORMAT_DESCRIPTION, Format, FormatQuery, HistoryPage
 from app.history.service import HistoryService
 from app.messages.schemas import AppendRequest, AppendResponse
@@ -86,12 +93,77 @@ async def append_messages(
         body_bytes=len(await request.body()),
         query_format=format,
     )
+    return _appended(document, version, replayed)
+
+
+def _appended(document: bytes, version: int, replayed: bool) -> Response:
     # The service wrote the JSON itself (it is also the idempotency record); the
-    # response model above documents it.
+    # route's response model documents it.
     headers = {"ETag": f'"{version}"'}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     return Response(document, status_code=201, media_type="application/json", headers=headers)
+
+
+_FORMATS = frozenset({"openai", "anthropic"})
+
+
+async def direct_append(scope: Scope, found: re.Match[str], raw: bytes) -> Response:
+    """:func:`append_messages` for its plain form (see app.core.direct): a JSON body of at
+    most ``OFF_LOOP_BYTES`` that passes every check of the FastAPI route (the app's body
+    checks in app.main, :func:`batch_in_bounds`, the model), at most ``format`` in the
+    query, Idempotency-Key and If-Match at most once each. A check that fails is not
+    answered here: FastAPI's route runs them all again, and answers."""
+    settings: Settings = scope["app"].state.settings
+    fmt = only_query(scope, "format", _FORMATS)
+    tenant = tenant_of(scope)
+    key = one_header(scope, b"idempotency-key")
+    if_match = one_header(scope, b"if-match")
+    if (
+        not raw
+        or len(raw) > OFF_LOOP_BYTES
+        or one_header(scope, b"content-type") != "application/json"
+        or (key is not None and not 1 <= len(key) <= 255)
+        or (key is not None and "\x00" in key)
+    ):
+        raise NotPlain
+    try:
+        raw.decode("utf-8")
+        parsed = json.loads(raw)  # as FastAPI parses it (the stdlib's json)
+    except (ValueError, RecursionError):
+        raise NotPlain from None
+    if (
+        not isinstance(parsed, dict)
+        or find_unstorable(parsed, "", settings.max_json_items)
+        or not isinstance(messages := parsed.get("messages"), list)
+        or len(messages) > settings.max_batch_messages
+        or (
+            (fmt or parsed.get("format", "openai")) == "openai"
+            and oversized_arguments(messages, settings.max_json_items)
+        )
+    ):
+        raise NotPlain
+    try:
+        body = AppendRequest.model_validate(parsed)
+    except ValidationError:
+        raise NotPlain from None
+    document, version, replayed = await AppendService(scope["app"].state.engine, tenant).append(
+        checked_id(found["session_id"]),
+        body,
+        idempotency_key=key,
+        if_match=if_match,
+        body_bytes=len(raw),
+        query_format="anthropic" if fmt == "anthropic" else "openai" if fmt else None,
+    )
+    return _appended(document, version, replayed)
+
+
+def direct_routes() -> list[DirectRoute]:
+    """The append, matched as FastAPI matches its route."""
+    route = next(
+        r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is append_messages
+    )
+    return [DirectRoute("POST", route.path_regex, route, direct_append, reads_body=True)]
 
 
 @router.get("", responses=problems(404, 422))
