@@ -52,7 +52,7 @@ from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
 from app.engine import openai_format, tokens
 from app.history.service import entry_from_row
-from bench import bounds, continuity, cpu, events, load, proxy, recall, tree, upstream
+from bench import bounds, continuity, cpu, events, load, proxy, recall, scale, tree, upstream
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -485,6 +485,7 @@ SECTIONS = (
     "tree",
     "bounds",
     "load",
+    "scale",
     "proxy",
     "events",
     "recall",
@@ -498,7 +499,8 @@ def main() -> int:
     parser.add_argument(
         "--seconds",
         type=float,
-        help="length of each open-loop load run (default COMPACTD_BENCH_LOAD_SECONDS or 60)",
+        help="length of each open-loop load run (default COMPACTD_BENCH_LOAD_SECONDS or 60;"
+        " scale: 20)",
     )
     parser.add_argument(
         "--json", action="store_true", help="continuity: its figures as one JSON document"
@@ -585,6 +587,8 @@ def main() -> int:
                 await load.bench_load(
                     "127.0.0.1", port, server.pid, args.seconds, folder / "pgdata"
                 )
+            if "scale" in sections:
+                await scale.bench_scale(url, folder / "pgdata", env, args.seconds or 20.0)
             if "proxy" in sections:
                 command = ["-m", "tests.upstream_server", "--port", str(scripted_port)]
                 scripted = subprocess.Popen(  # noqa: ASYNC220 - started once, not awaited

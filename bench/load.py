@@ -369,6 +369,7 @@ class Cpu:
 
     def __init__(self, server: psutil.Process, pgdata: Path | None) -> None:
         self.server = server
+        self.shares: dict[str, float] = {}  # the last run's, as shares of one core
         self.postmaster: psutil.Process | None = None
         if pgdata is not None:
             with contextlib.suppress(OSError, ValueError, psutil.Error):
@@ -389,7 +390,11 @@ class Cpu:
     def _read(self) -> tuple[float, float, float, float, float]:
         machine = psutil.cpu_times()
         busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
-        service = sum(self.server.cpu_times()[:2])
+        # The service's processes: one, or `serve --workers N`'s supervisor and servers.
+        service = 0.0
+        for process in (self.server, *self.server.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                service += sum(process.cpu_times()[:2])
         return time.monotonic(), service, self._postgres(), time.process_time(), busy
 
     def start(self) -> None:
@@ -402,6 +407,7 @@ class Cpu:
             (b - a) / wall for a, b in zip(self._start[1:], end[1:], strict=True)
         )
         other = machine - service - postgres - generator
+        self.shares = {"service": service, "postgres": postgres, "generator": generator}
         pg = f", PostgreSQL {postgres:.0%}" if self.postmaster is not None else ""
         return (
             f"CPU (share of one core; {os.cpu_count()} cores): service {service:.0%}{pg},"

@@ -108,7 +108,9 @@ def _quoted(value: str) -> str:
     return '"' + value.replace('"', '""') + '"'
 
 
-def write_config(folder: Path, admin_url: str, port: int, user: str | None) -> Path:
+def write_config(
+    folder: Path, admin_url: str, port: int, user: str | None, pool_size: int = POOL_SIZE
+) -> Path:
     host, server_port = _server_address(admin_url)
     admin = make_url(admin_url)
     users = folder / "users.txt"
@@ -130,7 +132,7 @@ def write_config(folder: Path, admin_url: str, port: int, user: str | None) -> P
                 f"auth_file = {users}",
                 f"admin_users = {admin.username or 'postgres'}",
                 "pool_mode = transaction",
-                f"default_pool_size = {POOL_SIZE}",
+                f"default_pool_size = {pool_size}",
                 "min_pool_size = 0",
                 "reserve_pool_size = 0",
                 "max_client_conn = 2000",
@@ -163,13 +165,15 @@ def _wait_until_listening(process: subprocess.Popen[bytes], port: int, log: Path
 
 
 @contextlib.contextmanager
-def running_pgbouncer(admin_url: str) -> Iterator[Bouncer]:
+def running_pgbouncer(admin_url: str, pool_size: int = POOL_SIZE) -> Iterator[Bouncer]:
+    """PgBouncer in front of ``admin_url``'s server; ``pool_size`` server connections per
+    database (the bench gives it more than the tests)."""
     binary = pgbouncer_binary()
     folder = Path(tempfile.mkdtemp(prefix="compactd-pgbouncer-"))
     host, _ = _server_address(admin_url)
     user = _run_as(host)
     port = free_port()
-    config = write_config(folder, admin_url, port, user)
+    config = write_config(folder, admin_url, port, user, pool_size)
     log = folder / "pgbouncer.log"
     argv = [binary, *(["-u", user] if user else []), str(config)]
     with log.open("wb") as out:

@@ -1,0 +1,184 @@
+"""Scale-out: the load bench's mixed agent traffic (:mod:`bench.load`) against
+``compactd serve --workers N`` for N = 1, 2 and 4 on one PostgreSQL, and against 4
+processes behind a real PgBouncer in transaction pooling (``COMPACTD_DATABASE_POOLER=
+pgbouncer``, the LISTEN connections on the direct URL), each started for its run.
+
+For each: the closed-loop rate, the open-loop maximum (the same bisection as the load
+bench), then an open-loop run at 50 % of that maximum with its p99, and the CPU shares of
+the service (all its processes), PostgreSQL and the load generator. This machine has two
+cores shared by all three, so more processes can only add what the cores have left: the
+figures say how much, as measured. The bench prints; it never fails on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import httpx
+import psutil
+from sqlalchemy import make_url
+
+from app.core.database import statement_timeout_ms
+from app.core.settings import Settings
+from bench import load
+from tests.e2e.server import free_port
+
+PROCESSES = (1, 2, 4)
+BEHIND_PGBOUNCER = 4  # processes in the PgBouncer run
+PGBOUNCER_POOL_SIZE = 20  # server connections PgBouncer keeps for the database
+
+
+@dataclass
+class Outcome:
+    label: str
+    closed: float
+    maximum: float
+    p99: float
+    errors: int
+    shares: dict[str, float]
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str], workers: int) -> Iterator[tuple[int, psutil.Process]]:
+    """``compactd serve --workers N`` on a free port, until the block ends."""
+    port = free_port()
+    log = Path(env["COMPACTD_BENCH_SCALE_LOG"])
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--workers", str(workers)],
+            env={**env, "COMPACTD_PORT": str(port)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"serve --workers {workers} did not start (log: {log})")
+            time.sleep(0.2)
+        server = psutil.Process(process.pid)
+        # Every server process up (the supervisor answers /readyz through the first).
+        while len(server.children()) < workers and time.monotonic() < deadline:
+            time.sleep(0.2)
+        yield port, server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def run_one(
+    label: str, port: int, server: psutil.Process, pgdata: Path, seconds: float
+) -> Outcome:
+    print(f"\n  --- {label}")
+    cpu = load.Cpu(server, pgdata)
+    pool = load.Pool("127.0.0.1", port, load.MAX_CONNECTIONS)
+    try:
+        agents = await load.create_agents(pool, random.Random(load.SEED))
+        closed = await load.saturation(pool, agents, cpu)
+        maximum = await load.open_loop_capacity(pool, agents, closed)
+        agents = await load.create_agents(pool, random.Random(load.SEED))
+        await asyncio.sleep(2)
+        rng = random.Random(load.SEED + 50)
+        half = await load.open_loop(
+            pool, agents, server, cpu, maximum * 0.5, seconds, f"{label}, 50% load", rng
+        )
+    finally:
+        pool.close()
+    every = [x for kind in load.KINDS for x in half.stats.latency[kind]]
+    return Outcome(
+        label, closed, maximum, load.ms(every, 0.99), half.stats.errors(), dict(cpu.shares)
+    )
+
+
+async def role_timeout(dsn: str, statement_timeout_ms: int) -> None:
+    """The statement_timeout behind a transaction pooler comes from the role (see
+    docs/deployment.md, Behind PgBouncer)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        database = await conn.fetchval("SELECT current_database()")
+        await conn.execute(
+            f'ALTER ROLE CURRENT_USER IN DATABASE "{database}"'
+            f" SET statement_timeout = {statement_timeout_ms}"
+        )
+    finally:
+        await conn.close()
+
+
+async def bench_scale(url: str, pgdata: Path, env: dict[str, str], seconds: float) -> None:
+    print(
+        "\nScale-out: the load mix against serve --workers N on one PostgreSQL, and behind"
+        f" PgBouncer ({os.cpu_count()} cores for service, PostgreSQL and the generator)"
+    )
+    env = {
+        **env,
+        "DATABASE_URL": url,
+        "COMPACTD_LOG_LEVEL": "warning",
+        "COMPACTD_COMPACTION_WORKERS": "1",
+        "COMPACTD_BENCH_SCALE_LOG": str(pgdata.parent / "scale.log"),
+    }
+    outcomes: list[Outcome] = []
+    for workers in PROCESSES:
+        with serving(env, workers) as (port, server):
+            outcomes.append(
+                await run_one(
+                    f"{workers} process{'es' if workers > 1 else ''}", port, server, pgdata, seconds
+                )
+            )
+
+    from tests.pgbouncer import conftest as bouncers  # the tests' PgBouncer, bigger pools
+
+    try:
+        bouncers.pgbouncer_binary()
+    except BaseException:  # pytest's skip: not installed
+        print("\n  PgBouncer: not installed (apt-get install pgbouncer), run skipped")
+    else:
+        libpq = url.replace("postgresql+asyncpg://", "postgresql://", 1)
+        await role_timeout(libpq, statement_timeout_ms(Settings()))
+        with bouncers.running_pgbouncer(libpq, PGBOUNCER_POOL_SIZE) as bouncer:
+            pooled = bouncer.url(url)
+            behind = {
+                **env,
+                "DATABASE_URL": pooled,
+                "COMPACTD_DATABASE_POOLER": "pgbouncer",
+                "COMPACTD_DATABASE_DIRECT_URL": url,
+            }
+            with serving(behind, BEHIND_PGBOUNCER) as (port, server):
+                outcomes.append(
+                    await run_one(
+                        f"{BEHIND_PGBOUNCER} processes behind PgBouncer"
+                        f" (pool of {PGBOUNCER_POOL_SIZE}, {make_url(pooled).port})",
+                        port,
+                        server,
+                        pgdata,
+                        seconds,
+                    )
+                )
+
+    print("\n  scale-out summary (CPU as shares of one core)")
+    base = outcomes[0].maximum
+    for o in outcomes:
+        shares = o.shares
+        print(
+            f"  {o.label:<48} closed loop {o.closed:5.0f} req/s, open-loop max {o.maximum:5.0f}"
+            f" req/s ({o.maximum / base:4.2f}x), p99 at 50% {o.p99:7.1f} ms, errors {o.errors};"
+            f" CPU at 50%: service {shares.get('service', 0):.0%},"
+            f" PostgreSQL {shares.get('postgres', 0):.0%},"
+            f" generator {shares.get('generator', 0):.0%}"
+        )
