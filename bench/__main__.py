@@ -3,6 +3,9 @@
 Starts ``compactd serve`` as its own process (embedded PostgreSQL in a
 temporary folder) and measures over real HTTP:
 
+- CPU per request: the service's and the database's per one-message append beside a
+  raw asyncpg INSERT, and per context read beside a bare endpoint running the same
+  statements (:mod:`bench.cpu`);
 - append latency and throughput: single messages (sequential, then concurrent
   clients) and 100-message batches;
 - context reads at 100 and 1,000 stored messages, built from the real traces;
@@ -11,6 +14,8 @@ temporary folder) and measures over real HTTP:
   counts does), measured in this process against the same database;
 - what one large request costs the others: the worst ``/healthz`` and context
   latency while a maximum-size append (or a hostile body as large) is processed;
+- scale-out: the load mix against ``serve --workers`` 1, 2 and 4 on one PostgreSQL and
+  behind PgBouncer (:mod:`bench.scale`);
 - the proxy's added latency per call, and to a stream's first byte, over calling the
   scripted upstream directly, at 100 and 10,000 stored messages (:mod:`bench.proxy`);
 - continuity after compaction: the real traces replayed at a 16k window in the engine

@@ -407,7 +407,12 @@ class Cpu:
             (b - a) / wall for a, b in zip(self._start[1:], end[1:], strict=True)
         )
         other = machine - service - postgres - generator
-        self.shares = {"service": service, "postgres": postgres, "generator": generator}
+        self.shares = {
+            "service": service,
+            "postgres": postgres,
+            "generator": generator,
+            "other": other,
+        }
         pg = f", PostgreSQL {postgres:.0%}" if self.postmaster is not None else ""
         return (
             f"CPU (share of one core; {os.cpu_count()} cores): service {service:.0%}{pg},"
