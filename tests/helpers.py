@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from app.core.settings import Settings
 from tests import postgres
 
 PROBLEM_JSON = "application/problem+json"
@@ -107,3 +108,25 @@ async def key_table_locked(db_url: str) -> AsyncIterator[None]:
             yield
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def direct_and_fastapi(
+    db_url: str, settings: Settings
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """Two apps on one database, one with the direct routes (app.core.direct) and one
+    without, started; a client of each, in that order."""
+    from app.main import create_app  # the app, only for the tests that compare two
+
+    direct = create_app(settings, database_url=db_url)
+    plain = create_app(settings, database_url=db_url, direct=False)
+    async with direct.router.lifespan_context(direct), plain.router.lifespan_context(plain):
+        clients = [
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://compactd.test")
+            for a in (direct, plain)
+        ]
+        try:
+            yield clients
+        finally:
+            for c in clients:
+                await c.aclose()

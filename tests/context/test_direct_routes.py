@@ -16,10 +16,9 @@ import pytest
 
 from app.core.database import get_engine
 from app.core.errors import ServiceUnavailable
-from app.main import create_app
 from tests.conftest import TEST_SETTINGS, make_session
 from tests.context.test_context_api import HISTORY
-from tests.helpers import append_ok
+from tests.helpers import append_ok, direct_and_fastapi
 from tests.ops.conftest import AUTH_SETTINGS, bearer, create_key
 
 PLAIN = ("", "?format=openai", "?format=anthropic")
@@ -36,25 +35,10 @@ NOT_PLAIN = (
 )
 
 
-async def _clients(app_direct: Any, app_fastapi: Any) -> AsyncIterator[list[httpx.AsyncClient]]:
-    clients = [
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://compactd.test")
-        for a in (app_direct, app_fastapi)
-    ]
-    try:
-        yield clients
-    finally:
-        for c in clients:
-            await c.aclose()
-
-
 @pytest.fixture
 async def both(db_url: str) -> AsyncIterator[list[httpx.AsyncClient]]:
-    direct = create_app(TEST_SETTINGS, database_url=db_url)
-    plain = create_app(TEST_SETTINGS, database_url=db_url, direct=False)
-    async with direct.router.lifespan_context(direct), plain.router.lifespan_context(plain):
-        async for clients in _clients(direct, plain):
-            yield clients
+    async with direct_and_fastapi(db_url, TEST_SETTINGS) as clients:
+        yield clients
 
 
 def _answer(r: httpx.Response) -> tuple[int, str, Any]:
@@ -114,29 +98,26 @@ async def test_every_form_of_a_context_read_gets_the_same_answer_both_ways(
 
 
 async def test_tenants_are_kept_apart_both_ways(db_url: str) -> None:
-    direct = create_app(AUTH_SETTINGS, database_url=db_url)
-    plain = create_app(AUTH_SETTINGS, database_url=db_url, direct=False)
     ours = bearer(await create_key(db_url, "ours"))
     theirs = bearer(await create_key(db_url, "theirs"))
-    async with direct.router.lifespan_context(direct), plain.router.lifespan_context(plain):
-        async for clients in _clients(direct, plain):
-            r = await clients[0].post(
-                "/v1/sessions", json={"id": "t1", "model": "gpt-4o"}, headers=ours
-            )
-            assert r.status_code == 201, r.text
-            r = await clients[0].post(
-                "/v1/sessions/t1/messages",
-                json={"messages": [{"role": "user", "content": "hi"}]},
-                headers=ours,
-            )
-            assert r.status_code == 201, r.text
-            status, _, body = await _same(clients, "/v1/sessions/t1/context", ours)
-            assert status == 200, body
-            assert [m["content"] for m in body["messages"]] == ["hi"]
-            status, _, body = await _same(clients, "/v1/sessions/t1/context", theirs)
-            assert status == 404, body
-            status, _, body = await _same(clients, "/v1/sessions/t1/context")
-            assert status == 401, body
+    async with direct_and_fastapi(db_url, AUTH_SETTINGS) as clients:
+        r = await clients[0].post(
+            "/v1/sessions", json={"id": "t1", "model": "gpt-4o"}, headers=ours
+        )
+        assert r.status_code == 201, r.text
+        r = await clients[0].post(
+            "/v1/sessions/t1/messages",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers=ours,
+        )
+        assert r.status_code == 201, r.text
+        status, _, body = await _same(clients, "/v1/sessions/t1/context", ours)
+        assert status == 200, body
+        assert [m["content"] for m in body["messages"]] == ["hi"]
+        status, _, body = await _same(clients, "/v1/sessions/t1/context", theirs)
+        assert status == 404, body
+        status, _, body = await _same(clients, "/v1/sessions/t1/context")
+        assert status == 401, body
 
 
 def _served(metrics: str) -> float:

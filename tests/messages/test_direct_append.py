@@ -16,9 +16,8 @@ import pytest
 
 from app.core.database import get_engine
 from app.core.errors import ServiceUnavailable
-from app.main import create_app
 from tests.conftest import TEST_SETTINGS, make_session
-from tests.helpers import tool_call
+from tests.helpers import direct_and_fastapi, tool_call
 
 SIDS = ("direct", "fastapi")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -27,18 +26,8 @@ USER = {"role": "user", "content": "List the files."}
 
 @pytest.fixture
 async def both(db_url: str) -> AsyncIterator[list[httpx.AsyncClient]]:
-    direct = create_app(TEST_SETTINGS, database_url=db_url)
-    plain = create_app(TEST_SETTINGS, database_url=db_url, direct=False)
-    async with direct.router.lifespan_context(direct), plain.router.lifespan_context(plain):
-        clients = [
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://t")
-            for a in (direct, plain)
-        ]
-        try:
-            yield clients
-        finally:
-            for c in clients:
-                await c.aclose()
+    async with direct_and_fastapi(db_url, TEST_SETTINGS) as clients:
+        yield clients
 
 
 def _normal(r: httpx.Response, sid: str) -> tuple[Any, ...]:
