@@ -13,6 +13,8 @@
 
 CPU is read off the processes (``psutil``: user + system), the database's as the sum
 over the postmaster and its children. The bench prints; it never fails on timing.
+``COMPACTD_BENCH_CPU_REQUESTS`` (default 3,000) makes the runs longer, for a profiler
+attached to the service (``py-spy record -p <service pid>``).
 """
 
 from __future__ import annotations
