@@ -5,7 +5,10 @@ pgbouncer``, the LISTEN connections on the direct URL), each started for its run
 
 For each: the closed-loop rate, the open-loop maximum (the same bisection as the load
 bench), then an open-loop run at 50 % of that maximum with its p99, and the CPU shares of
-the service (all its processes), PostgreSQL and the load generator. This machine has two
+the service (all its processes), PostgreSQL and the load generator. The runs on one
+PostgreSQL have one connection budget, one process's default pool shared by the N
+processes; behind PgBouncer each process has its default pool and PgBouncer
+``PGBOUNCER_POOL_SIZE`` server connections. This machine has two
 cores shared by all three, so more processes can only add what the cores have left: the
 figures say how much, as measured. The bench prints; it never fails on timing.
 """
@@ -19,9 +22,10 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -35,6 +39,9 @@ from tests.e2e.server import free_port
 PROCESSES = (1, 2, 4)
 BEHIND_PGBOUNCER = 4  # processes in the PgBouncer run
 PGBOUNCER_POOL_SIZE = 20  # server connections PgBouncer keeps for the database
+# One process's pool and overflow (the defaults), shared by the processes of a run.
+DB_POOL_SIZE = Settings().db_pool_size
+DB_MAX_OVERFLOW = Settings().db_max_overflow
 
 
 @dataclass
@@ -48,8 +55,20 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def serving(env: dict[str, str], workers: int) -> Iterator[tuple[int, psutil.Process]]:
-    """``compactd serve --workers N`` on a free port, until the block ends."""
+def serving(
+    env: dict[str, str], workers: int, *, share_pool: bool = True
+) -> Iterator[tuple[int, psutil.Process]]:
+    """``compactd serve --workers N`` on a free port, until the block ends. With
+    ``share_pool``, the N processes share one process's database connections (the pool
+    and its overflow divided by N): every run then has the same connection budget, and
+    four default pools with the bench's own service would pass the embedded server's
+    ``max_connections`` of 100 (each refused connection a 503)."""
+    if share_pool:
+        env = {
+            **env,
+            "COMPACTD_DB_POOL_SIZE": str(max(4, DB_POOL_SIZE // workers)),
+            "COMPACTD_DB_MAX_OVERFLOW": str(max(2, DB_MAX_OVERFLOW // workers)),
+        }
     port = free_port()
     log = Path(env["COMPACTD_BENCH_SCALE_LOG"])
     with log.open("ab") as out:
@@ -106,18 +125,46 @@ async def run_one(
     )
 
 
-async def role_timeout(dsn: str, statement_timeout_ms: int) -> None:
+@contextlib.asynccontextmanager
+async def role_timeout(dsn: str, statement_timeout_ms: int) -> AsyncIterator[None]:
     """The statement_timeout behind a transaction pooler comes from the role (see
-    docs/deployment.md, Behind PgBouncer)."""
+    docs/deployment.md, Behind PgBouncer): set for the block, reset after it (the later
+    sections' own connections must not inherit it)."""
     conn = await asyncpg.connect(dsn)
     try:
         database = await conn.fetchval("SELECT current_database()")
-        await conn.execute(
-            f'ALTER ROLE CURRENT_USER IN DATABASE "{database}"'
-            f" SET statement_timeout = {statement_timeout_ms}"
-        )
+        scope = f'ALTER ROLE CURRENT_USER IN DATABASE "{database}"'
+        await conn.execute(f"{scope} SET statement_timeout = {statement_timeout_ms}")
+        try:
+            yield
+        finally:
+            await conn.execute(f"{scope} RESET statement_timeout")
     finally:
         await conn.close()
+
+
+async def _behind_pgbouncer(
+    bouncers: Any,
+    url: str,
+    libpq: str,
+    env: dict[str, str],
+    pgdata: Path,
+    seconds: float,
+    outcomes: list[Outcome],
+) -> None:
+    """The run behind PgBouncer (``bouncers``: the tests' module that starts one)."""
+    with bouncers.running_pgbouncer(libpq, PGBOUNCER_POOL_SIZE) as bouncer:
+        behind = {
+            **env,
+            "DATABASE_URL": bouncer.url(url),
+            "COMPACTD_DATABASE_POOLER": "pgbouncer",
+            "COMPACTD_DATABASE_DIRECT_URL": url,
+        }
+        # Behind PgBouncer each process keeps its default pool: the pooler's own
+        # PGBOUNCER_POOL_SIZE server connections are what reach the database.
+        with serving(behind, BEHIND_PGBOUNCER, share_pool=False) as (port, server):
+            label = f"{BEHIND_PGBOUNCER} processes behind PgBouncer"
+            outcomes.append(await run_one(label, port, server, pgdata, seconds))
 
 
 async def bench_scale(url: str, pgdata: Path, env: dict[str, str], seconds: float) -> None:
@@ -149,25 +196,8 @@ async def bench_scale(url: str, pgdata: Path, env: dict[str, str], seconds: floa
         print("\n  PgBouncer: not installed (apt-get install pgbouncer), run skipped")
     else:
         libpq = url.replace("postgresql+asyncpg://", "postgresql://", 1)
-        await role_timeout(libpq, statement_timeout_ms(Settings()))
-        with bouncers.running_pgbouncer(libpq, PGBOUNCER_POOL_SIZE) as bouncer:
-            pooled = bouncer.url(url)
-            behind = {
-                **env,
-                "DATABASE_URL": pooled,
-                "COMPACTD_DATABASE_POOLER": "pgbouncer",
-                "COMPACTD_DATABASE_DIRECT_URL": url,
-            }
-            with serving(behind, BEHIND_PGBOUNCER) as (port, server):
-                outcomes.append(
-                    await run_one(
-                        f"{BEHIND_PGBOUNCER} processes behind PgBouncer",
-                        port,
-                        server,
-                        pgdata,
-                        seconds,
-                    )
-                )
+        async with role_timeout(libpq, statement_timeout_ms(Settings())):
+            await _behind_pgbouncer(bouncers, url, libpq, env, pgdata, seconds, outcomes)
 
     print("\n  scale-out summary (CPU as shares of one core)")
     base = outcomes[0].maximum
