@@ -30,6 +30,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
 from tests.e2e.serve_workers import ServeWorkers
+from tests.helpers import history
 from tests.postgres import asyncpg_dsn
 from tests.store.test_ledger_db import recount
 
@@ -214,18 +215,7 @@ async def test_concurrent_appends_to_one_session_through_two_processes(
                 assert scraped_appends(r.text) == posts
 
             # --- the stored history, through the API
-            entries: list[dict[str, Any]] = []
-            after = 0
-            while True:
-                r = await http.get(
-                    f"/v1/sessions/{SESSION}/messages", params={"after_seq": after, "limit": 500}
-                )
-                assert r.status_code == 200, r.text
-                page = r.json()
-                entries += page["entries"]
-                if page["next_after_seq"] is None:
-                    break
-                after = page["next_after_seq"]
+            entries = await history(http, SESSION, limit=500)
             context = await http.get(f"/v1/sessions/{SESSION}/context")
             assert context.status_code == 200, context.text
             session = (await http.get(f"/v1/sessions/{SESSION}")).json()

@@ -29,6 +29,7 @@ from tests.conftest import TEST_SETTINGS
 from tests.e2e.server import running
 from tests.ha.cluster import ROLE, Formation
 from tests.ha.conftest import service_uri
+from tests.helpers import history
 
 pytestmark = pytest.mark.slow
 
@@ -149,18 +150,7 @@ async def finished_compactions(http: httpx.AsyncClient, session: str) -> list[di
 
 
 async def stored_entries(http: httpx.AsyncClient, session: str) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    after = 0
-    while True:
-        r = await http.get(
-            f"/v1/sessions/{session}/messages", params={"after_seq": after, "limit": 500}
-        )
-        assert r.status_code == 200, r.text
-        page = r.json()
-        entries += page["entries"]
-        if page["next_after_seq"] is None:
-            break
-        after = page["next_after_seq"]
+    entries = await history(http, session, limit=500)
     assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
     return entries
 
