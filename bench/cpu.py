@@ -145,7 +145,7 @@ async def _inserts(dsn: str, count: int) -> tuple[Callable[[], Awaitable[None]],
     return run, pool
 
 
-async def _reads(
+def _reads(
     host: str, port: int, path: str, count: int, expect: int = 200
 ) -> Callable[[], Awaitable[None]]:
     async def client() -> None:
@@ -229,12 +229,12 @@ async def bench_cpu(host: str, port: int, service_pid: int, dsn: str, pgdata: Pa
                 await asyncio.sleep(0.2)
         shown = len(orjson.loads(answer.content))
         context_path = f"/v1/sessions/{sid}/context"
-        await (await _reads(host, port, context_path, 400))()
-        context = await measured(meter, READS, await _reads(host, port, context_path, READS))
+        await _reads(host, port, context_path, 400)()
+        context = await measured(meter, READS, _reads(host, port, context_path, READS))
         bare_meter = Meter([psutil.Process(bare.pid)], pgdata)
         bare_path = f"/bare/{sid}"
-        await (await _reads(host, bare_port, bare_path, 400))()
-        plain = await measured(bare_meter, READS, await _reads(host, bare_port, bare_path, READS))
+        await _reads(host, bare_port, bare_path, 400)()
+        plain = await measured(bare_meter, READS, _reads(host, bare_port, bare_path, READS))
     finally:
         bare.terminate()
         bare.wait(timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from fastapi import APIRouter, Response
 from fastapi.routing import APIRoute
@@ -16,7 +17,7 @@ from app.core.database import DbDep, EngineDep
 from app.core.direct import DirectRoute, only_query, tenant_of, without_header
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
-from app.history.schemas import FormatQuery
+from app.history.schemas import FORMATS, Format, FormatQuery
 from app.sessions.router import SessionIdPath, checked_id
 from app.sessions.service import SessionService
 
@@ -35,19 +36,16 @@ async def get_context(
     return Response(body, media_type="application/json")
 
 
-_FORMATS = frozenset({"openai", "anthropic"})
-
-
 async def direct_context(scope: Scope, found: re.Match[str], _body: bytes) -> Response:
     """:func:`get_context` for its plain form (see app.core.direct): no query string, or
     ``format`` alone with a valid value; no Idempotency-Key (the app's body checks read
     it on every route)."""
-    fmt = only_query(scope, "format", _FORMATS)
+    fmt = cast("Format | None", only_query(scope, "format", FORMATS))
     tenant = tenant_of(scope)
     without_header(scope, b"idempotency-key")
     engine = scope["app"].state.engine
     body = await ContextService(engine, tenant).build(
-        checked_id(found["session_id"]), "anthropic" if fmt == "anthropic" else "openai"
+        checked_id(found["session_id"]), fmt or "openai"
     )
     return Response(body, media_type="application/json")
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Query
 from pydantic import BaseModel, Field
 
 Format = Literal["openai", "anthropic"]
+FORMATS: frozenset[str] = frozenset(get_args(Format))
 
 FORMAT_DESCRIPTION = (
     "The wire format: openai (chat completions messages) or anthropic (Messages API "

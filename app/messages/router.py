@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.routing import APIRoute
@@ -19,7 +19,7 @@ from app.core.openapi import problems
 from app.core.settings import Settings, SettingsDep
 from app.core.tenancy import TenantDep
 from app.engine.storable import find_unstorable
-from app.history.schemas import FORMAT_DESCRIPTION, Format, FormatQuery, HistoryPage
+from app.history.schemas import FORMAT_DESCRIPTION, FORMATS, Format, FormatQuery, HistoryPage
 from app.history.service import HistoryService
 from app.messages.schemas import AppendRequest, AppendResponse
 from app.messages.service import AppendService, check_batch_size, oversized_arguments
@@ -105,9 +105,6 @@ def _appended(document: bytes, version: int, replayed: bool) -> Response:
     return Response(document, status_code=201, media_type="application/json", headers=headers)
 
 
-_FORMATS = frozenset({"openai", "anthropic"})
-
-
 async def direct_append(scope: Scope, found: re.Match[str], raw: bytes) -> Response:
     """:func:`append_messages` for its plain form (see app.core.direct): a JSON body of at
     most ``OFF_LOOP_BYTES`` that passes every check of the FastAPI route (the app's body
@@ -115,7 +112,7 @@ async def direct_append(scope: Scope, found: re.Match[str], raw: bytes) -> Respo
     query, Idempotency-Key and If-Match at most once each. A check that fails is not
     answered here: FastAPI's route runs them all again, and answers."""
     settings: Settings = scope["app"].state.settings
-    fmt = only_query(scope, "format", _FORMATS)
+    fmt = cast("Format | None", only_query(scope, "format", FORMATS))
     tenant = tenant_of(scope)
     key = one_header(scope, b"idempotency-key")
     if_match = one_header(scope, b"if-match")
@@ -153,7 +150,7 @@ async def direct_append(scope: Scope, found: re.Match[str], raw: bytes) -> Respo
         idempotency_key=key,
         if_match=if_match,
         body_bytes=len(raw),
-        query_format="anthropic" if fmt == "anthropic" else "openai" if fmt else None,
+        query_format=fmt,
     )
     return _appended(document, version, replayed)
 
