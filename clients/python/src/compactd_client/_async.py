@@ -203,7 +203,7 @@ class AsyncCompactd(BaseClient):
     async def report_usage(
         self,
         session_id: str,
-        usage: Mapping[str, Any] | SupportsModelDump,
+        usage: Mapping[str, Any] | SupportsModelDump | object,
         *,
         finish_reason: str | None = None,
         context_version: int | None = None,

@@ -7,6 +7,7 @@ refuses a public method that forgets to pass one on."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -25,11 +26,48 @@ class SupportsModelDump(Protocol):
     def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
 
 
-def as_dict(value: Mapping[str, Any] | SupportsModelDump) -> dict[str, Any]:
-    """The object's fields as the SDK returns them, untouched."""
+def as_dict(value: Mapping[str, Any] | SupportsModelDump | object) -> dict[str, Any]:
+    """The object's fields as the SDK returns them, untouched: a Mapping (a dict), a
+    pydantic object (the OpenAI and Anthropic SDKs'), anything dict-like (``keys()`` and
+    ``[]``), a dataclass, or a plain object with attributes (``SimpleNamespace``, other
+    SDKs' usage classes). Nested objects (``prompt_tokens_details``) are read the same
+    way. Anything else is a :class:`TypeError` that names what was given."""
+    fields = _fields(value)
+    if fields is None:
+        raise TypeError(
+            f"usage must be a mapping or an object with fields (such as the SDK's "
+            f"response.usage), not {type(value).__name__}"
+        )
+    return fields
+
+
+def _fields(value: object) -> dict[str, Any] | None:
     if isinstance(value, Mapping):
-        return dict(value)
-    return value.model_dump(mode="json")
+        return {str(k): _plain(v) for k, v in value.items()}
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        dumped = model_dump(mode="json")
+        if isinstance(dumped, Mapping):
+            return dict(dumped)
+    keys, getitem = getattr(value, "keys", None), getattr(value, "__getitem__", None)
+    if callable(keys) and callable(getitem):
+        return {str(k): _plain(getitem(k)) for k in keys()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        return {k: _plain(v) for k, v in attributes.items() if not k.startswith("_")}
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as JSON can carry it (a nested usage object becomes a dict)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    fields = _fields(value)
+    return value if fields is None else fields
 
 
 def drop_none(**fields: Any) -> dict[str, Any]:
@@ -181,7 +219,7 @@ def get_overflow(session_id: str) -> Call[t.Verdict]:
 
 def report_usage(
     session_id: str,
-    usage: Mapping[str, Any] | SupportsModelDump,
+    usage: Mapping[str, Any] | SupportsModelDump | object,
     *,
     finish_reason: str | None,
     context_version: int | None,
