@@ -1,4 +1,5 @@
-"""The real agent sessions in ../shared/traces, as lists of OpenAI messages."""
+"""The real agent sessions in tests/data/traces (MIT-licensed data from
+SWE-agent/mini-swe-agent, see its README.md), as lists of OpenAI messages."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ import httpx
 
 T = TypeVar("T")
 
-TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
+TRACE_COUNT = 23
 
 
 def trace_files() -> list[Path]:
-    return sorted(TRACES_DIR.glob("*.traj.json.gz"))
+    """The 23 traces the repository carries; fewer is an error, never a reason to skip
+    (a test parametrized over an empty list would pass having checked nothing)."""
+    files = sorted(TRACES_DIR.glob("*.traj.json.gz"))
+    if len(files) != TRACE_COUNT:
+        raise RuntimeError(f"{TRACES_DIR}: {len(files)} traces, expected {TRACE_COUNT}")
+    return files
 
 
 @cache

@@ -16,8 +16,6 @@ from tests import traces
 from tests.compactions.helpers import drain
 from tests.conftest import make_session
 
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
-
 
 def trace(name: str) -> Path:
     return next(p for p in traces.trace_files() if name in p.name)

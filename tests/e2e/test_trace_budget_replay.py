@@ -29,8 +29,6 @@ from tests import traces
 from tests.e2e.server import running
 from tests.helpers import history
 
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
-
 WINDOW = {"context_window": 32_768, "max_output_tokens": 4_096}
 # Pruning scaled to the window: the default 40k protected would cover all of it.
 # Compaction is off: this replay measures usage, verdicts and pruning alone

@@ -34,8 +34,6 @@ from tests.e2e.test_trace_budget_replay import reported_prompt
 from tests.helpers import history
 from tests.upstream_server import Upstream
 
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
-
 # usable = 16,384 - 4,096 = 12,288; compaction at 12,288 - 4,096 = 8,192; emergency at 11,673.
 WINDOW = {"context_window": 16_384, "max_output_tokens": 4_096}
 CONFIG = {

@@ -33,8 +33,6 @@ from tests.e2e.test_trace_budget_replay import reported_prompt
 from tests.e2e.test_trace_compaction_replay import CONFIG, WINDOW, check
 from tests.helpers import history
 
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
-
 
 def _started(body: dict[str, Any]) -> bool:
     started = body.get("compaction")

@@ -1,4 +1,4 @@
-"""Every real agent session in ../shared/traces, replayed through a real uvicorn server.
+"""Every real agent session in tests/data/traces, replayed through a real uvicorn server.
 
 Each trace is appended turn by turn as its agent would (the prompt, each
 assistant message, the tool results that answer it); the context is read in
@@ -20,8 +20,6 @@ from app.engine.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
 from tests import traces
 from tests.e2e.server import running
-
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
 
 
 async def _replay(client: httpx.AsyncClient, path: Path) -> dict[str, Any]:

@@ -41,8 +41,6 @@ from tests.e2e.test_trace_budget_replay import reported_prompt
 from tests.e2e.test_trace_compaction_replay import CONFIG, WINDOW, check
 from tests.helpers import history
 
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
-
 SEED = 15
 NAVIGATE_EVERY = (3, 8)  # turns between two navigations
 BACK_TURNS = (1, 5)  # how far back a navigation goes

@@ -422,10 +422,6 @@ def test_never_longer_than_max_chars(
 
 # --- Real traces ----------------------------------------------------------------------
 
-needs_traces = pytest.mark.skipif(
-    not traces.trace_files(), reason="../shared/traces is not present"
-)
-
 
 def trace_entries(path: Path) -> list[Entry]:
     return [openai_format.parse_message(m, f"m[{i}]") for i, m in enumerate(traces.load(path))]
@@ -438,7 +434,6 @@ def opening(entries: list[Entry]) -> list[str]:
     return [f"> {line}" if line else ">" for line in lines]
 
 
-@needs_traces
 @pytest.mark.parametrize("path", traces.trace_files(), ids=lambda p: p.name.split(".")[0])
 def test_real_trace(path: Path) -> None:
     entries = trace_entries(path)
@@ -453,7 +448,6 @@ def test_real_trace(path: Path) -> None:
     assert section(summary, "## Files & Artifacts") == "- `x.py` (read)"
 
 
-@needs_traces
 @pytest.mark.parametrize("path", traces.trace_files()[::4], ids=lambda p: p.name.split(".")[0])
 def test_real_trace_compacted_in_five_steps_keeps_the_first_request(path: Path) -> None:
     entries = trace_entries(path)
@@ -693,7 +687,6 @@ def test_a_previous_summarys_unresolved_error_is_carried_until_resolved() -> Non
     assert PINNED not in fifth
 
 
-@needs_traces
 @pytest.mark.parametrize("path", traces.trace_files(), ids=lambda p: p.name.split(".")[0])
 def test_real_trace_keeps_its_latest_unresolved_error_through_compactions(path: Path) -> None:
     """Compacted in six steps at 2,000 characters: after each, the summary holds the

@@ -238,7 +238,6 @@ def test_serialize_is_deterministic_and_labels_every_result(
             assert f"{part['name']}(" in first
 
 
-@pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
 @pytest.mark.parametrize("path", traces.trace_files(), ids=lambda p: p.name.split(".")[0])
 def test_serialize_real_trace(path: Path) -> None:
     messages = traces.load(path)

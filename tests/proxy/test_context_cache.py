@@ -1,7 +1,7 @@
 """The proxy's context (app.proxy.context) is GET /context's, byte for byte, whether it
 was read fresh or extended from the last one sent.
 
-Real agent sessions from ../shared/traces are replayed as the proxy replays them (each
+Real agent sessions from tests/data/traces are replayed as the proxy replays them (each
 call's new messages stored on its connection, then the context built; each reply stored
 and added to the context kept), at a window small enough for pruning and compaction to
 matter. Between calls, a schedule drawn from a seeded random generator does what else
@@ -33,8 +33,6 @@ from app.proxy.repository import ProxyRepository
 from tests import traces
 from tests.compactions.helpers import drain
 from tests.helpers import get_session, history
-
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
 
 WINDOW = {"model": "gpt-4o", "context_window": 16_000, "max_output_tokens": 2_000}
 DISTURBANCES = ("usage", "prune", "compact", "foreign", "patch", "read", "recreate")

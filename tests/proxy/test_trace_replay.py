@@ -1,4 +1,4 @@
-"""Real agent sessions from ../shared/traces, replayed through the proxy with the OpenAI
+"""Real agent sessions from tests/data/traces, replayed through the proxy with the OpenAI
 SDK at a small window: the agent re-sends its whole history on every call, as it did,
 and the upstream answers each call with the trace's own next assistant message. Every
 request the upstream gets must be valid for OpenAI and within the session's budget,
@@ -24,8 +24,6 @@ from tests.proxy.support import (
     proxy,
 )
 from tests.upstream_server import Reply, ToolCalls, Upstream
-
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
 
 WINDOW = {"context_window": 24_000, "max_output_tokens": 4_000}
 BUDGET = 20_000

@@ -19,14 +19,11 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 
 from tests import traces
 from tests.compactions.helpers import drain
 from tests.helpers import append_ok
 from tests.recall.support import MANUAL, every_hit, searchable
-
-pytestmark = pytest.mark.skipif(not traces.trace_files(), reason="../shared/traces is not present")
 
 CONFIG = {**MANUAL, "compaction": {"auto": False, "keep_recent_tokens": 3_000}}
 
