@@ -105,25 +105,30 @@ def verdict(acc: Accounting, window: Window, thresholds: Thresholds) -> Verdict:
 CALIBRATION_ALPHA = 0.2
 CALIBRATION_MIN = 0.5
 CALIBRATION_MAX = 3.0
-# A report calibrates only when it can be compared with the counted context:
-# at least this many counted tokens (below it, an unstored system prompt or the
+# A report calibrates only when it can be compared with the counted context: at
+# least this many counted tokens (below it, an unstored system prompt or the
 # per-message framing is a large share of the prompt, and the ratio says more
-# about that than about the tokenizer)...
+# about that than about the tokenizer).
 CALIBRATION_MIN_COUNTED = 1_000
-# ...and a ratio of reported to counted a tokenizer can explain. Tokenizers
-# differ by tens of percent; a prompt four times the context (or a quarter of
-# it) holds something else: a system prompt or tool schemas the session does
-# not hold, or another context than the one counted.
-CALIBRATION_PLAUSIBLE_MIN = 0.25
-CALIBRATION_PLAUSIBLE_MAX = 4.0
+# The ratio of reported to counted is clamped into this window before it is
+# averaged, never ignored for lying outside it (seed 002): a larger discrepancy
+# never gets less correction than a smaller one, one report moves the factor by
+# one EMA step toward the window's edge at most, and a discrepancy that persists
+# walks the factor to its clamp. The window is wider than the factor's clamp so
+# that a persistent ratio beyond the clamp reaches it, not only approaches it.
+CALIBRATION_RATIO_MIN = 0.25
+CALIBRATION_RATIO_MAX = 4.0
 
 
 def comparable(actual_tokens: int, counted_tokens: int) -> bool:
     """Whether a report of ``actual_tokens`` can calibrate against ``counted_tokens``."""
-    if actual_tokens <= 0 or counted_tokens < CALIBRATION_MIN_COUNTED:
-        return False
+    return actual_tokens > 0 and counted_tokens >= CALIBRATION_MIN_COUNTED
+
+
+def clamped_ratio(actual_tokens: int, counted_tokens: int) -> float:
+    """Reported/counted, clamped into [CALIBRATION_RATIO_MIN, CALIBRATION_RATIO_MAX]."""
     ratio = actual_tokens / counted_tokens
-    return CALIBRATION_PLAUSIBLE_MIN <= ratio <= CALIBRATION_PLAUSIBLE_MAX
+    return min(CALIBRATION_RATIO_MAX, max(CALIBRATION_RATIO_MIN, ratio))
 
 
 def _clamped(value: float) -> float:
@@ -133,17 +138,19 @@ def _clamped(value: float) -> float:
 def calibrate(factor: float, actual_tokens: int, counted_tokens: int) -> float:
     """The calibration factor after a usage report (seed 002, layer 1).
 
-    An exponential moving average (alpha 0.2) of actual/counted, within
-    [0.5, 3.0]: slow enough to ride out one odd turn, and bounded so an unusual
-    payload cannot run the estimate away. The ratio is clamped before it is
-    averaged, so one report moves the factor by at most alpha of the way to the
-    bound, never onto it. A report that cannot be compared (see
-    :func:`comparable`) leaves the factor as it is; its prompt size still
+    ``clamp(0.8 * factor + 0.2 * ratio, 0.5, 3.0)``: an exponential moving
+    average (alpha 0.2), slow enough to ride out one odd turn, and bounded so an
+    unusual payload cannot run the estimate away. The ratio (actual/counted) is
+    clamped into [0.25, 4] first, never ignored for lying outside it: one report
+    moves the factor by at most one EMA step toward that window's edge, a ratio
+    that persists takes the factor to its clamp, and the factor is monotone in
+    the ratio. A report that cannot be compared (see :func:`comparable`: too
+    few counted tokens) leaves the factor as it is; its prompt size still
     serves as the estimate's exact base.
     """
     if not comparable(actual_tokens, counted_tokens):
         return factor
-    target = _clamped(actual_tokens / counted_tokens)
+    target = clamped_ratio(actual_tokens, counted_tokens)
     updated = factor + CALIBRATION_ALPHA * (target - factor)
     return round(_clamped(updated), 6)
 

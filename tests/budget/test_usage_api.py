@@ -144,17 +144,47 @@ async def test_one_odd_report_does_not_send_the_factor_to_its_clamp(
     later = await append_ok(client, "odd", turn(1))
     assert later["overflow"]["estimated_tokens"] == 6_000 + later["entries"][0]["tokens"]
 
-    # Enough counted tokens, but a ratio no tokenizer explains (30x): not compared.
+    # Enough counted tokens and a ratio of 30x: clamped to 4x, one EMA step, not
+    # the bound.
     big = await usage(
         client, "odd", input_tokens=30 * (later["context_tokens"] + REPLY_PRIMING_TOKENS)
     )
-    assert big["calibration_factor"] == 1.0
-    # A plausible one moves the factor by one EMA step, not to the bound.
-    step = await usage(
-        client, "odd", input_tokens=round(3.9 * (later["context_tokens"] + REPLY_PRIMING_TOKENS))
-    )
-    assert step["calibration_factor"] == pytest.approx(1.0 + CALIBRATION_ALPHA * 2.0, abs=1e-3)
-    assert (await get_session(client, "odd"))["calibration_factor"] == step["calibration_factor"]
+    assert big["calibration_factor"] == pytest.approx(1.0 + CALIBRATION_ALPHA * 3.0, abs=1e-3)
+    assert (await get_session(client, "odd"))["calibration_factor"] == big["calibration_factor"]
+
+
+async def test_a_persistent_ratio_walks_the_factor_to_its_clamp(
+    client: httpx.AsyncClient,
+) -> None:
+    """Seed 002, through the API: 15 usage reports each at 3.5x, 4.1x, 10x and
+    0.05x of the counted context. The factor is monotone in the ratio after every
+    report and the persistent extremes reach the clamp (a report beyond 4x was
+    ignored, so 4.1x and 10x left the factor at 1.0 for ever)."""
+    ratios = (0.05, 3.5, 4.1, 10.0)
+    counted: dict[float, int] = {}
+    for ratio in ratios:
+        session_id = f"ratio-{ratio}"
+        await make_session(client, id=session_id)
+        appended = await append_ok(client, session_id, turn(1))
+        counted[ratio] = appended["context_tokens"] + REPLY_PRIMING_TOKENS
+    walks: dict[float, list[float]] = {ratio: [] for ratio in ratios}
+    for _ in range(15):
+        for ratio in ratios:
+            body = await usage(client, f"ratio-{ratio}", input_tokens=round(ratio * counted[ratio]))
+            walks[ratio].append(body["calibration_factor"])
+    for k in range(15):
+        after = [walks[ratio][k] for ratio in sorted(ratios)]
+        assert after == sorted(after), (k, walks)
+    assert walks[4.1][-1] == CALIBRATION_MAX, walks
+    assert walks[10.0][-1] == CALIBRATION_MAX, walks
+    assert walks[0.05][-1] == CALIBRATION_MIN, walks
+    assert walks[3.5][-1] == CALIBRATION_MAX, walks
+    # One report moved the factor by one EMA step at most: the first 10x report
+    # took it from 1.0 to 1.6 (the ratio clamped to 4x), not to the bound.
+    assert walks[10.0][0] == pytest.approx(1.0 + CALIBRATION_ALPHA * 3.0, abs=1e-3)
+    for ratio in ratios:
+        session = await get_session(client, f"ratio-{ratio}")
+        assert session["calibration_factor"] == walks[ratio][-1]
 
 
 @pytest.mark.parametrize(
