@@ -27,6 +27,7 @@ from app.core.docs import install_docs
 from app.core.errors import BadRequest, invalid
 from app.core.http import install_error_handlers, run_sized
 from app.core.limits import LimitMiddleware, Limits
+from app.core.media import require_json_body, takes_input
 from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.settings import Settings, get_settings
@@ -58,6 +59,9 @@ async def reject_unstorable_text(request: Request) -> None:
     the body's validation walks them: a million bad items once took minutes to answer)."""
     if request.url.path.startswith("/proxy/"):
         return  # the proxy checks the messages it stores (its bodies carry whole histories)
+    route = request.scope.get("route")
+    if route is not None and not takes_input(route):
+        return  # /healthz, /metrics: nothing to refuse, so no 422 to document
     for name, value in request.query_params.multi_items():
         found = find_unstorable(value, name)
         if found:
@@ -67,6 +71,7 @@ async def reject_unstorable_text(request: Request) -> None:
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     body = await request.body()
+    require_json_body(route, request.headers.get("content-type"), body)
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:

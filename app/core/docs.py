@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from app.core.errors import NotFound
 
@@ -148,6 +148,12 @@ def install_docs(app: FastAPI) -> None:
         )
         return _page(page)
 
+    async def home(request: Request) -> RedirectResponse:
+        # The start-up banner prints the service's URL: opening it shows the API.
+        root = request.scope.get("root_path", "").rstrip("/")
+        return RedirectResponse(root + "/docs", status_code=307)
+
+    app.add_route("/", home, methods=["GET", "HEAD"], include_in_schema=False)
     app.add_route("/docs", swagger_ui, include_in_schema=False)
     app.add_route("/redoc", redoc, include_in_schema=False)
     app.add_route(ASSET_PATH, serve_asset, include_in_schema=False)

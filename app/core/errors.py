@@ -79,6 +79,13 @@ class PayloadTooLarge(ProblemError):
     status, type, title = 413, "payload-too-large", "Payload too large"
 
 
+class UnsupportedMediaType(ProblemError):
+    """A body sent to a JSON route without a JSON ``Content-Type`` (none, ``text/plain``,
+    a form): it is not read as JSON on a guess."""
+
+    status, type, title = 415, "unsupported-media-type", "Unsupported media type"
+
+
 class UnprocessableContent(ProblemError):
     """The body is well-formed JSON but its content is invalid."""
 

@@ -40,6 +40,7 @@ _DESCRIPTIONS = {
     409: "The request conflicts with the current state.",
     412: "If-Match does not name the current version.",
     413: "The body is over the size limit.",
+    415: "The body was not sent as JSON (`Content-Type: application/json`).",
     422: "The body or a parameter is invalid; nothing was stored.",
     503: "The database is unavailable; retry after the Retry-After delay.",
 }
@@ -68,11 +69,18 @@ def _add_app_wide_responses(method: str, operation: dict[str, Any]) -> None:
     """Statuses any route can answer, whatever its own ``responses=`` says.
 
     The app-wide dependency refuses a NUL in any query parameter, declared or not
-    (422); on POST, PUT and PATCH it reads the body, which must be UTF-8 (400), and
-    the body limit applies (413).
+    (422), on a route that takes any input (one that takes none, such as ``/healthz``,
+    is not checked: no 422); on POST, PUT and PATCH it reads the body, which must be
+    UTF-8 (400), sent as JSON to a route that reads one (415), and the body limit
+    applies (413).
     """
     responses: dict[str, Any] = operation.setdefault("responses", {})
-    codes = [422, 400, 413] if method.lower() in ("post", "put", "patch") else [422]
+    takes_input = bool(operation.get("parameters")) or "requestBody" in operation
+    codes = [422] if takes_input else []
+    if method.lower() in ("post", "put", "patch"):
+        codes += [400, 413]
+        if "application/json" in operation.get("requestBody", {}).get("content", {}):
+            codes.append(415)
     for code in codes:
         responses.setdefault(str(code), {"description": _DESCRIPTIONS[code]})
     operation["responses"] = dict(sorted(responses.items()))

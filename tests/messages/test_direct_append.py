@@ -22,6 +22,7 @@ from tests.helpers import direct_and_fastapi, tool_call
 SIDS = ("direct", "fastapi")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 USER = {"role": "user", "content": "List the files."}
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -133,7 +134,7 @@ async def test_every_other_form_gets_fastapis_answer(both: list[httpx.AsyncClien
         {"json": {"messages": [USER], "unknown": 1}},
         {"json": {"messages": []}},
         {"json": {"messages": [{"role": "user", "content": "a\x00b"}]}},
-        {"content": b'{"messages": [{"role": "user", "content": "\\ud800"}]}'},
+        {"content": b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "headers": JSON},
         {"json": {"messages": [USER], "n": 2**70}},
         {"json": [USER]},
         {"json": many},
@@ -142,9 +143,11 @@ async def test_every_other_form_gets_fastapis_answer(both: list[httpx.AsyncClien
         {"json": {"messages": [USER]}, "query": "?format=bogus"},
         {"json": {"messages": [USER], "deep": deep}},
         {"content": b""},
-        {"content": b"{not json"},
-        {"content": b'{"messages": [{"role": "user", "content": "\xff"}]}'},
+        {"content": b"{not json", "headers": JSON},
+        {"content": b'{"messages": [{"role": "user", "content": "\xff"}]}', "headers": JSON},
         {"content": orjson.dumps({"messages": [USER]}), "headers": {"Content-Type": "text/plain"}},
+        {"content": orjson.dumps({"messages": [USER]})},  # no Content-Type at all
+        {"content": orjson.dumps({"messages": [USER]}), "headers": {"Content-Type": "json"}},
         {"json": {"messages": [USER]}, "headers": {"Idempotency-Key": "k" * 256}},
         {"json": {"messages": [USER]}, "headers": {"Idempotency-Key": ""}},
         {"json": {"messages": [USER]}, "headers": {"Idempotency-Key": "a\x00"}},
@@ -153,6 +156,15 @@ async def test_every_other_form_gets_fastapis_answer(both: list[httpx.AsyncClien
         status, kind, *_ = await _same(both, "c", **case)
         assert kind == "application/problem+json", case
         assert 400 <= status < 500, case
+    # A body not sent as JSON: the route's 415, whichever app answers.
+    status, _, _, _, problem = await _same(both, "c", content=orjson.dumps({"messages": [USER]}))
+    assert status == 415, problem
+    assert "Content-Type: application/json" in problem["detail"]
+    # JSON with a charset, or an application/*+json type, is JSON (FastAPI's route).
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        plain = orjson.dumps({"messages": [USER]})
+        status, *_ = await _same(both, "c", content=plain, headers={"Content-Type": kind})
+        assert status == 201, kind
     # Forms FastAPI's route stores: a query parameter it ignores, a header given twice
     # (it reads one), a body over the direct route's size.
     keys = [("Idempotency-Key", "a"), ("Idempotency-Key", "b")]
