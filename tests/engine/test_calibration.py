@@ -78,8 +78,8 @@ def test_a_persistent_ratio_walks_the_factor_to_its_clamp() -> None:
         for ratio, walk in walks.items():
             walk.append(calibrate(walk[-1], round(ratio * counted), counted))
     for k in range(16):
-        after = [walks[ratio][k] for ratio in sorted(RATIOS)]
-        assert after == sorted(after), (k, after)
+        factors = [walks[ratio][k] for ratio in sorted(RATIOS)]
+        assert factors == sorted(factors), (k, factors)
     assert walks[4.1][-1] == CALIBRATION_MAX
     assert walks[10.0][-1] == CALIBRATION_MAX
     assert walks[0.05][-1] == CALIBRATION_MIN
