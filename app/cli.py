@@ -327,7 +327,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    """Create, list and revoke API keys. Secrets are printed once, never stored."""
+    """Create, list, revoke and delete API keys. Secrets are printed once, never stored."""
     import asyncpg
 
     from app.core.database import resolve_database_url
@@ -361,17 +361,21 @@ def cmd_keys(args: argparse.Namespace) -> int:
                     return 1
                 print(f"revoked key {revoked.id} of tenant {revoked.tenant_id!r}")
                 return 0
+            if args.keys_command == "delete":
+                return await _delete_keys(conn, args)
             rows = await repository.list_keys(conn, args.tenant)
             if args.json:
                 print(json.dumps([_key_doc(r) for r in rows], indent=2))
                 return 0
-            print(f"{'ID':<14}{'TENANT':<24}{'CREATED':<22}{'REVOKED':<22}NAME")
+            print(f"{'ID':<14}{'TENANT':<24}{'STATUS':<9}{'CREATED':<22}{'REVOKED':<22}NAME")
             for r in rows:
                 revoked_at = _when(r.revoked_at) if r.revoked_at else "-"
                 print(
-                    f"{r.id:<14}{r.tenant_id:<24}{_when(r.created_at):<22}{revoked_at:<22}"
-                    f"{r.name or ''}"
+                    f"{r.id:<14}{r.tenant_id:<24}{_status(r):<9}{_when(r.created_at):<22}"
+                    f"{revoked_at:<22}{r.name or ''}"
                 )
+            if not rows and args.tenant is None:
+                print("(no keys: the service is open, for the tenant 'default', on loopback)")
             return 0
         except asyncpg.UndefinedTableError:
             print("compactd: the database is not migrated: run `compactd migrate`", file=sys.stderr)
@@ -380,6 +384,43 @@ def cmd_keys(args: argparse.Namespace) -> int:
             await conn.close()
 
     return _run(run())
+
+
+async def _delete_keys(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+    """``keys delete KEY_OR_ID`` or ``keys delete --all [--tenant NAME]``: the way back
+    from keys (revoked ones included, which still lock the service) to open mode."""
+    from app.keys import repository, tokens
+
+    if args.all == (args.key is not None) or (args.tenant and not args.all):
+        print(
+            "compactd: name one key (its id or the key) or pass --all (with --tenant: "
+            "that tenant's keys)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.all:
+        deleted = await repository.delete_all(conn, args.tenant)
+    else:
+        parsed = tokens.parse(args.key)
+        key_id = parsed[0] if parsed else args.key
+        one = await repository.delete(conn, key_id)
+        if one is None:
+            print(f"compactd: no key {key_id!r}", file=sys.stderr)
+            return 1
+        deleted = [one]
+    for row in deleted:
+        print(f"deleted key {row.id} of tenant {row.tenant_id!r} ({_status(row)})")
+    if not await repository.any_exist(conn):
+        print(
+            "no key is left: the service is open again, for the tenant 'default', within "
+            "COMPACTD_AUTH_CACHE_SECONDS (on loopback only: `serve` refuses a public address "
+            "without keys)"
+        )
+    return 0
+
+
+def _status(row: KeyRow) -> str:
+    return "revoked" if row.revoked_at else "active"
 
 
 def _when(moment: datetime) -> str:
@@ -393,6 +434,7 @@ def _key_doc(row: KeyRow) -> dict[str, Any]:
         "name": row.name,
         "created_at": row.created_at.isoformat(),
         "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
+        "status": _status(row),
     }
 
 
@@ -442,14 +484,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(func=cmd_worker)
 
-    keys = sub.add_parser("keys", help="create, list and revoke API keys")
+    keys = sub.add_parser("keys", help="create, list, revoke and delete API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="a new key for a tenant (printed once)")
     create.add_argument("--tenant", required=True, help="the tenant the key acts for")
     create.add_argument("--name", help="a label, e.g. who holds the key")
     revoke = keys_sub.add_parser("revoke", help="revoke a key (by its id or the whole key)")
     revoke.add_argument("key", help="the key's id (as `keys list` shows it) or the key")
-    listing = keys_sub.add_parser("list", help="the keys, without their secrets")
+    delete = keys_sub.add_parser(
+        "delete",
+        help="delete a key, or every key (--all): with none left the service is open again",
+    )
+    delete.add_argument("key", nargs="?", help="the key's id (as `keys list` shows it) or the key")
+    delete.add_argument("--all", action="store_true", help="every key (revoked ones too)")
+    delete.add_argument("--tenant", help="with --all: only this tenant's keys")
+    listing = keys_sub.add_parser("list", help="the keys (revoked ones too), without secrets")
     listing.add_argument("--tenant", help="only this tenant's keys")
     listing.add_argument("--json", action="store_true", help="JSON instead of a table")
     keys.set_defaults(func=cmd_keys)

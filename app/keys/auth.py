@@ -1,10 +1,11 @@
 """Who a request acts for: API keys on ``/v1`` and ``/proxy``, and the rule for running
 without them.
 
-Every ``/v1`` request must carry ``Authorization: Bearer <key>`` once any key exists,
+Every ``/v1`` request must carry ``Authorization: Bearer <key>`` while any key exists,
 and every ``/proxy`` request ``X-Compactd-Key: <key>`` (its Authorization is the
 provider's, passed upstream). Revoked keys count, so revoking the last key locks
-everyone out rather than opening the service. With no key at all the service is open
+everyone out rather than opening the service; deleting every key (``compactd keys
+delete``) opens it again, within the cache period. With no key at all the service is open
 and every request acts for the default tenant; ``compactd serve`` allows that only on
 a loopback address, unless told ``--insecure-no-auth``.
 
@@ -91,9 +92,10 @@ class KeyStore:
         self._required_checked = -float("inf")
 
     async def required(self) -> bool:
-        """Once a key exists, for good; until then re-checked every cache period."""
+        """Whether any key exists, re-checked every cache period (or known from the
+        last read of the table): keys deleted since open the service again."""
         now = time.monotonic()
-        if self._required or now - self._required_checked < self.cache_seconds:
+        if now - self._required_checked < self.cache_seconds:
             return self._required
         async with driver_connection(self.engine) as driver:
             self._required = await repository.any_exist(driver)
@@ -130,8 +132,8 @@ class KeyStore:
         self.reads += 1
         self._keys = {row.id: row for row in rows}
         self._read_at = started
-        if rows:
-            self._required = True
+        self._required = bool(rows)
+        self._required_checked = started
 
     def _read_done(self, reading: asyncio.Future[None]) -> None:
         self._reading = None

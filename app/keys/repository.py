@@ -57,6 +57,22 @@ async def revoke(driver: Driver, key_id: str) -> KeyRow | None:
     return _key(row) if row else None
 
 
+async def delete(driver: Driver, key_id: str) -> KeyRow | None:
+    """The key is gone, revoked or not; None if there was no such key. Once no key is
+    left, the service is open again (see :func:`any_exist`)."""
+    row = await driver.fetchrow(f"DELETE FROM api_key WHERE id = $1 RETURNING {_COLUMNS}", key_id)
+    return _key(row) if row else None
+
+
+async def delete_all(driver: Driver, tenant_id: str | None = None) -> list[KeyRow]:
+    """Every key (of the tenant, if given) is gone; the rows that were deleted."""
+    rows = await driver.fetch(
+        f"DELETE FROM api_key WHERE $1::text IS NULL OR tenant_id = $1 RETURNING {_COLUMNS}",
+        tenant_id,
+    )
+    return sorted((_key(r) for r in rows), key=lambda r: (r.tenant_id, r.created_at, r.id))
+
+
 async def list_keys(driver: Driver, tenant_id: str | None = None) -> list[KeyRow]:
     rows = await driver.fetch(
         f"SELECT {_COLUMNS} FROM api_key WHERE $1::text IS NULL OR tenant_id = $1 "
@@ -67,6 +83,7 @@ async def list_keys(driver: Driver, tenant_id: str | None = None) -> list[KeyRow
 
 
 async def any_exist(driver: Driver) -> bool:
-    """Whether any key was ever created. Revoked keys count: revoking the last key
-    must lock everyone out, not open the service."""
+    """Whether any key exists. Revoked keys count: revoking the last key must lock
+    everyone out, not open the service; deleting every key (``compactd keys delete``)
+    is the way back to open mode."""
     return bool(await driver.fetchval("SELECT EXISTS (SELECT 1 FROM api_key)"))

@@ -91,7 +91,7 @@ async def test_list_shows_keys_without_secrets_and_revoke_marks_them(db_url: str
     by_id = {k["id"]: k for k in listed}
     assert by_id[first[4:16]]["revoked_at"] is not None
     assert by_id[second[4:16]]["revoked_at"] is None
-    assert set(by_id[first[4:16]]) == {"id", "tenant", "name", "created_at", "revoked_at"}
+    assert set(by_id[first[4:16]]) == {"id", "tenant", "name", "created_at", "revoked_at", "status"}
 
     only = json.loads(
         (await _compactd(db_url, "keys", "list", "--tenant", "globex", "--json")).stdout
@@ -176,3 +176,86 @@ async def test_serve_binds_publicly_with_the_insecure_flag_or_with_keys(db_url: 
     assert (await _compactd(db_url, "keys", "create", "--tenant", "acme")).returncode == 0
     _, stderr, answered = await _serve(db_url, "--host", "0.0.0.0")
     assert answered, stderr
+
+
+async def test_list_shows_each_keys_status(db_url: str) -> None:
+    kept = (await _compactd(db_url, "keys", "create", "--tenant", "acme")).stdout.strip()
+    gone = (await _compactd(db_url, "keys", "create", "--tenant", "acme")).stdout.strip()
+    assert (await _compactd(db_url, "keys", "revoke", gone)).returncode == 0
+    table = (await _compactd(db_url, "keys", "list")).stdout.splitlines()
+    assert table[0].split()[:3] == ["ID", "TENANT", "STATUS"]
+    status = {line.split()[0]: line.split()[2] for line in table[1:]}
+    assert status == {kept[4:16]: "active", gone[4:16]: "revoked"}
+    listed = json.loads((await _compactd(db_url, "keys", "list", "--json")).stdout)
+    assert {k["id"]: k["status"] for k in listed} == status
+
+
+async def _overflow_without_a_key(client: httpx.AsyncClient, until: int) -> httpx.Response:
+    """GET a session's verdict without a key until the answer is ``until`` (the server
+    notices a change of the key table within its cache period), or give up."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        r = await client.get("/v1/sessions/demo/overflow")
+        if r.status_code == until or loop.time() > deadline:
+            return r
+        await asyncio.sleep(0.05)
+
+
+async def test_deleting_every_key_opens_the_service_again(db_url: str) -> None:
+    """The security walk-through: keys on, a key revoked (everyone is locked out, keys
+    or not), then the keys deleted through the CLI: the running service is open again,
+    sessions kept. Before, revoked keys locked it for good: `keys` could not delete."""
+    from app.main import create_app
+    from tests.ops.conftest import bearer, settings_with
+
+    application = create_app(settings_with(auth_cache_seconds=0.5), database_url=db_url)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://compactd.test") as c:
+            assert (await c.post("/v1/sessions", json={"id": "demo", "model": "gpt-4o"})).is_success
+            key = (await _compactd(db_url, "keys", "create", "--tenant", "default")).stdout
+            key = key.strip()
+            assert (await _overflow_without_a_key(c, 401)).status_code == 401
+            r = await c.get("/v1/sessions/demo/overflow", headers=bearer(key))
+            assert r.status_code == 200, r.text
+            assert (await _compactd(db_url, "keys", "revoke", key)).returncode == 0
+            assert (await _overflow_without_a_key(c, 401)).status_code == 401
+
+            deleted = await _compactd(db_url, "keys", "delete", key)
+            assert deleted.returncode == 0, deleted.stderr
+            assert f"deleted key {key[4:16]} of tenant 'default' (revoked)" in deleted.stdout
+            assert "the service is open again" in deleted.stdout
+            opened = await _overflow_without_a_key(c, 200)
+            assert opened.status_code == 200, opened.text  # the session is still there
+            # The deleted key is no key at all now.
+            r = await c.get("/v1/sessions/demo/overflow", headers=bearer(key))
+            assert r.status_code == 401
+    listing = await _compactd(db_url, "keys", "list")
+    assert listing.stdout.splitlines()[1].startswith("(no keys: the service is open")
+    assert await _rows(db_url) == []
+
+
+async def test_delete_all_and_its_refusals(db_url: str) -> None:
+    for tenant in ("acme", "acme", "globex"):
+        assert (await _compactd(db_url, "keys", "create", "--tenant", tenant)).returncode == 0
+    neither = await _compactd(db_url, "keys", "delete")
+    assert neither.returncode == 2
+    assert "--all" in neither.stderr
+    tenant_alone = await _compactd(db_url, "keys", "delete", "--tenant", "acme")
+    assert tenant_alone.returncode == 2
+    missing = await _compactd(db_url, "keys", "delete", "0123456789ab")
+    assert missing.returncode == 1
+    assert "no key '0123456789ab'" in missing.stderr
+    assert len(await _rows(db_url)) == 3
+
+    acme = await _compactd(db_url, "keys", "delete", "--all", "--tenant", "acme")
+    assert acme.returncode == 0, acme.stderr
+    assert acme.stdout.count("deleted key") == 2
+    assert "open again" not in acme.stdout  # globex's key is still there
+    assert [r["tenant_id"] for r in await _rows(db_url)] == ["globex"]
+    every = await _compactd(db_url, "keys", "delete", "--all")
+    assert every.returncode == 0, every.stderr
+    assert every.stdout.count("deleted key") == 1
+    assert "the service is open again" in every.stdout
+    assert await _rows(db_url) == []
