@@ -262,12 +262,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     SIGINT stops claiming; jobs in hand get the grace period to finish."""
     import asyncio
 
-    import httpx
     import uvloop
 
     from app.compactions.worker import WorkerConfig, WorkerPool
     from app.core.database import create_engine, resolve_database_url
-    from app.core.tls import client_context
+    from app.core.outbound import Outbound
     from app.core.tokenizer import load_encodings
     from app.engine.tokens import register_encodings
     from app.webhooks.dispatcher import Dispatcher
@@ -284,17 +283,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         engine = create_engine(url, settings)
-        http = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0),
-            verify=client_context(),
-        )
+        outbound = Outbound(settings)  # a client per outbound purpose, as in serve
         pool = WorkerPool(
             engine,
             WorkerConfig.from_settings(settings),
-            http,
+            outbound,
             count=count,
             grace_seconds=settings.compaction_shutdown_grace_seconds,
-            extras=[Dispatcher(engine, http, settings)],
+            extras=[Dispatcher(engine, outbound.webhooks, settings)],
         )
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -306,7 +302,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await stopping.wait()
         finally:
             await pool.close()
-            await http.aclose()
+            await outbound.aclose()
             await engine.dispose()
 
     uvloop.run(run())

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import Depends, FastAPI, Request
 
 from app import __version__
@@ -30,8 +29,8 @@ from app.core.limits import LimitMiddleware, Limits
 from app.core.media import require_json_body, takes_input
 from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
+from app.core.outbound import Outbound
 from app.core.settings import Settings, get_settings
-from app.core.tls import client_context
 from app.core.tokenizer import load_encodings
 from app.engine.storable import find_unstorable
 from app.engine.tokens import register_encodings
@@ -114,21 +113,17 @@ def create_app(
         app.state.keys = KeyStore(engine, settings.auth_cache_seconds)
         app.state.proxy = ProxyClient(settings)
         app.state.metrics = metrics.app_registry(engine)
-        http = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.upstream_timeout_seconds, connect=10.0),
-            limits=httpx.Limits(max_connections=max(4, settings.compaction_workers * 4)),
-            verify=client_context(),
-        )
-        app.state.http = http  # the workers', the dispatcher's and the hooks' client
+        # One client and pool per outbound purpose, each following the outbound policy.
+        app.state.outbound = outbound = Outbound(settings)
         app.state.compaction_wake = wake = asyncio.Event()
         workers = WorkerPool(
             engine,
             WorkerConfig.from_settings(settings),
-            http,
+            outbound,
             count=settings.compaction_workers,
             grace_seconds=settings.compaction_shutdown_grace_seconds,
             wake=wake,
-            extras=[Dispatcher(engine, http, settings)],
+            extras=[Dispatcher(engine, outbound.webhooks, settings)],
         )
         app.state.event_hub = hub = EventHub(listen_dsn(engine), driver_bounds(engine))
         hub.start()
@@ -140,7 +135,7 @@ def create_app(
         finally:
             await hub.close()
             await workers.close()
-            await http.aclose()
+            await outbound.aclose()
             await app.state.proxy.aclose()
             await engine.dispose()
 

@@ -31,6 +31,10 @@ TEST_SETTINGS = Settings(
     db_max_overflow=30,
     # Tests that need workers start them (tests/compactions): the rest see queued jobs stay.
     compaction_workers=0,
+    # The webhook receivers and remote summarizers the tests start listen on loopback, and
+    # tenants' URLs reach no loopback address unless the operator allows it
+    # (app.core.outbound; tests/webhooks/test_outbound_policy.py runs without it).
+    outbound_allow="127.0.0.1/32,::1/128",
 )
 
 # httpcore asks for sniffio on every request it sends (``import sniffio`` inside

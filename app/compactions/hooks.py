@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection
+from app.core.outbound import Lane
 from app.store import events
 from app.store import webhooks as store
 from app.upstream import signing
@@ -128,7 +128,7 @@ async def lookup(
 
 async def call(
     engine: AsyncEngine,
-    http: httpx.AsyncClient,
+    lane: Lane,
     found: list[store.WebhookRow],
     tenant_id: str,
     session_id: str,
@@ -142,9 +142,12 @@ async def call(
     body = orjson.dumps({"type": point, "session_id": session_id, "data": data}, default=str)
     for hook in found:
         started = time.perf_counter()
-        sent = await signing.post(
-            http, hook.url, hook.secret, message_id, body, hook.timeout_seconds
-        )
+        # The tenant's place in the hooks' lane is taken before the hook's own timeout
+        # starts (app.core.outbound).
+        async with lane.slot(tenant_id) as http:
+            sent = await signing.post(
+                http, hook.url, hook.secret, message_id, body, hook.timeout_seconds
+            )
         record: dict[str, Any] = {
             "webhook_id": str(hook.id),
             "point": point,

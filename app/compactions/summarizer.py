@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import anyio.to_thread
-import httpx
 
+from app.core.outbound import Lane
 from app.engine import catalog, continuity, tokens
 from app.engine.compaction import Draft, Plan, check_draft, complete_draft
 from app.engine.extractive import FOCUS_LABEL, QUOTED_NOTE, extractive_summary, focus_terms
@@ -89,11 +89,12 @@ class Llm:
     ``config`` and ``fallback_models`` are then not used, and ``model`` only sizes
     the prompts (the endpoint's own model is not known)."""
 
-    http: httpx.AsyncClient
+    lane: Lane
     config: UpstreamConfig | None
     model: str
     fallback_models: tuple[str, ...] = ()
     remote: RemoteEndpoint | None = None
+    tenant_id: str = ""  # whose share of the lane a call takes (app.core.outbound)
 
     def __post_init__(self) -> None:
         if self.config is None and self.remote is None:
@@ -240,10 +241,12 @@ class _Call:
 
     async def _complete(self, system: str, prompt: str) -> Completion:
         llm = self.llm
-        if llm.remote is not None:
-            return await summarize_remote(llm.http, llm.remote, system=system, prompt=prompt)
-        assert llm.config is not None  # Llm's own check
-        return await complete(llm.http, llm.config, model=self.asked, system=system, prompt=prompt)
+        # The place in the lane is taken before the call's own timeout starts.
+        async with llm.lane.slot(llm.tenant_id) as http:
+            if llm.remote is not None:
+                return await summarize_remote(http, llm.remote, system=system, prompt=prompt)
+            assert llm.config is not None  # Llm's own check
+            return await complete(http, llm.config, model=self.asked, system=system, prompt=prompt)
 
     async def ask(
         self, system: str, prompt: str, clean: Callable[[str], str | None] = clean_reply

@@ -38,7 +38,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
-import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions import branch, hooks
@@ -62,6 +61,7 @@ from app.core.database import (
     unavailable_cause,
 )
 from app.core.driver import Driver
+from app.core.outbound import Outbound
 from app.core.settings import Settings
 from app.engine import branch_summary, catalog, continuity, tokens
 from app.engine.compaction import summary_entry_tokens
@@ -141,14 +141,14 @@ class Worker:
         self,
         engine: AsyncEngine,
         config: WorkerConfig,
-        http: httpx.AsyncClient | None,
+        outbound: Outbound | None,
         *,
         name: str | None = None,
         wake: asyncio.Event | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
-        self.http = http
+        self.outbound = outbound  # None: extractive summaries, no hooks
         self.name = name or worker_name()
         self.wake = wake or asyncio.Event()
         self._claimed_at: dict[uuid.UUID, float] = {}
@@ -343,7 +343,7 @@ class Worker:
         """The summarizer: the session's remote endpoint when it has one, else the
         upstream LLM with the job's model then the session's candidates; None for
         the extractive summary."""
-        if job.summarizer != "llm" or self.http is None:
+        if job.summarizer != "llm" or self.outbound is None:
             return None
         async with driver_connection(self.engine) as driver:
             state = await read_state(driver, job.tenant_id, job.session_id)
@@ -353,7 +353,13 @@ class Worker:
             remote = RemoteEndpoint(
                 url=wanted.remote_endpoint, timeout_seconds=self.config.remote_timeout_seconds
             )
-            return Llm(http=self.http, config=None, model=model, remote=remote)
+            return Llm(
+                lane=self.outbound.remote,
+                config=None,
+                model=model,
+                remote=remote,
+                tenant_id=job.tenant_id,
+            )
         upstream = self.config.upstream
         if upstream is None:
             return None
@@ -362,11 +368,17 @@ class Worker:
         limit = min(upstream.max_output_tokens, max(1_024, summary_chars // 2))
         config = dataclasses.replace(upstream, max_output_tokens=limit)
         fallbacks = tuple(wanted.models) if wanted is not None else ()
-        return Llm(http=self.http, config=config, model=model, fallback_models=fallbacks)
+        return Llm(
+            lane=self.outbound.summarizer,
+            config=config,
+            model=model,
+            fallback_models=fallbacks,
+            tenant_id=job.tenant_id,
+        )
 
     async def _hooks(self, job: JobRow, prepared: Prepared) -> hooks.Answered:
         """What the session's ``compaction.before`` hooks say (app.compactions.hooks)."""
-        if self.http is None:
+        if self.outbound is None:
             return hooks.Answered()
         found = await hooks.lookup(self.engine, job.tenant_id, job.session_id, "compaction.before")
         if not found:
@@ -386,7 +398,7 @@ class Worker:
         }
         return await hooks.call(
             self.engine,
-            self.http,
+            self.outbound.hooks,
             found,
             job.tenant_id,
             job.session_id,
@@ -800,7 +812,7 @@ class WorkerPool:
         self,
         engine: AsyncEngine,
         config: WorkerConfig,
-        http: httpx.AsyncClient | None,
+        outbound: Outbound | None,
         *,
         count: int,
         grace_seconds: float,
@@ -812,7 +824,8 @@ class WorkerPool:
         self.stop = asyncio.Event()
         self.grace_seconds = grace_seconds
         self.workers = [
-            Worker(engine, config, http, name=worker_name(i), wake=self.wake) for i in range(count)
+            Worker(engine, config, outbound, name=worker_name(i), wake=self.wake)
+            for i in range(count)
         ]
         # Beside the workers: the search indexer, and what the caller adds (the
         # webhook dispatcher), each woken by its own channel.

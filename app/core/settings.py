@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -243,6 +243,30 @@ class Settings(BaseSettings):
         description="Failed attempts in a row (across deliveries) after which a webhook is "
         "disabled; any success resets the count.",
     )
+    outbound_allow: str = Field(
+        default="",
+        description="Hosts and CIDRs (comma-separated) that tenants' URLs (webhooks, hooks, "
+        "remote summarizers) may reach although they are not public: loopback, private "
+        "ranges... Link-local and cloud metadata addresses are refused all the same "
+        "(app.core.outbound).",
+    )
+    outbound_tenant_connections: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="Requests one tenant may have in flight at once per outbound purpose "
+        "(webhook deliveries, hooks, remote summarizer, upstream LLM): others wait for a "
+        "slot, outside their own timeout.",
+    )
+
+    @field_validator("outbound_allow")
+    @classmethod
+    def _outbound_allow(cls, value: str) -> str:
+        from app.core.outbound import parse_allow
+
+        parse_allow(value)  # a bad entry is refused at start, named
+        return value
+
     upstream_base_url: str | None = Field(
         default=None,
         description="The summarizer LLM's API base, e.g. https://api.openai.com/v1; unset: "

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
+from app.core.outbound import Allowance, guarded_client
 from app.core.settings import Settings
-from app.core.tls import client_context
 from app.engine.proxy_wire import Api
 from app.proxy.context import Contexts
 
@@ -118,18 +118,22 @@ class ProxyClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         s = settings
-        self._client = httpx.AsyncClient(
+        # The operator's upstreams are trusted by the outbound policy (app.core.outbound):
+        # a private address is fine, a link-local or metadata one is not.
+        self._client = guarded_client(
+            trusted=True,
+            allow=Allowance(),
             timeout=httpx.Timeout(
                 s.proxy_timeout_seconds,
                 connect=s.proxy_connect_timeout_seconds,
                 pool=s.proxy_connect_timeout_seconds,
             ),
-            # One connection per call in flight at most: each holds a request slot.
-            limits=httpx.Limits(
-                max_connections=s.max_concurrent_requests, max_keepalive_connections=32
-            ),
+            # One connection per call in flight at most: each holds a request slot (a
+            # tenant's share of them is bounded by app.core.limits' fair slots), so the
+            # pool has no call waiting for a connection.
+            max_connections=s.max_concurrent_requests,
+            max_keepalive=32,
             follow_redirects=False,
-            verify=client_context(),
             cookies=_NoCookies(),
         )
         # Parsed once: each call's request is built from them.

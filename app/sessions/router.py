@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.core.database import DbDep
 from app.core.errors import NotFound, invalid
 from app.core.openapi import link, problems
+from app.core.outbound import check_tenant_url
+from app.core.settings import Settings, SettingsDep
 from app.core.tenancy import TenantDep
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
@@ -65,9 +67,10 @@ def checked_id(session_id: str) -> str:
     responses={201: {"links": SESSION_LINKS}, **problems(409, 413, 422)},
 )
 async def create_session(
-    body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response
+    body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response, settings: SettingsDep
 ) -> SessionOut:
     """Create a session for a model; the window comes from the catalog unless given."""
+    _check_remote_endpoint(body.config, settings)
     session = await SessionService(db, tenant).create(body)
     response.headers["ETag"] = f'"{session.version}"'
     response.headers["Location"] = f"/v1/sessions/{session.id}"
@@ -112,9 +115,11 @@ async def patch_session(
     db: DbDep,
     tenant: TenantDep,
     response: Response,
+    settings: SettingsDep,
     if_match: IfMatch = None,
 ) -> SessionOut:
     """Change the model, window, config overrides or metadata."""
+    _check_remote_endpoint(body.config, settings)
     session = await SessionService(db, tenant).patch(checked_id(session_id), body, if_match)
     response.headers["ETag"] = f'"{session.version}"'
     return to_schema(session)
@@ -128,3 +133,13 @@ async def delete_session(
 ) -> None:
     """Delete a session and all of its data."""
     await SessionService(db, tenant).delete(checked_id(session_id), if_match)
+
+
+def _check_remote_endpoint(config: dict[str, Any] | None, settings: Settings) -> None:
+    """A remote endpoint the outbound policy refuses as written is a 422 now, not a
+    failed compaction later (app.core.outbound; it is checked again at every request)."""
+    compaction = (config or {}).get("compaction")
+    if isinstance(compaction, dict):
+        check_tenant_url(
+            "config.compaction.remote_endpoint", compaction.get("remote_endpoint"), settings
+        )

@@ -88,7 +88,7 @@ UPDATE webhook_delivery AS d SET next_attempt_at = now() + make_interval(secs =>
     attempts = d.attempts + 1
 FROM (
     SELECT session_id, tenant_id, id FROM webhook_delivery
-    WHERE status = 'pending' AND next_attempt_at <= now()
+    WHERE status = 'pending' AND next_attempt_at <= now() AND NOT (tenant_id = ANY($3::text[]))
     ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -112,6 +112,14 @@ _SKIPPED_SQL = """
 UPDATE webhook_delivery SET status = 'skipped', last_error = $4,
     attempts = greatest(attempts - 1, 0), next_attempt_at = now()
 WHERE session_id = $1 AND tenant_id = $2 AND id = $3
+"""
+# Claimed beyond what the tenant may send at once: back to pending, due in ``$4``
+# seconds, the claim's attempt not counted.
+_POSTPONED_SQL = """
+UPDATE webhook_delivery AS d SET attempts = greatest(d.attempts - 1, 0),
+    next_attempt_at = now() + make_interval(secs => $4)
+FROM unnest($1::text[], $2::text[], $3::uuid[]) AS r(session_id, tenant_id, id)
+WHERE d.session_id = r.session_id AND d.tenant_id = r.tenant_id AND d.id = r.id
 """
 # A pass's successes, at once.
 _SUCCEEDED_ALL_SQL = """
@@ -229,8 +237,12 @@ class Claimed:
     enabled: bool
 
 
-async def claim(driver: Driver, limit: int, lease_seconds: float) -> list[Claimed]:
-    rows = await driver.fetch(_CLAIM_SQL, limit, lease_seconds)
+async def claim(
+    driver: Driver, limit: int, lease_seconds: float, busy_tenants: list[str] | None = None
+) -> list[Claimed]:
+    """Up to ``limit`` due deliveries, leased; none of ``busy_tenants`` (they have as
+    many in flight as they may)."""
+    rows = await driver.fetch(_CLAIM_SQL, limit, lease_seconds, busy_tenants or [])
     out = []
     for row in rows:
         delivery = _delivery(row)
@@ -267,6 +279,18 @@ async def skipped(driver: Driver, delivery: DeliveryRow, why: str) -> None:
     """A claimed delivery not sent (its webhook is gone or disabled): skipped, and
     the claim's attempt not counted."""
     await driver.execute(_SKIPPED_SQL, delivery.session_id, delivery.tenant_id, delivery.id, why)
+
+
+async def postponed(driver: Driver, deliveries: list[DeliveryRow], seconds: float) -> None:
+    """Put claimed deliveries back, due in ``seconds``, their claim not counted as an
+    attempt: their tenant has as many in flight as it may."""
+    await driver.execute(
+        _POSTPONED_SQL,
+        [d.session_id for d in deliveries],
+        [d.tenant_id for d in deliveries],
+        [d.id for d in deliveries],
+        seconds,
+    )
 
 
 async def all_succeeded(driver: Driver, done: list[tuple[DeliveryRow, int]]) -> None:

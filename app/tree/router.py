@@ -75,8 +75,9 @@ async def navigate(
     the abandoned branch is summarized by the worker first (202): the leaf moves,
     with the summary after the target, once it is written; cancel the job
     (``…/compactions/{id}/cancel``) to call the navigation off."""
-    http = getattr(request.app.state, "http", None)
-    document, code, replayed = await TreeService(engine, tenant, wake, http).navigate(
+    outbound = getattr(request.app.state, "outbound", None)
+    hooks = outbound.hooks if outbound is not None else None
+    document, code, replayed = await TreeService(engine, tenant, wake, hooks).navigate(
         checked_id(session_id), body, idempotency_key=idempotency_key, if_match=if_match
     )
     return _json(document, code, replayed, ETag=f'"{document["session"]["version"]}"')

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-import httpx
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -27,6 +26,7 @@ from app.core import metrics
 from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import Conflict, NotFound, UnprocessableContent, invalid
+from app.core.outbound import Lane
 from app.engine.tree import OPEN, Prefix
 from app.engine.tree import Path as TreePath
 from app.sessions import service as sessions
@@ -134,7 +134,7 @@ class TreeService:
         engine: AsyncEngine,
         tenant_id: str,
         wake: asyncio.Event | None = None,
-        http: httpx.AsyncClient | None = None,
+        http: Lane | None = None,
     ) -> None:
         self.engine = engine
         self.tenant_id = tenant_id

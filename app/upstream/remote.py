@@ -17,7 +17,8 @@ timeout        yes        no whole answer within ``timeout_seconds``; 408
 connection     yes        refused, reset, or closed before the answer ended
 rate_limited   yes        429
 server         yes        5xx
-client         no         any other 4xx, a redirect, a URL that cannot be sent
+client         no         any other 4xx, a redirect, a URL that cannot be sent or
+                          that the outbound policy refuses (app.core.outbound)
 malformed      no         a 2xx whose body is not JSON, not an object, has no
                           string ``summary``, or is larger than
                           ``max_response_bytes``
@@ -45,6 +46,7 @@ import httpx
 import orjson
 
 from app.core import metrics
+from app.core.outbound import refused_cause
 from app.engine.overflow_errors import OverflowMatch, classify
 from app.upstream.client import (
     MAX_EXCERPT_CHARS,
@@ -172,6 +174,9 @@ async def _summarize(
             endpoint, "malformed", f"undecodable body: {_describe(exc)}", retryable=False
         ) from None
     except httpx.HTTPError as exc:
+        if (refused := refused_cause(exc)) is not None:
+            # The outbound policy's refusal (app.core.outbound): no retry reaches it.
+            raise _error(endpoint, "client", str(refused), retryable=False) from None
         # Refused, reset, closed mid-answer, a proxy's failure.
         raise _error(endpoint, "connection", _describe(exc)) from None
     status = response.status_code

@@ -26,12 +26,13 @@ import asyncio
 import logging
 import random
 import time
+from collections import defaultdict
 
-import httpx
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection, unavailable_cause
+from app.core.outbound import Lane
 from app.core.settings import Settings
 from app.store import events
 from app.store import webhooks as store
@@ -40,50 +41,108 @@ from app.upstream.client import backoff_delay
 
 log = logging.getLogger("compactd.webhooks")
 
-# Deliveries one pass sends at once.
+# Deliveries in flight at once (the webhook lane's connections: app.core.outbound).
 BATCH = 32
 EXPIRE_EVERY_SECONDS = 60.0
+# A delivery claimed while its tenant had as many in flight as it may is put back,
+# due again this much later (its claim not counted as an attempt).
+POSTPONE_SECONDS = 0.5
 
 
 class Dispatcher:
-    """The delivery loop of a worker process (see the module's docstring)."""
+    """The delivery loop of a worker process (see the module's docstring).
+
+    Deliveries are sent by the webhook lane (app.core.outbound), at most its
+    per-tenant share of them at once for one tenant: receivers of one tenant that
+    hang hold only that tenant's places, and the loop claims more as soon as any
+    delivery is done, not when a whole batch is (one hanging delivery held up all the
+    others of its batch)."""
 
     channel = events.CHANNEL
 
-    def __init__(self, engine: AsyncEngine, http: httpx.AsyncClient, settings: Settings) -> None:
+    def __init__(self, engine: AsyncEngine, lane: Lane, settings: Settings) -> None:
         self.engine = engine
-        self.http = http
+        self.lane = lane
         self.settings = settings
         self.wake = asyncio.Event()
         self.poll_seconds = settings.compaction_poll_seconds
         self._expired_at = 0.0
+        self._flying: set[asyncio.Task[None]] = set()
+        self._tenants: dict[str, int] = defaultdict(int)  # deliveries in flight per tenant
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.wake.clear()
-            try:
-                while not stop.is_set() and await self.run_once() == BATCH:
-                    pass
-                await self._expire()
-            except Exception as exc:  # the database went away, a bug: keep going later
-                if unavailable_cause(exc) is not None:
-                    log.warning("webhooks: the database is unavailable")
-                else:
-                    log.exception("webhooks: a pass failed")
-            await _wait(stop, self.wake, self.poll_seconds)
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                try:
+                    while not stop.is_set() and await self.run_once(wait=False):
+                        pass
+                    await self._expire()
+                except Exception as exc:  # the database went away, a bug: keep going later
+                    if unavailable_cause(exc) is not None:
+                        log.warning("webhooks: the database is unavailable")
+                    else:
+                        log.exception("webhooks: a pass failed")
+                await _wait(stop, self.wake, self.poll_seconds)
+        finally:
+            if self._flying:  # each ends within its timeout
+                await asyncio.wait(set(self._flying))
 
-    async def run_once(self) -> int:
-        """Send the deliveries due now (at most :data:`BATCH`); how many were due."""
+    async def run_once(self, *, wait: bool = True) -> int:
+        """Claim the deliveries due now that this dispatcher has room for, and send
+        them (``wait``: until they are done, else in the background); how many were
+        claimed and sent."""
+        room = BATCH - sum(self._tenants.values())
+        if room <= 0:
+            return 0
+        per_tenant = self.lane.per_tenant
+        busy = [t for t, n in self._tenants.items() if n >= per_tenant]
         lease = self.settings.webhook_timeout_seconds * 2 + 5
         async with driver_connection(self.engine) as driver, driver.transaction():
-            claimed = await store.claim(driver, BATCH, lease)
-        if claimed:
-            answered = await asyncio.gather(*(self._send(c) for c in claimed))
+            claimed = await store.claim(driver, room, lease, busy)
+        groups: dict[str, list[store.Claimed]] = defaultdict(list)
+        later: list[store.DeliveryRow] = []
+        for c in claimed:
+            tenant = c.delivery.tenant_id
+            if self._tenants[tenant] + len(groups[tenant]) >= per_tenant:
+                later.append(c.delivery)
+            else:
+                groups[tenant].append(c)
+        for tenant in [t for t, n in self._tenants.items() if n == 0]:
+            del self._tenants[tenant]
+        if later:
+            async with driver_connection(self.engine) as driver:
+                await store.postponed(driver, later, POSTPONE_SECONDS)
+            self._later(POSTPONE_SECONDS)
+        started = []
+        for tenant, group in groups.items():
+            if not group:
+                continue
+            self._tenants[tenant] += len(group)
+            task = asyncio.ensure_future(self._send_group(tenant, group))
+            self._flying.add(task)
+            task.add_done_callback(self._flying.discard)
+            started.append(task)
+        if wait and started:
+            await asyncio.gather(*started)
+        return len(claimed) - len(later)
+
+    async def _send_group(self, tenant: str, group: list[store.Claimed]) -> None:
+        """One tenant's deliveries of a claim; their successes recorded together."""
+        try:
+            answered = await asyncio.gather(*(self._send(c) for c in group))
             done = [a for a in answered if a is not None]
             if done:
                 async with driver_connection(self.engine) as driver, driver.transaction():
                     await store.all_succeeded(driver, done)
-        return len(claimed)
+        except Exception as exc:
+            if unavailable_cause(exc) is not None:
+                log.warning("webhooks: the database is unavailable")
+            else:
+                log.exception("webhooks: a delivery failed")
+        finally:
+            self._tenants[tenant] -= len(group)
+            self.wake.set()  # room for more
 
     async def _send(self, claimed: store.Claimed) -> tuple[store.DeliveryRow, int] | None:
         """Send one delivery. A success comes back, recorded with the pass's others; a
@@ -95,14 +154,16 @@ class Dispatcher:
                 await store.skipped(driver, delivery, why)
             return None
         body = orjson.dumps(delivery.payload)
-        sent = await signing.post(
-            self.http,
-            claimed.url,
-            claimed.secret,
-            delivery.event_id,
-            body,
-            self.settings.webhook_timeout_seconds,
-        )
+        # The place is taken before the delivery's own timeout starts (app.core.outbound).
+        async with self.lane.slot(delivery.tenant_id) as http:
+            sent = await signing.post(
+                http,
+                claimed.url,
+                claimed.secret,
+                delivery.event_id,
+                body,
+                self.settings.webhook_timeout_seconds,
+            )
         if sent.ok and sent.status is not None:
             return delivery, sent.status
         settings = self.settings

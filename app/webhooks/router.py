@@ -9,6 +9,8 @@ from fastapi import APIRouter, Query, Response, status
 
 from app.core.database import EngineDep
 from app.core.openapi import problems
+from app.core.outbound import check_tenant_url
+from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.webhooks.schemas import (
     DeliveryOut,
@@ -26,10 +28,12 @@ router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=problems(409, 422))
 async def create_webhook(
-    body: WebhookCreate, engine: EngineDep, tenant: TenantDep
+    body: WebhookCreate, engine: EngineDep, tenant: TenantDep, settings: SettingsDep
 ) -> WebhookCreated:
     """Subscribe a URL to the tenant's events (or make it a blocking hook). The answer
-    holds the signing secret, shown this once."""
+    holds the signing secret, shown this once. A URL that reaches no public address
+    is refused unless the operator allows it (COMPACTD_OUTBOUND_ALLOW; docs/security.md)."""
+    check_tenant_url("url", body.url, settings)
     return await WebhookService(engine, tenant).create(body)
 
 

@@ -8,7 +8,9 @@ import httpx
 
 from app.compactions.summarizer import Backoff
 from app.compactions.worker import Worker, WorkerConfig
+from app.core.outbound import Outbound
 from app.upstream.client import UpstreamConfig
+from tests.conftest import TEST_SETTINGS
 from tests.upstream_server import Upstream
 
 
@@ -41,7 +43,7 @@ def worker_config(
 
 async def drain(app: Any, config: WorkerConfig | None = None, *, limit: int = 100) -> int:
     """Run a real worker until no job is due; the jobs it ran."""
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         worker = Worker(app.state.engine, config or worker_config(), http)
         done = 0
         while done < limit and await worker.run_once():

@@ -11,6 +11,7 @@ import httpx
 
 from app.compactions.repository import CHANNEL
 from app.compactions.worker import WorkerPool
+from app.core.outbound import Outbound
 from app.engine.compaction import capped_files
 from app.engine.fileops import FileOps
 from tests import postgres
@@ -22,7 +23,7 @@ from tests.compactions.helpers import (
     worker_config,
 )
 from tests.compactions.worker_support import SUMMARY
-from tests.conftest import make_session
+from tests.conftest import TEST_SETTINGS, make_session
 from tests.helpers import append_ok, get_session, history
 from tests.upstream_server import Hang, Reply, Upstream
 
@@ -194,7 +195,7 @@ async def test_shutdown_gives_the_job_in_hand_back_to_the_queue(
     upstream.script([Hang(30)])
     r = await client.post("/v1/sessions/g/compactions", json={})
     job_id = r.json()["id"]
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         pool = WorkerPool(
             app.state.engine, worker_config(upstream), http, count=1, grace_seconds=0.2
         )

@@ -15,6 +15,7 @@ import httpx
 from app.compactions.pivot import Prepared, prepare
 from app.compactions.summarizer import Backoff, Llm, Summarized, summarize
 from app.core.database import driver_connection
+from app.core.outbound import Outbound
 from app.core.tenancy import DEFAULT_TENANT
 from app.engine.extractive import CONTEXT_HEADING, HEADINGS
 from app.engine.summary import SPLIT_TURN_SEPARATOR
@@ -23,6 +24,7 @@ from app.sessions import service as sessions
 from app.store.session_row import read_state
 from app.upstream.client import UpstreamConfig
 from tests.compactions.worker_support import SHORT, SUMMARY, prompt_of, seeded, system_of
+from tests.conftest import TEST_SETTINGS
 from tests.upstream_server import Reply, Status, Upstream
 
 HOOK_PROMPT = "Summarize the conversation as a list of at most five bullets, each naming a file."
@@ -57,13 +59,13 @@ async def _summarize(
     context: Sequence[str] = (),
     **kw: Any,
 ) -> Summarized:
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         llm = None
         if upstream is not None:
             config = UpstreamConfig(
                 api="openai", base_url=upstream.url, timeout_seconds=5.0, api_key="sk-test"
             )
-            llm = Llm(http=http, config=config, model="summarizer-mini")
+            llm = Llm(lane=http.summarizer, config=config, model="summarizer-mini")
         return await summarize(
             prepared.plan,
             previous_summary=previous,

@@ -23,6 +23,7 @@ from app.compactions.repository import CompactionRepository
 from app.compactions.summarizer import extractive
 from app.compactions.worker import LeaseLost, Worker
 from app.core.database import driver_connection
+from app.core.outbound import Outbound
 from app.core.settings import Settings
 from app.engine.summary import SPLIT_TURN_SEPARATOR, strip_file_tags, strip_user_requests
 from tests.compactions.helpers import compaction, conversation, drain, worker_config
@@ -39,7 +40,7 @@ from tests.compactions.worker_support import (
     request_compaction,
     seeded,
 )
-from tests.conftest import make_session
+from tests.conftest import TEST_SETTINGS, make_session
 from tests.helpers import append_ok, get_session
 from tests.upstream_server import Hang, Reply, Status, Upstream
 
@@ -69,7 +70,7 @@ async def test_cancel_while_the_upstream_call_runs_never_commits(
     before = await get_session(client, sid)
     config = worker_config(upstream, lease_seconds=0.6, timeout_seconds=30)
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         worker = Worker(app.state.engine, config, http, name="cancel-test")
         run = asyncio.create_task(worker.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)  # the call is in flight
@@ -147,7 +148,7 @@ async def test_two_workers_commit_every_job_exactly_once(
             done += 1
         return done
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         one = Worker(app.state.engine, config, http, name="racer-1")
         two = Worker(app.state.engine, config, http, name="racer-2")
         counts = await asyncio.gather(drain_with(one), drain_with(two))
@@ -198,7 +199,7 @@ async def test_an_expired_lease_is_claimed_again_and_the_stale_claim_cannot_comm
     assert stale.attempts == 1
     assert stale.lease_owner == "dead-worker"
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         dead = Worker(engine, config, http, name="dead-worker")
         # The dead worker had planned and summarized before it stalled.
         loaded = await dead._prepare(stale)
@@ -248,7 +249,7 @@ async def test_a_live_worker_that_lost_its_lease_stops_without_committing(
     upstream.script([Hang(30, then=Reply(SUMMARY))])
     slow_config = worker_config(upstream, lease_seconds=0.9, timeout_seconds=30)
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         slow = Worker(engine, slow_config, http, name="slow-worker")
         run = asyncio.create_task(slow.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)
@@ -383,7 +384,7 @@ async def test_heartbeats_keep_a_slow_call_its_job(
     upstream.script([Hang(2.0, then=Reply(SUMMARY)), Reply(SHORT)])
     config = worker_config(upstream, lease_seconds=0.9, timeout_seconds=10)
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         slow = Worker(app.state.engine, config, http, name="slow-but-alive")
         run = asyncio.create_task(slow.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)
@@ -409,7 +410,7 @@ async def test_messages_appended_during_the_call_stay_after_the_cut(
     job = await request_compaction(client, sid)
     upstream.script([Hang(0.5, then=Reply(SUMMARY)), Reply(SHORT)])
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         worker = Worker(app.state.engine, worker_config(upstream), http, name="busy")
         run = asyncio.create_task(worker.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)
@@ -451,7 +452,7 @@ async def test_an_emergency_compaction_during_the_call_makes_the_job_plan_again(
     job = await request_compaction(client, sid)
     upstream.script([Hang(0.6, then=Reply(SUMMARY)), Reply(SHORT)])
 
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         worker = Worker(app.state.engine, worker_config(upstream), http, name="overtaken")
         run = asyncio.create_task(worker.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)
@@ -497,7 +498,7 @@ async def test_a_session_deleted_during_the_call_ends_its_job_quietly(
     sid = await seeded(client, 12)
     await request_compaction(client, sid)
     upstream.script([Hang(0.5, then=Reply(SUMMARY)), Reply(SHORT)])
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         worker = Worker(app.state.engine, worker_config(upstream), http, name="orphaned")
         run = asyncio.create_task(worker.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)
@@ -518,7 +519,7 @@ async def test_a_cancel_that_meets_a_retryable_failure_still_cancels(
     # The cancel lands between two heartbeats; then the upstream asks to retry in 30 s.
     upstream.script([Hang(0.6, then=Status(429, headers={"Retry-After": "30"}))])
     config = worker_config(upstream, lease_seconds=30)
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         worker = Worker(app.state.engine, config, http, name="cancelled-then-429")
         run = asyncio.create_task(worker.run_once())
         await asyncio.to_thread(upstream.wait_for, 1)

@@ -17,10 +17,11 @@ import pytest
 from sqlalchemy import make_url
 
 from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
+from app.core.outbound import Outbound
 from app.main import create_app
 from tests.compactions.helpers import compaction, conversation, drain
 from tests.compactions.worker_support import request_compaction
-from tests.conftest import make_session
+from tests.conftest import TEST_SETTINGS, make_session
 from tests.e2e.server import running
 from tests.events.sse import open_stream
 from tests.helpers import append, append_ok, assert_problem, get_session, history, tool_call
@@ -158,7 +159,7 @@ async def test_the_workers_and_the_indexer_wake_on_notify_over_the_direct_connec
     assert make_url(listen_dsn(app.state.engine)).port != pgbouncer.port
     # A poll far longer than the test waits: only a NOTIFY can start the work.
     config = WorkerConfig(poll_seconds=600.0)
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         pool = WorkerPool(app.state.engine, config, http, count=1, grace_seconds=5)
         pool.start()
         try:

@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from app.compactions.worker import WorkerConfig, WorkerPool
+from app.core.outbound import Outbound
 from app.engine.search_text import APPEND_CHARS
 from app.store import search_index as indexer
 from tests import postgres
-from tests.conftest import make_session
+from tests.conftest import TEST_SETTINGS, make_session
 from tests.helpers import append_ok
 from tests.recall.support import MANUAL, search, searchable
 
@@ -112,7 +113,7 @@ async def test_a_worker_process_indexes_what_an_append_left_without_a_poll(
 ) -> None:
     # A poll far longer than the test waits: only the append's wake-up can start it.
     config = WorkerConfig(poll_seconds=600.0)
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         pool = WorkerPool(app.state.engine, config, http, count=1, grace_seconds=5)
         pool.start()
         try:

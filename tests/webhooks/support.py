@@ -14,6 +14,7 @@ import httpx
 import orjson
 
 from app.core.database import driver_connection
+from app.core.outbound import Outbound
 from app.core.settings import Settings
 from app.webhooks.dispatcher import Dispatcher
 from tests.conftest import TEST_SETTINGS
@@ -63,8 +64,8 @@ async def dispatch(app: Any, settings: Settings = FAST, *, within: float = 20.0)
     due); the attempts it made."""
     deadline = time.monotonic() + within
     made = 0
-    async with httpx.AsyncClient() as http:
-        dispatcher = Dispatcher(app.state.engine, http, settings)
+    async with Outbound(settings) as http:
+        dispatcher = Dispatcher(app.state.engine, http.webhooks, settings)
         while True:
             made += await dispatcher.run_once()
             if await pending(app) == 0:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from app.compactions.worker import Worker
+from app.core.outbound import Outbound
 from app.engine.branch_summary import PREAMBLE
 from app.prompts import load_prompt
 from tests.compactions.helpers import compaction, drain, worker_config
@@ -28,7 +29,7 @@ from tests.compactions.worker_support import (
     request_compaction,
     seeded,
 )
-from tests.conftest import make_session
+from tests.conftest import TEST_SETTINGS, make_session
 from tests.helpers import append_ok, assert_problem, get_session
 from tests.upstream_server import Reply, Upstream
 from tests.webhooks.receiver import Answer, Hang, Inbox
@@ -538,7 +539,7 @@ async def test_a_slow_hook_keeps_the_job_s_lease(
     inbox.always("slow", Hang(1.2, Answer(200, {})))
     sid = await seeded(client, 12)
     job = await request_compaction(client, sid, summarizer="extractive")
-    async with httpx.AsyncClient() as http:
+    async with Outbound(TEST_SETTINGS) as http:
         first = Worker(app.state.engine, worker_config(lease_seconds=0.6), http)
         second = Worker(app.state.engine, worker_config(lease_seconds=0.6), http)
         running = asyncio.ensure_future(first.run_once())

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from app.core.outbound import Outbound
 from app.core.settings import Settings
 from app.upstream import signing
 from app.webhooks.dispatcher import Dispatcher
@@ -58,8 +59,8 @@ async def test_retried_after_a_500_and_a_timeout_then_delivered(
     inbox.script("w", [Answer(500, {"error": "busy"}), Hang(5), Answer(204, None)])
     made = await create_webhook(client, url=inbox.url("w"))
     await _test(client, made)
-    async with httpx.AsyncClient() as http:
-        dispatcher = Dispatcher(app.state.engine, http, settings)
+    async with Outbound(settings) as http:
+        dispatcher = Dispatcher(app.state.engine, http.webhooks, settings)
 
         await _attempt(dispatcher)
         first = await _one(client, made)
@@ -215,8 +216,8 @@ async def test_a_slow_receiver_does_not_hold_the_others(
     quick = await create_webhook(client, url=inbox.url("quick"))
     await _test(client, slow)
     await _test(client, quick)
-    async with httpx.AsyncClient() as http:
-        dispatcher = Dispatcher(app.state.engine, http, settings)
+    async with Outbound(settings) as http:
+        dispatcher = Dispatcher(app.state.engine, http.webhooks, settings)
         task = asyncio.ensure_future(dispatcher.run_once())
         await inbox.wait_for(1, "quick", within=0.8)  # sent beside the slow one
         assert not task.done()
@@ -261,8 +262,8 @@ async def test_old_events_and_finished_deliveries_expire_pending_ones_stay(
         webhook_backoff_base_seconds=3600,
         webhook_backoff_cap_seconds=3600,
     )
-    async with httpx.AsyncClient() as http:
-        dispatcher = Dispatcher(app.state.engine, http, settings)
+    async with Outbound(settings) as http:
+        dispatcher = Dispatcher(app.state.engine, http.webhooks, settings)
         assert await dispatcher.run_once() == 2
         await asyncio.sleep(0.6)
         stop = asyncio.Event()
