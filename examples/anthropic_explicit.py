@@ -5,7 +5,9 @@ model with it, report the usage the SDK returned, and append the reply.
 
     ANTHROPIC_API_KEY=sk-ant-... python examples/anthropic_explicit.py "What does this project do?"
 
-The SDK calls the provider itself (ANTHROPIC_BASE_URL, else Anthropic's API). Settings:
+The SDK calls the provider itself (ANTHROPIC_BASE_URL, else Anthropic's API); without
+ANTHROPIC_API_KEY it calls the scripted demo model of examples/_upstream.py instead,
+which it starts on a free port of 127.0.0.1. Settings:
 ANTHROPIC_MODEL (default claude-sonnet-4-6), COMPACTD_URL (default
 http://127.0.0.1:8080), COMPACTD_API_KEY (when compactd has keys), COMPACTD_SESSION
 (default: a new one).
@@ -21,9 +23,10 @@ from typing import Any, cast
 
 from anthropic import Anthropic, omit
 from anthropic.types import MessageParam, TextBlockParam, ToolParam
-from compactd_client import Compactd
+from compactd_client import Compactd, CompactdConnectionError, ProblemError
 
 MODEL = os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-6")
+COMPACTD_URL = os.environ.get("COMPACTD_URL", "http://127.0.0.1:8080").rstrip("/")
 MAX_STEPS = 20
 MAX_TOKENS = 4096
 ROOT = Path.cwd().resolve()
@@ -87,8 +90,15 @@ def main() -> None:
     if len(sys.argv) < 2:
         sys.exit(f"usage: {sys.argv[0]} TASK")
     task = " ".join(sys.argv[1:])
-    llm = Anthropic()  # ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL
-    with Compactd() as compactd:  # COMPACTD_URL, COMPACTD_API_KEY
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        llm = Anthropic()  # ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL
+    else:  # no key: the scripted demo model, on a free port
+        from _upstream import start
+
+        _, demo = start()
+        print(f"[no ANTHROPIC_API_KEY: the scripted demo model at {demo}]", file=sys.stderr)
+        llm = Anthropic(api_key="demo", base_url=demo)
+    with Compactd(COMPACTD_URL) as compactd:  # and COMPACTD_API_KEY
         session_id = (
             os.environ.get("COMPACTD_SESSION") or f"anthropic-explicit-{uuid.uuid4().hex[:8]}"
         )
@@ -137,5 +147,21 @@ def main() -> None:
     sys.exit(f"no answer after {MAX_STEPS} steps")
 
 
+def _main() -> None:
+    """``main``, with compactd's refusals and absence said in one line, not a traceback."""
+    try:
+        main()
+    except ProblemError as exc:
+        if exc.status != 401:
+            raise
+        sys.exit(
+            f"compactd at {COMPACTD_URL} refused the request (401: {exc.detail}): set "
+            "COMPACTD_API_KEY to a key (`compactd keys create --tenant default`), or delete "
+            "the keys to go back to open mode (docs/security.md)"
+        )
+    except CompactdConnectionError as exc:
+        sys.exit(f"cannot reach compactd at {COMPACTD_URL} ({exc}): is it running (`make run`)?")
+
+
 if __name__ == "__main__":
-    main()
+    _main()

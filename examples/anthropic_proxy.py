@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anthropic
 from anthropic import Anthropic
 from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam
 
@@ -92,7 +93,10 @@ def main() -> None:
     headers = {"X-Compactd-Session": session_id}
     if os.environ.get("COMPACTD_API_KEY"):  # a compactd with keys wants one
         headers["X-Compactd-Key"] = os.environ["COMPACTD_API_KEY"]
-    llm = Anthropic(  # ANTHROPIC_API_KEY
+    llm = Anthropic(
+        # Without a key of its own, any will do for the scripted demo model
+        # (examples/_upstream.py) compactd may be pointed at.
+        api_key=os.environ.get("ANTHROPIC_API_KEY") or "demo",
         base_url=f"{COMPACTD_URL}/proxy/anthropic",
         default_headers=headers,
     )
@@ -115,5 +119,20 @@ def main() -> None:
     sys.exit(f"no answer after {MAX_STEPS} steps")
 
 
+def _main() -> None:
+    """``main``, with compactd's refusals and absence said in one line, not a traceback."""
+    try:
+        main()
+    except anthropic.AuthenticationError as exc:
+        sys.exit(
+            f"401 through compactd's proxy at {COMPACTD_URL}: {exc.message}. If compactd has "
+            "keys, set COMPACTD_API_KEY to one (or delete them to go back to open mode: "
+            "docs/security.md); else the provider refused the key (without one, point "
+            "compactd at examples/_upstream.py: examples/README.md)"
+        )
+    except anthropic.APIConnectionError:
+        sys.exit(f"cannot reach compactd at {COMPACTD_URL}: is it running (`make run`)?")
+
+
 if __name__ == "__main__":
-    main()
+    _main()

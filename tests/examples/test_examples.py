@@ -1,9 +1,12 @@
 """The example agent loops (examples/) run as a user runs them (examples/README.md,
-"Without a key"): each is a subprocess, against a live compactd (uvicorn, its proxy
-pointed at the scripted provider) and the scripted provider in its demo mode, itself
-started as ``python -m tests.upstream_server --port N``. Each must finish its task
-(exit 0, the demo model's answer printed) and leave the conversation stored in
-compactd: the task, the tool call, the tool's real output paired with it, the answer.
+"Without a key"): each is a subprocess, with no provider key in its environment,
+against a live compactd (uvicorn) named by COMPACTD_URL. The explicit examples start
+their own scripted demo model (examples/_upstream.py, on a free port); the proxy
+examples reach the one compactd's proxy is pointed at, started as a user starts it
+(``python examples/_upstream.py --port N``). Each must finish its task (exit 0, the demo
+model's answer printed) and leave the conversation stored in compactd: the task, the
+tool call, the tool's real output paired with it, the answer. With API keys on, each
+says so in one line (no traceback), and runs with COMPACTD_API_KEY.
 """
 
 from __future__ import annotations
@@ -18,28 +21,32 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from compactd_client import Compactd
 
 from app.core.settings import Settings
+from app.keys import repository
 from app.main import create_app
+from tests import postgres
 from tests.e2e.server import free_port, running
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TASK = "What is in this project?"
 SYSTEM_START = "You are a coding agent working in the current directory."
-# What the demo model answers once a tool's result is back (tests/upstream_server.py).
+# What the demo model answers once a tool's result is back (examples/_upstream.py).
 DEMO_DONE = "the task is done"
+ALL = ["openai_proxy.py", "anthropic_proxy.py", "openai_explicit.py", "anthropic_explicit.py"]
 
 
 @pytest.fixture(scope="module")
 def provider() -> Iterator[str]:
-    """The scripted provider in demo mode, in a process of its own; its base URL."""
+    """The examples' scripted demo model, in a process of its own; its base URL."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.upstream_server", "--port", str(port)],
-        cwd=ROOT,
+        [sys.executable, str(EXAMPLES / "_upstream.py"), "--port", str(port)],
+        cwd="/",  # it needs nothing of the repository but its own file
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -79,6 +86,17 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def example_env(**extra: str) -> dict[str, str]:
+    """The user's environment without any provider or compactd setting, plus ``extra``;
+    the tests' own package is not on the path (the examples must not need it)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COMPACTD_", "OPENAI_", "ANTHROPIC_")) and k != "PYTHONPATH"
+    }
+    return env | extra
+
+
 def run_example(name: str, project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     started = time.monotonic()
     result = subprocess.run(
@@ -95,30 +113,18 @@ def run_example(name: str, project: Path, env: dict[str, str]) -> subprocess.Com
     return result
 
 
-@pytest.mark.parametrize(
-    "name", ["openai_proxy.py", "anthropic_proxy.py", "openai_explicit.py", "anthropic_explicit.py"]
-)
+@pytest.mark.parametrize("name", ALL)
 def test_the_example_finishes_its_task_and_compactd_holds_the_conversation(
-    name: str, compactd_url: str, provider: str, project: Path
+    name: str, compactd_url: str, project: Path
 ) -> None:
     session_id = f"example-{name.removesuffix('.py').replace('_', '-')}"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("COMPACTD_", "OPENAI_", "ANTHROPIC_"))
-    }
-    env |= {
-        "COMPACTD_URL": compactd_url,
-        "COMPACTD_SESSION": session_id,
-        "OPENAI_API_KEY": "demo",
-        "OPENAI_BASE_URL": f"{provider}/v1",
-        "ANTHROPIC_API_KEY": "demo",
-        "ANTHROPIC_BASE_URL": provider,
-    }
+    env = example_env(COMPACTD_URL=compactd_url, COMPACTD_SESSION=session_id)
     result = run_example(name, project, env)
     assert result.returncode == 0, result.stderr
     assert DEMO_DONE in result.stdout
     assert f"[compactd session {session_id}]" in result.stderr
+    if "explicit" in name:  # its own demo model, on a free port of loopback
+        assert "the scripted demo model at http://127.0.0.1:" in result.stderr
     assert "> list_files(" in result.stderr
 
     with Compactd(compactd_url) as compactd:
@@ -147,3 +153,45 @@ def text_of(message: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content)
+
+
+async def _create_key(db_url: str) -> str:
+    conn = await asyncpg.connect(postgres.asyncpg_dsn(db_url))
+    try:
+        return (await repository.create(conn, "default", "examples"))[1]
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def api_key(db_url: str) -> str:
+    """compactd has a key (as after docs/security.md's `keys create`)."""
+    return await _create_key(db_url)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_with_keys_on_the_example_says_so_in_one_line_then_runs_with_its_key(
+    name: str, api_key: str, compactd_url: str, project: Path
+) -> None:
+    """Before: a traceback (compactd_client.ProblemError, openai.AuthenticationError)."""
+    refused = run_example(name, project, example_env(COMPACTD_URL=compactd_url))
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    for needed in ("401", "COMPACTD_API_KEY", "docs/security.md"):
+        assert needed in last, last
+    assert compactd_url in last
+
+    keyed = example_env(COMPACTD_URL=compactd_url, COMPACTD_API_KEY=api_key)
+    result = run_example(name, project, keyed)
+    assert result.returncode == 0, result.stderr
+    assert DEMO_DONE in result.stdout
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_without_compactd_the_example_says_so_in_one_line(name: str, project: Path) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    result = run_example(name, project, example_env(COMPACTD_URL=nobody))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"cannot reach compactd at {nobody}" in result.stderr.strip().splitlines()[-1]
