@@ -116,7 +116,7 @@ def parse_allow(value: str) -> Allowance:
     for entry in re.split(r"[,\s]+", value.strip()):
         if not entry:
             continue
-        text = entry.strip("[]")
+        text = entry.replace("[", "").replace("]", "")  # [fd12::]/16 as well
         try:
             networks.append(ipaddress.ip_network(text, strict=False))
             continue

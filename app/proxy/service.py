@@ -82,6 +82,7 @@ from app.core.errors import (
     UnprocessableContent,
 )
 from app.core.http import run_sized
+from app.core.outbound import redact_url
 from app.core.settings import Settings
 from app.engine import catalog, overflow_errors, provider_usage, proxy_recall
 from app.engine.model import Entry, InvalidMessage
@@ -690,13 +691,15 @@ class ProxyService:
         try:
             return await self.http.send(upstream, stream=True)
         except httpx.TimeoutException:
+            # The URL as shown has no credential (a user:password@ or a key= the operator
+            # put in it): the answer goes to any agent.
             raise GatewayTimeout(
-                f"the upstream ({url}) did not answer within "
+                f"the upstream ({redact_url(url)}) did not answer within "
                 f"{self.settings.proxy_timeout_seconds:g} s"
             ) from None
         except httpx.HTTPError as exc:
             raise BadGateway(
-                f"the upstream ({url}) could not be reached: {type(exc).__name__}"
+                f"the upstream ({redact_url(url)}) could not be reached: {type(exc).__name__}"
             ) from None
 
     async def _exchange(
