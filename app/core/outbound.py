@@ -177,7 +177,7 @@ def check_tenant_url(field: str, url: object, settings: Settings) -> None:
     policy refuses it as written (see :func:`url_refusal`)."""
     if not isinstance(url, str):
         return  # the body's own validation says what is wrong
-    why = url_refusal(url, allowance(settings.outbound_allow))
+    why = url_refusal(url, allowance(settings.outbound_allow or ""))
     if why is not None:
         raise invalid(field, why)
 
@@ -372,7 +372,7 @@ class Outbound:
     made at start-up, closed at shutdown."""
 
     def __init__(self, settings: Settings) -> None:
-        allow = allowance(settings.outbound_allow)
+        allow = allowance(settings.outbound_allow or "")
         per_tenant = settings.outbound_tenant_connections
         self.allow = allow
 

@@ -243,8 +243,8 @@ class Settings(BaseSettings):
         description="Failed attempts in a row (across deliveries) after which a webhook is "
         "disabled; any success resets the count.",
     )
-    outbound_allow: str = Field(
-        default="",
+    outbound_allow: str | None = Field(
+        default=None,
         description="Hosts and CIDRs (comma-separated) that tenants' URLs (webhooks, hooks, "
         "remote summarizers) may reach although they are not public: loopback, private "
         "ranges... Link-local and cloud metadata addresses are refused all the same "
@@ -261,10 +261,10 @@ class Settings(BaseSettings):
 
     @field_validator("outbound_allow")
     @classmethod
-    def _outbound_allow(cls, value: str) -> str:
+    def _outbound_allow(cls, value: str | None) -> str | None:
         from app.core.outbound import parse_allow
 
-        parse_allow(value)  # a bad entry is refused at start, named
+        parse_allow(value or "")  # a bad entry is refused at start, named
         return value
 
     upstream_base_url: str | None = Field(
