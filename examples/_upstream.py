@@ -49,7 +49,8 @@ def _first_tool(api: str, tools: Any) -> tuple[str, dict[str, Any]] | None:
         return None
     tool = tools[0]
     if api == "openai":
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        fn: dict[str, Any] = function if isinstance(function, dict) else tool
         name, schema = fn.get("name"), fn.get("parameters")
     else:
         name, schema = tool.get("name"), tool.get("input_schema")
