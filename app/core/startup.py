@@ -152,6 +152,8 @@ class StartupFacts:
     keyed: bool
     loopback: bool
     workers: int = 1  # server processes (serve --workers)
+    proxy: tuple[tuple[str, str], ...] = ()  # (API, upstream URL without credentials)
+    warnings: tuple[str, ...] = ()  # e.g. a COMPACTD_ variable that is not a setting
 
 
 def base_url(host: str, port: int) -> str:
@@ -180,8 +182,11 @@ def banner(facts: StartupFacts) -> str:
         ("access", access),
         ("API docs", f"{url}/docs"),
     ]
+    if facts.proxy:
+        rows.insert(3, ("proxy", ", ".join(f"{api} -> {up}" for api, up in facts.proxy)))
     if facts.workers > 1:
         rows.insert(0, ("processes", f"{facts.workers} server processes on one port"))
+    rows += [("warning", warning) for warning in facts.warnings]
     lines = ["", f"  compactd {facts.version} is serving on {url}"]
     lines += [f"  {name:<11} {value}" for name, value in rows]
     lines += ["  Press Ctrl-C to stop.", ""]

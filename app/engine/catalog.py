@@ -4,19 +4,26 @@ Lookup is by longest matching prefix of the model name, after dropping a
 provider prefix (``openai/``, ``anthropic/``, ``bedrock/…``) and lower-casing,
 so dated snapshots (``claude-sonnet-4-20250514``) and provider spellings
 (``openrouter/anthropic/claude-sonnet-4``) find their family. Unknown models
-get a 128,000-token window.
+get a 128,000-token window, or the operator's default.
+
+An operator's overrides (:class:`Catalog`, built from a file by the service:
+``COMPACTD_MODEL_CATALOG``) come first: windows and output caps per model name
+or name prefix, matched the same way, longest prefix first. They are data here;
+the engine reads no file.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.engine.tokens import EncodingName
 
 UNKNOWN_CONTEXT_WINDOW = 128_000
 UNKNOWN_MAX_OUTPUT = 16_384
+MAX_WINDOW = 100_000_000  # as a session's own context_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +143,110 @@ def normalize(model: str) -> str:
     )
 
 
-@functools.lru_cache(maxsize=1024)
-def lookup(model: str) -> ModelSpec:
-    """The catalog entry for ``model``, or the 128k default for an unknown one.
-    Remembered (a few times per request, a scan of the catalog each)."""
-    name = normalize(model)
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's entry: the window (and output cap, input limit) of the models
+    whose normalized name starts with ``prefix``."""
+
+    prefix: str
+    context_window: int
+    max_output_tokens: int | None = None
+    input_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The operator's additions to the built-in catalog: ``overrides`` (longest
+    prefix first, see :func:`parse_overrides`) win over the built-in entries, and
+    ``default_context_window`` is the window of a model found in neither."""
+
+    overrides: tuple[Override, ...] = ()
+    default_context_window: int = UNKNOWN_CONTEXT_WINDOW
+
+
+BUILT_IN = Catalog()
+
+_OVERRIDE_FIELDS = ("context_window", "max_output_tokens", "input_limit")
+
+
+def _count(entry: str, field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WINDOW:
+        raise ValueError(
+            f"{entry}: {field} must be a whole number of tokens from 1 to {MAX_WINDOW}"
+        )
+    return value
+
+
+def parse_overrides(data: object) -> tuple[Override, ...]:
+    """Overrides from a mapping of model name or prefix to ``{"context_window": n,
+    "max_output_tokens": m, "input_limit": k}`` (the last two optional), as a JSON
+    or TOML file holds them. Raises ValueError naming the first bad entry."""
+    if not isinstance(data, Mapping):
+        raise ValueError("the catalog must map model names (or prefixes) to their windows")
+    found: dict[str, Override] = {}
+    for key, spec in data.items():
+        entry = repr(key)
+        prefix = normalize(key) if isinstance(key, str) else ""
+        if not prefix:
+            raise ValueError(f"{entry}: not a model name")
+        if prefix in found:
+            raise ValueError(f"{entry}: names the same models as another entry ({prefix!r})")
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"{entry}: expected a table such as {{context_window = 8192}}")
+        unknown = sorted(str(k) for k in spec if k not in _OVERRIDE_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"{entry}: unknown field {unknown[0]!r} (known: {', '.join(_OVERRIDE_FIELDS)})"
+            )
+        if "context_window" not in spec:
+            raise ValueError(f"{entry}: context_window is required")
+        window = _count(entry, "context_window", spec["context_window"])
+        max_output = spec.get("max_output_tokens")
+        if max_output is not None:
+            max_output = _count(entry, "max_output_tokens", max_output)
+            if max_output >= window:
+                raise ValueError(f"{entry}: max_output_tokens must be smaller than context_window")
+        input_limit = spec.get("input_limit")
+        if input_limit is not None:
+            input_limit = _count(entry, "input_limit", input_limit)
+            if input_limit > window:
+                raise ValueError(f"{entry}: input_limit must not exceed context_window")
+        found[prefix] = Override(prefix, window, max_output, input_limit)
+    return tuple(sorted(found.values(), key=lambda o: len(o.prefix), reverse=True))
+
+
+def unknown_max_output(context_window: int) -> int:
+    """The output cap assumed for a window whose model's cap is unknown: 16,384,
+    or a quarter of a smaller window (an 8k model keeps most of it for input)."""
+    return max(1, min(UNKNOWN_MAX_OUTPUT, context_window // 4))
+
+
+def _built_in(name: str) -> ModelSpec | None:
     for prefix, window, max_output, input_limit, encoding in _CATALOG:
         if name.startswith(prefix):
             return ModelSpec(window, max_output, input_limit, encoding)
-    return ModelSpec(UNKNOWN_CONTEXT_WINDOW, UNKNOWN_MAX_OUTPUT, None, "o200k_base", known=False)
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def lookup(model: str, catalog: Catalog = BUILT_IN) -> ModelSpec:
+    """The catalog entry for ``model``: the operator's override when one matches,
+    else the built-in entry, else the default window (``known`` False).
+    Remembered (a few times per request, a scan of the catalog each)."""
+    name = normalize(model)
+    built_in = _built_in(name)
+    for override in catalog.overrides:
+        if name.startswith(override.prefix):
+            window = override.context_window
+            max_output = override.max_output_tokens
+            if max_output is None:
+                if built_in is not None and built_in.max_output_tokens < window:
+                    max_output = built_in.max_output_tokens
+                else:
+                    max_output = unknown_max_output(window)
+            encoding = built_in.encoding if built_in is not None else "o200k_base"
+            return ModelSpec(window, max_output, override.input_limit, encoding)
+    if built_in is not None:
+        return built_in
+    window = catalog.default_context_window
+    return ModelSpec(window, unknown_max_output(window), None, "o200k_base", known=False)

@@ -199,6 +199,15 @@ class Usage(BaseModel):
     tools_tokens: int | None = None
 
 
+class SessionWarning(BaseModel):
+    """Something the service assumed for a session, and how to fix it."""
+
+    code: Literal["unknown_model"] = Field(
+        description="unknown_model: the model is in no catalog; its window is a default."
+    )
+    detail: str = Field(description="What was assumed and what to set instead.")
+
+
 class SessionOut(BaseModel):
     id: str
     model: str
@@ -207,7 +216,9 @@ class SessionOut(BaseModel):
     input_limit: int | None
     usable_tokens: int
     model_known: bool = Field(
-        description="False when the model is not in the catalog and 128k is assumed."
+        description="False when the model is in no catalog (neither the built-in one nor "
+        "COMPACTD_MODEL_CATALOG): its window is COMPACTD_DEFAULT_CONTEXT_WINDOW (128k) unless "
+        "the session gives its own; `warnings` then says so."
     )
     config: SessionConfig
     metadata: dict[str, Any]
@@ -240,6 +251,12 @@ class SessionOut(BaseModel):
     version: int
     created_at: datetime
     updated_at: datetime
+    warnings: list[SessionWarning] = Field(
+        default_factory=list,
+        description="What the service assumed for this session and you may want to fix, "
+        "e.g. `unknown_model`: the model is in no catalog, so its window is a default. "
+        "Empty when nothing was assumed.",
+    )
 
 
 class SessionPage(BaseModel):

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.core import model_catalog
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
 from app.engine import budget, catalog, ledger, relief, tree
 from app.engine.tokens import REPLY_PRIMING_TOKENS
@@ -24,6 +25,7 @@ from app.sessions.schemas import (
     SessionOut,
     SessionPage,
     SessionPatch,
+    SessionWarning,
     _check_window,
 )
 from app.store.session_row import SessionRepository, advance
@@ -83,15 +85,48 @@ class Budgeted(Protocol):
 
 
 def window_of(session: Budgeted) -> tuple[budget.Window, catalog.ModelSpec]:
-    spec = catalog.lookup(session.model)
+    """The session's window: its own figures, else the catalog's (the operator's
+    overrides included). A model in no catalog is logged once per process."""
+    spec = model_catalog.lookup(session.model)
+    max_output = session.max_output_tokens or spec.max_output_tokens
+    if not spec.known:
+        if session.context_window and not session.max_output_tokens:
+            # The default cap is the default window's: a quarter of a smaller window.
+            max_output = catalog.unknown_max_output(session.context_window)
+        if assumed_window(session, spec):
+            model_catalog.assumed(session.model, spec)
     window = budget.Window(
         context_window=session.context_window or spec.context_window,
-        max_output_tokens=session.max_output_tokens or spec.max_output_tokens,
+        max_output_tokens=max_output,
         input_limit=session.input_limit
         if session.input_limit is not None
         else (spec.input_limit if session.context_window is None else None),
     )
     return window, spec
+
+
+def assumed_window(session: Budgeted, spec: catalog.ModelSpec) -> bool:
+    """Whether the session's window is a default: its model is in no catalog and
+    the session does not give its own window."""
+    return not spec.known and not session.context_window and not session.input_limit
+
+
+def warnings_of(
+    session: Budgeted, window: budget.Window, spec: catalog.ModelSpec
+) -> list[SessionWarning]:
+    """What the session document warns about: a window assumed for an unknown model."""
+    if not assumed_window(session, spec):
+        return []
+    return [
+        SessionWarning(
+            code="unknown_model",
+            detail=f"model {session.model!r} is in no catalog: a context window of "
+            f"{window.context_window} tokens with {window.max_output_tokens} output tokens is "
+            "assumed (COMPACTD_DEFAULT_CONTEXT_WINDOW). Give the session its context_window "
+            "(and max_output_tokens), or name the model in the operator's "
+            "COMPACTD_MODEL_CATALOG.",
+        )
+    ]
 
 
 def thresholds_of(config: SessionConfig) -> budget.Thresholds:
@@ -166,6 +201,7 @@ def to_schema(session: Session) -> SessionOut:
         version=session.version,
         created_at=session.created_at,
         updated_at=session.updated_at,
+        warnings=warnings_of(session, window, spec),
     )
 
 

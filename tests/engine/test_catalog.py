@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.catalog import UNKNOWN_CONTEXT_WINDOW, lookup, normalize
+from app.engine.catalog import (
+    UNKNOWN_CONTEXT_WINDOW,
+    Catalog,
+    lookup,
+    normalize,
+    parse_overrides,
+    unknown_max_output,
+)
 
 
 @pytest.mark.parametrize(
@@ -119,3 +128,65 @@ def test_lookup_never_fails(model: str) -> None:
     assert spec.context_window > 0
     assert spec.max_output_tokens > 0
     assert spec.known or spec.context_window == UNKNOWN_CONTEXT_WINDOW
+
+
+# ------------------------------------------------------------ the operator's catalog
+
+OPERATOR = Catalog(
+    parse_overrides(
+        {
+            "my-local-8k": {"context_window": 8192, "max_output_tokens": 2048},
+            "ollama/acme": {"context_window": 32_768},
+            "gpt-4o": {"context_window": 64_000, "input_limit": 48_000},
+            "claude": {"context_window": 100_000},
+        }
+    ),
+    default_context_window=16_384,
+)
+
+
+def test_the_operator_overrides_and_extends_the_catalog() -> None:
+    local = lookup("my-local-8k-q4", OPERATOR)  # a prefix, as the built-in entries
+    assert (local.known, local.context_window, local.max_output_tokens) == (True, 8192, 2048)
+    acme = lookup("Ollama/ACME-7b:latest", OPERATOR)  # normalized as the built-in ones
+    assert (acme.known, acme.context_window, acme.max_output_tokens) == (True, 32_768, 8192)
+    gpt = lookup("gpt-4o-2024-08-06", OPERATOR)  # the override wins over the built-in entry
+    assert (gpt.context_window, gpt.max_output_tokens, gpt.input_limit) == (64_000, 16_384, 48_000)
+    assert gpt.encoding == lookup("gpt-4o").encoding
+    # A shorter operator prefix still wins over a longer built-in one.
+    assert lookup("claude-sonnet-4", OPERATOR).context_window == 100_000
+    assert lookup("claude-sonnet-4", OPERATOR).max_output_tokens == 64_000
+    # The rest of the built-in catalog is as it was.
+    assert lookup("gemini-2.5-pro", OPERATOR) == lookup("gemini-2.5-pro")
+
+
+def test_the_default_window_is_the_operators() -> None:
+    spec = lookup("zeta-llm-7b", OPERATOR)
+    assert not spec.known
+    assert (spec.context_window, spec.max_output_tokens) == (16_384, 4096)
+    small = lookup("acme-llm-7b", Catalog(default_context_window=8192))
+    assert (small.context_window, small.max_output_tokens) == (8192, 2048)
+    assert lookup("acme-llm-7b").max_output_tokens == 16_384  # 128k: as before
+    assert unknown_max_output(1) == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ([1, 2], "must map model names"),
+        ({"": {"context_window": 8192}}, "not a model name"),
+        ({"x": 8192}, "expected a table"),
+        ({"x": {}}, "context_window is required"),
+        ({"x": {"context_window": "big"}}, "'x': context_window must be a whole number"),
+        ({"x": {"context_window": True}}, "context_window must be a whole number"),
+        ({"x": {"context_window": 0}}, "context_window must be a whole number"),
+        ({"x": {"context_window": 8192.5}}, "context_window must be a whole number"),
+        ({"x": {"context_window": 8192, "max_output_tokens": 8192}}, "must be smaller"),
+        ({"x": {"context_window": 8192, "input_limit": 9000}}, "must not exceed"),
+        ({"x": {"context_window": 8192, "max_tokens": 1}}, "unknown field 'max_tokens'"),
+        ({"x": {"context_window": 8192}, "openai/X": {"context_window": 4096}}, "same models"),
+    ],
+)
+def test_a_bad_override_is_named(data: object, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        parse_overrides(data)

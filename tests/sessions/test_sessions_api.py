@@ -59,6 +59,9 @@ async def test_unknown_model_falls_back_to_128k(client: httpx.AsyncClient) -> No
     s = await make_session(client, model="acme-llm-7b")
     assert s["model_known"] is False
     assert s["context_window"] == 128_000
+    assert [w["code"] for w in s["warnings"]] == ["unknown_model"]  # not silent
+    known = await make_session(client, model="gpt-4o")
+    assert known["warnings"] == []
 
 
 async def test_explicit_window_overrides_catalog(client: httpx.AsyncClient) -> None:
