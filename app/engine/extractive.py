@@ -266,12 +266,14 @@ def _key(item: str) -> str:
 
 
 def _dedupe(items: Iterable[str], cap: int, key: Callable[[str], str] = _key) -> list[str]:
-    """The first ``cap`` items, in order, the later of two equal ones dropped."""
+    """The first ``cap`` items, in order, the later of two equal ones dropped, and the
+    items that say there is nothing (the whole item: an error line "(none)" followed by
+    the command that printed it is an item)."""
     seen: set[str] = set()
     out: list[str] = []
     for item in items:
         k = key(item)
-        if not k or k in seen or k in _NONE:
+        if not k or k in seen or _key(item) in _NONE:
             continue
         seen.add(k)
         out.append(item)
@@ -432,6 +434,9 @@ def _pinned_item(anchor: anchors.ErrorAnchor) -> str | None:
     line = anchor.line.strip()
     if not line or "\n" in line:
         return None
+    # A line separator of another kind (U+2028, a form feed...) would end the line when
+    # the summary is read back: a space, so that the item reads back as written.
+    line = " ".join(line.splitlines())
     if len(line) > ERROR_CHARS:
         line = line[: ERROR_CHARS - 1].rstrip() + "…"
     label = _one_line(anchor.label, anchors.LABEL_CHARS)
@@ -974,7 +979,11 @@ def extractive_summary(
     history = _read(entries)
     facts = _extract(history, read_files, modified_files)
     unresolved = anchors.unresolved_errors(entries, PINNED, history.outcomes)
-    facts.pinned = [p for a in unresolved if (p := _pinned_item(a)) is not None]
+    # Deduplicated as a summary read back dedupes them (the same error of the same
+    # command, run twice, is one item).
+    facts.pinned = _dedupe(
+        (p for a in unresolved if (p := _pinned_item(a)) is not None), PINNED, _blocked_key
+    )
     if instructions is not None and instructions.strip():
         _apply_focus(facts, entries, history, instructions.strip())
     previous = previous_summary if previous_summary is not None else history.context_summary

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from app.engine import openai_format
@@ -397,8 +397,47 @@ def histories(draw: st.DrawFn) -> list[Entry]:
     return entries
 
 
+# Error lines that did not read back as written (each found by Hypothesis here): a line
+# separator other than a newline inside the quoted line (the line before it ended in
+# "- " and lost its space), an error line saying "(none)", the same error pinned twice.
+DRIFTING = {
+    "line separator": [
+        assistant("", ("c0", "pytest")),
+        result("c0", "ValueError: a - \u2028b", is_error=True),
+    ],
+    "reads as none": [assistant("", ("c0", "")), result("c0", "(none)", is_error=True)],
+    "pinned twice": [
+        assistant("", ("c1", "")),
+        result("c1", "FAILED aaa", is_error=True),
+        assistant("", ("c3", "")),
+        result("c3", "FAILED aaa", is_error=True),
+    ],
+}
+
+
+@pytest.mark.parametrize("entries", DRIFTING.values(), ids=DRIFTING.keys())
+def test_a_summary_carried_forward_into_itself_is_a_fixed_point(entries: list[Entry]) -> None:
+    summary = extractive_summary(entries, max_chars=12_000)
+    assert "Unresolved:" in summary
+    assert all(line == line.rstrip() for line in summary.splitlines())
+    again = extractive_summary([], previous_summary=summary, max_chars=12_000)
+    assert again == summary
+    assert extractive_summary([], previous_summary=again, max_chars=12_000) == summary
+
+
 @settings(max_examples=60, deadline=None)
 @given(histories(), st.integers(0, 20_000), st.one_of(st.none(), LONG_TEXT))
+@example(DRIFTING["line separator"], 700, None)
+@example(DRIFTING["reads as none"], 700, None)
+@example(DRIFTING["pinned twice"], 700, None)
+@example(
+    [
+        assistant("", ("c0", "0")),
+        result("c0", "ValueError: a\u2028a"),
+    ],
+    700,
+    None,
+)
 def test_never_longer_than_max_chars(
     entries: list[Entry], max_chars: int, previous: str | None
 ) -> None:
