@@ -23,6 +23,8 @@ log = logging.getLogger("compactd.catalog")
 
 _active = catalog.BUILT_IN
 _logged: set[str] = set()
+# Model names come from clients: past this many, no more are remembered (or logged).
+MAX_LOGGED_MODELS = 10_000
 _lock = threading.Lock()
 
 
@@ -65,7 +67,7 @@ def lookup(model: str) -> catalog.ModelSpec:
 def assumed(model: str, spec: catalog.ModelSpec) -> None:
     """Log, once per model name and process, that ``model`` is in no catalog and
     ``spec``'s window is assumed."""
-    if model in _logged:
+    if model in _logged or len(_logged) >= MAX_LOGGED_MODELS:
         return
     with _lock:
         if model in _logged:
