@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.core.database import EngineDep, driver_connection
+from app.core.driver import Driver
 from app.core.errors import NotFound, ServiceUnavailable, invalid
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
@@ -110,7 +111,7 @@ def _join(request: Request, tenant: str, session_id: str | None) -> Waiter:
 
 
 async def _start(
-    driver: Any, tenant: str, session_id: str | None, last: str | None, after: str | None
+    driver: Driver, tenant: str, session_id: str | None, last: str | None, after: str | None
 ) -> events.Place:
     given, field = (last, "Last-Event-ID") if last is not None else (after, "after")
     if given is None or given == "":
