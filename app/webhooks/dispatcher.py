@@ -85,8 +85,15 @@ class Dispatcher:
                         log.exception("webhooks: a pass failed")
                 await _wait(stop, self.wake, self.poll_seconds)
         finally:
-            if self._flying:  # each ends within its timeout
-                await asyncio.wait(set(self._flying))
+            flying = set(self._flying)
+            if flying:  # each ends within its timeout
+                try:
+                    await asyncio.wait(flying)
+                except asyncio.CancelledError:  # past the grace period: their lease is left
+                    for task in flying:
+                        task.cancel()
+                    await asyncio.gather(*flying, return_exceptions=True)
+                    raise
 
     async def run_once(self, *, wait: bool = True) -> int:
         """Claim the deliveries due now that this dispatcher has room for, and send
