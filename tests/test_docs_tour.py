@@ -1,21 +1,28 @@
-"""The tour of docs/api.md ("Every step, with curl") runs as printed, against a real
-compactd (uvicorn, a fresh database, its compaction worker, no upstream LLM: as a
-fresh ``make run``), and answers what the document says it answers.
+"""The walk-throughs of the docs run as printed, in the order a newcomer meets them,
+against one real compactd (uvicorn, a fresh database, its compaction worker, no
+upstream LLM: as a fresh ``make run``), and answer what the documents say:
+README.md's walk-through (session ``demo``), docs/security.md's (keys on, revoked, then
+deleted: the service must be open again), then docs/api.md's tour (session ``tour``).
 
-The document's convention (stated in its tour's introduction):
+The documents' convention (stated in docs/api.md's tour):
 
 - a ``sh`` block followed at once by a ``json`` or ``text`` block is a command and its
   output; the ``sh`` block runs whole in bash (``localhost:8080`` becomes the test
-  server's address), each ``curl`` answer on a line of its own;
+  server's address), each ``curl`` answer on a line of its own, with what the commands
+  print on stderr (``keys create``'s line) shown as a terminal shows it;
 - in the output block, a line that starts with a space continues the line above (the
   answers are one line each; the document wraps them);
 - ``…`` stands for text left out: anything the server answered there, including what
   varies from run to run (ids, times). Everything else must be exactly what the server
   answered.
+
+The security walk-through waits for the server's key cache (``sleep 5``,
+COMPACTD_AUTH_CACHE_SECONDS); here the cache period is 0.5 s and the waits 1 s.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -30,7 +37,8 @@ from app.main import create_app
 from tests.conftest import TEST_SETTINGS
 from tests.e2e.server import running
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "api.md"
 SECTION = "## Every step, with curl"
 ELLIPSIS = "…"
 
@@ -39,15 +47,19 @@ pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="the tour u
 
 @dataclass(frozen=True)
 class Step:
-    line: int  # of the command block, in the document
+    where: str  # the document and line of the command block
     command: str
     expected: list[str]  # the output's lines, continuations joined
 
 
-def tour_steps(text: str) -> list[Step]:
-    """The command and output blocks of the tour, in order (see the module docstring)."""
-    lines = text[text.index(SECTION) :].splitlines()
-    offset = text[: text.index(SECTION)].count("\n") + 1
+def tour_steps(text: str, start: str = SECTION, *, doc: str = "docs/api.md") -> list[Step]:
+    """The command and output blocks from ``start`` to the next ``## `` heading, in order
+    (see the module docstring)."""
+    begin = text.index(start)
+    lines = text[begin:].splitlines()
+    offset = text[:begin].count("\n") + 1
+    ends = [n for n, line in enumerate(lines) if n and line.startswith("## ")]
+    lines = lines[: ends[0]] if ends else lines
     blocks: list[tuple[int, str, list[str]]] = []
     i = 0
     while i < len(lines):
@@ -59,14 +71,15 @@ def tour_steps(text: str) -> list[Step]:
         blocks.append((i, fence[1], lines[i + 1 : end]))
         i = end + 1
     steps = []
-    for (start, kind, body), following in zip(blocks, [*blocks[1:], None], strict=True):
+    for (first, kind, body), following in zip(blocks, [*blocks[1:], None], strict=True):
         if kind != "sh":
             continue
-        assert following is not None, f"docs/api.md:{offset + start}: a command without output"
-        next_start, next_kind, output = following
-        assert next_kind in ("json", "text"), f"docs/api.md:{offset + start}: no output block"
-        assert next_start == start + len(body) + 2, f"docs/api.md:{offset + start}: not adjacent"
-        steps.append(Step(offset + start, "\n".join(body), _logical_lines(output)))
+        where = f"{doc}:{offset + first}"
+        assert following is not None, f"{where}: a command without output"
+        next_first, next_kind, output = following
+        assert next_kind in ("json", "text"), f"{where}: no output block after it"
+        assert next_first == first + len(body) + 2, f"{where}: its output is not next to it"
+        steps.append(Step(where, "\n".join(body), _logical_lines(output)))
     return steps
 
 
@@ -129,6 +142,7 @@ def tour_settings() -> Settings:
             "compaction_poll_seconds": 0.2,
             "max_body_bytes": defaults["max_body_bytes"].default,
             "upstream_base_url": None,
+            "auth_cache_seconds": 0.5,
         }
     )
 
@@ -143,24 +157,50 @@ def base_url(db_url: str) -> Iterator[str]:
 PRELUDE = 'set -euo pipefail\ncurl() { command curl --max-time 60 "$@"; echo; }\n'
 
 
-def test_the_tour_answers_what_the_document_says(base_url: str) -> None:
-    steps = tour_steps(DOC.read_text(encoding="utf-8"))
+def walk_throughs() -> list[Step]:
+    """README's, then security.md's, then the API tour's commands, in that order."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    security = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
+    return [
+        *tour_steps(readme, "## A walk-through with curl", doc="README.md"),
+        *tour_steps(security, "Turning keys on", doc="docs/security.md"),
+        *tour_steps(DOC.read_text(encoding="utf-8")),
+    ]
+
+
+@pytest.mark.slow  # about 20 s: a server, four runs of the CLI, the key cache's waits
+def test_the_walk_throughs_answer_what_the_documents_say(
+    base_url: str, db_url: str, tmp_path: Path
+) -> None:
+    steps = walk_throughs()
+    assert any("keys delete" in s.command for s in steps)
     host = base_url.removeprefix("http://")
+    # The CLI reaches this test's database; `~/.compactd-key` is written in tmp_path.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTD_")}
+    env |= {"DATABASE_URL": db_url, "HOME": str(tmp_path), "COMPACTD_LOG_LEVEL": "warning"}
+    env.pop("PYTHONPATH", None)
     failures = []
     for step in steps:
-        script = PRELUDE + step.command.replace("localhost:8080", host)
+        command = step.command.replace("localhost:8080", host).replace("sleep 5", "sleep 1")
         done = subprocess.run(
-            ["bash", "-c", script], capture_output=True, text=True, timeout=120, check=False
+            ["bash", "-c", PRELUDE + command],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+            check=False,
         )
-        assert done.returncode == 0, f"docs/api.md:{step.line}: {done.stderr}"
+        assert done.returncode == 0, f"{step.where}: {done.stdout}"
         actual = done.stdout.rstrip("\n").split("\n")
         if len(actual) != len(step.expected) or not all(
             matches(e, a) for e, a in zip(step.expected, actual, strict=True)
         ):
             failures.append(
-                f"docs/api.md:{step.line}:\n  expected:\n    "
+                f"{step.where}:\n  expected:\n    "
                 + "\n    ".join(step.expected)
                 + "\n  answered:\n    "
                 + "\n    ".join(actual)
             )
-    assert not failures, "the tour's outputs differ from the server's:\n" + "\n".join(failures)
+    assert not failures, "the documents' outputs differ from the server's:\n" + "\n".join(failures)

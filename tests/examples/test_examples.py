@@ -169,11 +169,14 @@ async def api_key(db_url: str) -> str:
     return await _create_key(db_url)
 
 
+@pytest.mark.slow  # eight runs of the examples, each a Python start with its SDK
 @pytest.mark.parametrize("name", ALL)
 def test_with_keys_on_the_example_says_so_in_one_line_then_runs_with_its_key(
     name: str, api_key: str, compactd_url: str, project: Path
 ) -> None:
-    """Before: a traceback (compactd_client.ProblemError, openai.AuthenticationError)."""
+    """Before: a traceback (compactd_client.ProblemError, openai.AuthenticationError).
+    With COMPACTD_API_KEY the example runs: sent by compactd_client (explicit) or as
+    X-Compactd-Key (proxy)."""
     refused = run_example(name, project, example_env(COMPACTD_URL=compactd_url))
     assert refused.returncode == 1
     assert "Traceback" not in refused.stderr
@@ -188,7 +191,8 @@ def test_with_keys_on_the_example_says_so_in_one_line_then_runs_with_its_key(
     assert DEMO_DONE in result.stdout
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.slow  # the SDKs retry a refused connection, with backoff, before they give up
+@pytest.mark.parametrize("name", ["openai_proxy.py", "openai_explicit.py"])
 def test_without_compactd_the_example_says_so_in_one_line(name: str, project: Path) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     result = run_example(name, project, example_env(COMPACTD_URL=nobody))
