@@ -17,12 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
+from app.core.outbound import Outbound
 from app.main import create_app
+from app.upstream import signing
 from tests.compactions.helpers import conversation
 from tests.conftest import TEST_SETTINGS
 from tests.ops.conftest import bearer, create_key
 from tests.upstream_server import Upstream
-from tests.webhooks.receiver import Hang, Inbox
+from tests.webhooks.receiver import Answer, Hang, Inbox
 
 HANGING = 12  # webhooks of the noisy tenant whose receiver never answers in time
 
@@ -163,3 +165,31 @@ async def test_hanging_receivers_of_one_tenant_do_not_stop_another_s_webhook_nor
     assert after["summarizer_used"] == "llm", after
     assert after["error"] is None, after
     assert len(upstream.requests) > asked
+
+
+async def test_a_tenant_s_share_is_waited_for_outside_each_request_s_timeout(
+    inbox: Inbox,
+) -> None:
+    """One place per tenant: a tenant's second request waits for the first (1.2 s), then
+    has its own whole 2 s; another tenant's request does not wait behind them."""
+    inbox.always("slow", Hang(1.2, then=Answer(200)))
+    settings = TEST_SETTINGS.model_copy(update={"outbound_tenant_connections": 1})
+    secret = signing.new_secret()
+    async with Outbound(settings) as outbound:
+        lane = outbound.hooks
+
+        async def one(tenant: str) -> tuple[signing.Sent, float]:
+            async with lane.slot(tenant) as http:
+                sent = await signing.post(http, inbox.url("slow"), secret, "m", b"{}", 2.0)
+            return sent, time.monotonic() - started
+
+        started = time.monotonic()
+        (first, _), (second, second_done), (other, other_done) = await asyncio.gather(
+            one("t"), one("t"), one("u")
+        )
+    assert first.ok, first
+    assert second.ok, second  # 2.4 s after it was asked for: its wait was not counted
+    assert second_done > 2.0, second_done
+    assert other.ok, other
+    assert other_done < 2.0, other_done  # beside the first, not behind it
+    assert len(inbox.received("slow")) == 3
