@@ -9,6 +9,7 @@ totals and pivot are set, and the job is finished, together or not at all.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -182,18 +183,24 @@ async def prepare(
     )
     window, _ = sessions.window_of(state)
     # What to keep and what the plan is made with: the engine's rules (shared
-    # with bench/continuity.py's replay), the session's values.
-    plan = pivot_rules.plan(
-        sources_of(rows, marks),
-        reason=reason,
-        start_seq=state.context_start_seq,
-        end_seq=state.next_seq,
-        context_tokens=state.context_tokens,
-        trigger_tokens=sessions.thresholds_of(config).trigger_tokens(window.usable_tokens),
-        keep_recent_tokens=config.compaction.keep_recent_tokens,
-        keep_requests_tokens=config.compaction.keep_requests_tokens,
-        previous_details=previous[1] if previous else None,
-        encoding=catalog.lookup(state.model).encoding,
+    # with bench/continuity.py's replay), the session's values. In a worker thread:
+    # the plan reads every text since the pivot (its anchors, requests and file
+    # operations), seconds of CPU for a history of megabytes, which on the event loop
+    # would hold every other request (the emergency path runs inside an append).
+    plan = await anyio.to_thread.run_sync(
+        functools.partial(
+            pivot_rules.plan,
+            sources_of(rows, marks),
+            reason=reason,
+            start_seq=state.context_start_seq,
+            end_seq=state.next_seq,
+            context_tokens=state.context_tokens,
+            trigger_tokens=sessions.thresholds_of(config).trigger_tokens(window.usable_tokens),
+            keep_recent_tokens=config.compaction.keep_recent_tokens,
+            keep_requests_tokens=config.compaction.keep_requests_tokens,
+            previous_details=previous[1] if previous else None,
+            encoding=catalog.lookup(state.model).encoding,
+        )
     )
     if plan is None:
         return None

@@ -427,16 +427,24 @@ _WORKDIR_PHRASE = re.compile(
 _ABSOLUTE = re.compile(r"(?<![\w.~/-])/(?:[\w.+@-]+/)*[\w.+@-]+/?")
 
 
+# A line that states the working directory is a line of a prompt, not a megabyte: longer
+# ones are not read. One regular-expression scan holds the GIL (and so the service's event
+# loop, even from a worker thread) as long as it runs: a second for a 7.5 MB message.
+MAX_STATED_LINE = 4096
+
+
 def stated_workdir(texts: Iterable[str]) -> str | None:
     """The working directory ``texts`` state, or None: an absolute path on a line
-    that says "working directory" (or "current directory", "cwd", "workdir"), the
-    only such path on that line; None when two lines state different ones."""
+    (of at most ``MAX_STATED_LINE`` characters) that says "working directory" (or
+    "current directory", "cwd", "workdir"), the only such path on that line; None
+    when two lines state different ones."""
     found: set[str] = set()
     for text in texts:
-        if not _WORKDIR_PHRASE.search(text):
+        lowered = text.lower()
+        if "dir" not in lowered and "cwd" not in lowered:  # every phrase has one of them
             continue
         for line in text.splitlines():
-            if not _WORKDIR_PHRASE.search(line):
+            if len(line) > MAX_STATED_LINE or not _WORKDIR_PHRASE.search(line):
                 continue
             paths = {p.rstrip("/.") for p in _ABSOLUTE.findall(line)}
             paths.discard("")
