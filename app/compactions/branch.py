@@ -110,8 +110,12 @@ async def move_leaf(
     proxied call)."""
     driver, tenant_id, state = unit.driver, unit.tenant_id, unit.state
     family = state.family_id
-    owner = await branches.branch_path(driver, tenant_id, family, landing.branch)
-    tip = await branches.branch_tip(driver, tenant_id, family, landing.branch)
+    if landing.placement is not None:  # read with the landing, in the caller's unit
+        owner: tuple[str, Path] | None = (landing.placement.owner_id, landing.placement.path)
+        tip: int | None = landing.placement.tip
+    else:
+        owner = await branches.branch_path(driver, tenant_id, family, landing.branch)
+        tip = await branches.branch_tip(driver, tenant_id, family, landing.branch)
     if owner is not None and owner[0] == unit.session_id and tip == landing.seq:
         path = prefix.reopen()
     else:
@@ -177,7 +181,7 @@ async def commit_branch(
     unit of work (the session and the job locked, the session not moved on)."""
     state, driver = unit.state, unit.driver
     landing = await branches.landing_at(
-        driver, unit.tenant_id, state.family_id, nav.target_branch, nav.target_seq
+        driver, unit.tenant_id, state.family_id, nav.target_branch, nav.target_seq, placed=True
     )
     if landing is None:  # pragma: no cover - entries are never deleted while reached
         raise RuntimeError("the navigation's target is gone")

@@ -329,16 +329,28 @@ class TreeService:
             if body.seq > leaf:
                 raise invalid("seq", f"the active path ends at seq {leaf}")
             landing = await branches.landing_at(
-                driver, self.tenant_id, family, state.path.branch_of(body.seq), body.seq
+                driver,
+                self.tenant_id,
+                family,
+                state.path.branch_of(body.seq),
+                body.seq,
+                placed=True,
             )
             if landing is None:  # pragma: no cover - every seq of a path has its entry
                 raise invalid("seq", f"no entry at seq {body.seq}")
             return landing, state.path.prefix(body.seq)
         assert body.entry_id is not None
-        found = await branches.landing_by_id(driver, self.tenant_id, family, body.entry_id)
+        # With its branch's owner, path and tip (one round trip): move_leaf needs them.
+        found = await branches.landing_by_id(
+            driver, self.tenant_id, family, body.entry_id, placed=True
+        )
         if found is None:
             raise invalid("entry_id", "is not an entry of this session")
-        owner = await branches.branch_path(driver, self.tenant_id, family, found.branch)
+        owner = (
+            (found.placement.owner_id, found.placement.path)
+            if found.placement is not None
+            else await branches.branch_path(driver, self.tenant_id, family, found.branch)
+        )
         if owner is None:  # pragma: no cover - an entry's branch has its row
             raise invalid("entry_id", "is not an entry of this session")
         if owner[0] != session_id:
@@ -449,7 +461,7 @@ class TreeService:
                 raise Conflict(f"session {new_id!r} already exists")
             family, path = state.family_id, state.path
             landing = await branches.landing_at(
-                driver, self.tenant_id, family, path.branch_of(at_seq), at_seq
+                driver, self.tenant_id, family, path.branch_of(at_seq), at_seq, placed=True
             )
             if landing is None:  # pragma: no cover - every seq of a path has its entry
                 raise invalid("at_seq", f"no entry at seq {at_seq}")
