@@ -584,7 +584,11 @@ def main() -> int:
                 )
             if "tree" in sections:
                 await tree.bench_tree(
-                    "127.0.0.1", port, {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"}
+                    "127.0.0.1",
+                    port,
+                    {**env, "COMPACTD_COMPACTION_POLL_SECONDS": "0.2"},
+                    cpu.Meter([psutil.Process(server.pid)], folder / "pgdata"),
+                    url.replace("postgresql+asyncpg://", "postgresql://"),
                 )
             if "bounds" in sections:
                 await bounds.bench_bounds("127.0.0.1", port)
