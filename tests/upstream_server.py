@@ -147,10 +147,12 @@ class ToolCalls:
 @dataclass(frozen=True, slots=True)
 class BreakStream:
     """A streamed answer (``then``, by default a short text) cut off after ``events`` of
-    its events: the connection drops before the stream's end."""
+    its events: the connection drops before the stream's end; ``clean``, the response
+    ends there as if that were all (a well-formed end, with no finish reason)."""
 
     events: int = 3
     then: Reply | ToolCalls | None = None
+    clean: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,10 +602,12 @@ class _Answer:
         out.append(event("message_stop", {"type": "message_stop"}))
         return out
 
-    def response(self, cut_after: int | None = None, interval: float = 0.0) -> Response:
+    def response(
+        self, cut_after: int | None = None, interval: float = 0.0, *, clean: bool = False
+    ) -> Response:
         if self.body.get("stream") is not True:
             return _json_response(self.whole())
-        return _StreamResponse(self.events(), cut_after, interval)
+        return _StreamResponse(self.events(), cut_after, interval, clean=clean)
 
 
 def _reply(api: str, body: dict[str, Any], reply: Reply) -> Response:
@@ -627,12 +631,18 @@ class _CutResponse(Response):
 
 class _StreamResponse(Response):
     """Server-sent events, each sent as it is made; ``cut_after`` drops the connection
-    after that many of them."""
+    after that many of them (``clean``: ends the response there, well-formed)."""
 
     def __init__(
-        self, events: list[bytes], cut_after: int | None = None, interval: float = 0.0
+        self,
+        events: list[bytes],
+        cut_after: int | None = None,
+        interval: float = 0.0,
+        *,
+        clean: bool = False,
     ) -> None:
         self.events, self.cut_after, self.interval = events, cut_after, interval
+        self.clean = clean
         self.status_code = 200
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -643,6 +653,8 @@ class _StreamResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         for i, data in enumerate(self.events):
             if self.cut_after is not None and i >= self.cut_after:
+                if self.clean:
+                    break
                 raise _DropConnection
             await send({"type": "http.response.body", "body": data, "more_body": True})
             await asyncio.sleep(self.interval)
@@ -702,9 +714,9 @@ async def _perform(
             return _reply(api, body, action)
         case ToolCalls(calls=calls, text=text, usage=usage, ids=ids):
             return _Answer(api, body, text, calls, usage, ids=ids).response()
-        case BreakStream(events=events, then=then):
+        case BreakStream(events=events, then=then, clean=clean):
             answer = _answer_of(api, body, then or Reply("This answer will not arrive whole."))
-            return answer.response(cut_after=events)
+            return answer.response(cut_after=events, clean=clean)
         case SlowStream(interval=interval, then=then):
             return _answer_of(api, body, then).response(interval=interval)
         case Status(code=code, body=payload, headers=headers):

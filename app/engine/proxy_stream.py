@@ -18,7 +18,9 @@ accumulators read the same events:
 
 A reply is complete only when its stream says so (``data: [DONE]``, ``message_stop``);
 one that breaks off before, or carries an error event, is not (the proxy then stores
-none of it).
+none of it). One that ends, even cleanly, before its finish reason is
+:attr:`~OpenAIStream.unfinished`: the proxy ends it for the agent with an error event
+(:func:`stream_error`), so that its SDK raises rather than hand on half a reply.
 
 Pure: bytes in, decisions and a message out.
 """
@@ -191,6 +193,12 @@ class OpenAIStream:
     def complete(self) -> bool:
         return self.done and self.failed is None
 
+    @property
+    def unfinished(self) -> bool:
+        """Whether a stream that ends here ends before its finish: neither its last event
+        nor a finish reason came (nor an error event, which says so itself)."""
+        return not self.done and self.finish_reason is None and self.failed is None
+
     def message(self) -> dict[str, Any]:
         """The reply as one chat message."""
         message: dict[str, Any] = {
@@ -303,6 +311,12 @@ class AnthropicStream:
     @property
     def complete(self) -> bool:
         return self.done and self.failed is None
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether a stream that ends here ends before its finish: neither
+        ``message_stop`` nor a stop reason came (nor an error event)."""
+        return not self.done and self.finish_reason is None and self.failed is None
 
     def message(self) -> dict[str, Any]:
         """The reply as one message: its content blocks in index order."""

@@ -997,12 +997,18 @@ class ProxyService:
                             yield event.raw
             except (httpx.HTTPError, EventTooLarge) as exc:
                 broken = f"the upstream broke off its stream: {type(exc).__name__}"
+            if broken is None and reader.unfinished:
+                # It ended cleanly but before its finish reason: what came is part of a
+                # reply, which the agent's SDK would hand on as if it were all of it.
+                broken = "the upstream's stream ended before its finish reason"
             rest = events.rest()
-            if rest:
-                yield rest
             if broken is not None:
-                # In the API's own words, so that the agent's SDK raises it.
+                # In the API's own words, so that the agent's SDK raises it. An event cut
+                # off midway is not passed on: a client never dispatches one (SSE), and it
+                # would run into the error event's lines.
                 yield stream_error(request.api, broken)
+            elif rest:
+                yield rest
         finally:
             await response.aclose()
             if broken is None and reader.complete:

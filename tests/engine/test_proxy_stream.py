@@ -264,3 +264,27 @@ def test_a_tool_call_name_repeated_in_later_deltas_is_not_doubled() -> None:
         assert [c["function"]["name"] for c in calls] == ["read_file", "ls"]
         assert [c["function"]["arguments"] for c in calls] == ['{"path": "a.py"}', "{}"]
         assert [c["id"] for c in calls] == ["c1", "c2"]
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_stream_is_unfinished_until_its_finish_reason_or_its_end(api: str) -> None:
+    """Cut anywhere before its finish reason, a stream is unfinished (the proxy then
+    ends it with an error event); from the finish reason on, or with an error event of
+    its own, it is not."""
+    events = SseEvents().feed(b"".join(answer(api, "Hello there", stream=True).events()))
+    # Where the finish reason comes (OpenAI's last chunk, Anthropic's message_delta).
+    finish = next(
+        i
+        for i, e in enumerate(events)
+        if b'"finish_reason":"stop"' in e.raw or b'"stop_reason":"end_turn"' in e.raw
+    )
+    for cut in range(len(events) + 1):
+        reader = OpenAIStream(False) if api == "openai" else AnthropicStream()
+        for event in events[:cut]:
+            reader.feed(event)
+        assert reader.unfinished == (cut <= finish), cut
+    failed = OpenAIStream(False) if api == "openai" else AnthropicStream()
+    for event in [*events[:1], *SseEvents().feed(stream_error(api, "upstream gone"))]:
+        failed.feed(event)
+    assert not failed.unfinished
+    assert not failed.complete

@@ -227,6 +227,27 @@ async def test_a_broken_stream_stores_nothing_and_a_diverged_history_is_refused(
         assert len(upstream.requests) == 2
 
 
+async def test_a_stream_that_ends_cleanly_before_message_stop_raises_and_stores_nothing(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """The upstream ends its response well-formed after a few events: no stop reason,
+    no ``message_stop``. The SDK raises and none of the reply is stored."""
+    upstream.script([BreakStream(events=5, then=Reply("Cut " * 20), clean=True)])
+    with proxy(settings, db_url, upstream) as base:
+        async with anthropic_client(base, "claude-clean-cut") as client:
+            history: list[Any] = [{"role": "user", "content": "Count."}]
+            with pytest.raises(anthropic.APIError) as raised:
+                async with client.messages.stream(
+                    model=MODEL, max_tokens=64, messages=history
+                ) as streamed:
+                    await streamed.get_final_message()
+            assert "ended before its finish reason" in raised.value.message
+            async with api(base) as http:
+                await assert_stored(http, "claude-clean-cut", "anthropic", history)
+                session = (await http.get("/v1/sessions/claude-clean-cut")).json()
+                assert session["usage_count"] == 0
+
+
 async def test_two_claude_agents_at_once(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:

@@ -229,6 +229,34 @@ async def test_a_reply_that_breaks_mid_stream_stores_nothing_of_it(
                 await assert_stored(http, "broken-1", "openai", history)
 
 
+async def test_a_stream_that_ends_cleanly_before_its_finish_reason_raises_and_stores_nothing(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """The upstream ends its response well-formed, but after a few pieces of the text:
+    no finish_reason, no ``data: [DONE]``. The agent's SDK raises (it would otherwise
+    hand on half a reply as the whole one) and none of it is stored."""
+    upstream.script([BreakStream(events=4, then=Reply("A long answer " * 10), clean=True)])
+    with proxy(settings, db_url, upstream) as base:
+        async with openai_client(base, "clean-cut-1") as client:
+            history: list[Any] = [{"role": "user", "content": "Tell me a story."}]
+            received: list[str] = []
+
+            async def read() -> None:
+                async for chunk in await client.chat.completions.create(
+                    model="gpt-4o", messages=history, stream=True
+                ):
+                    received.extend(c.delta.content or "" for c in chunk.choices)
+
+            with pytest.raises(openai.APIError) as raised:
+                await read()
+            assert "ended before its finish reason" in raised.value.message
+            assert "".join(received).startswith("A long answer")  # what came, came
+            async with api(base) as http:
+                await assert_stored(http, "clean-cut-1", "openai", history)
+                session = (await http.get("/v1/sessions/clean-cut-1")).json()
+                assert session["usage_count"] == 0
+
+
 async def test_two_agents_on_two_sessions_at_once(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
