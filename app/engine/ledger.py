@@ -99,10 +99,16 @@ def changed(before: Totals, after: Totals) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class Added:
     """One entry an append writes: its tokens as the model is shown it, and
-    whether it is a tool output (role ``tool``), which pruning may later hide."""
+    whether it is a tool output (role ``tool``), which pruning may later hide.
+
+    ``hidden``: a tool result whose call a compaction already cut off (the call is
+    before the window). The view's pairing leaves such a result out, so it is stored
+    (its tokens count in ``stored_tokens``) behind a zero-token mark and adds
+    nothing to the context."""
 
     tokens: int
     tool: bool = False
+    hidden: bool = False
 
     def __post_init__(self) -> None:
         _not_negative("tokens", self.tokens)
@@ -277,17 +283,17 @@ def apply(totals: Totals, event: Event) -> Totals:
     version = totals.version + 1
     match event:
         case Appended(entries, overhead):
-            tokens = sum(e.tokens for e in entries)
+            shown = [e for e in entries if not e.hidden]
             return replace(
                 totals,
                 version=version,
                 overhead_tokens=totals.overhead_tokens if overhead is None else overhead,
                 next_seq=totals.next_seq + len(entries),
                 entry_count=totals.entry_count + len(entries),
-                stored_tokens=totals.stored_tokens + tokens,
-                context_tokens=totals.context_tokens + tokens,
+                stored_tokens=totals.stored_tokens + sum(e.tokens for e in entries),
+                context_tokens=totals.context_tokens + sum(e.tokens for e in shown),
                 context_tool_tokens=totals.context_tool_tokens
-                + sum(e.tokens for e in entries if e.tool),
+                + sum(e.tokens for e in shown if e.tool),
             )
         case Pruned(saved, urgent):
             tool_tokens = totals.context_tool_tokens - saved

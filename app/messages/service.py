@@ -350,6 +350,21 @@ def link_batch(
     return Linking(new_calls, answers, view_ids)
 
 
+def _cut_off_results(linking: Linking, session: SessionState) -> set[int]:
+    """The seqs of the batch's results whose call a compaction already cut off: the
+    call is before the window and not kept with it, so the view's pairing leaves the
+    result out (app.engine.context). They are stored, hidden behind a zero-token mark,
+    and add nothing to the context (ledger.Added.hidden)."""
+    start, kept = session.context_start_seq, set(session.pinned_seqs)
+    answered: list[tuple[int, int | None]] = [(a.call_seq, a.result_seq) for a in linking.answers]
+    answered += [(c.call_seq, c.result_seq) for c in linking.new_calls]
+    return {
+        result_seq
+        for call_seq, result_seq in answered
+        if result_seq is not None and call_seq < start and call_seq not in kept
+    }
+
+
 class Appended(NamedTuple):
     """An append as its caller may need it beyond the response: the proxy reads the
     stored entries' seqs from it, and extends the context it last sent with the rows
@@ -531,6 +546,7 @@ class AppendService:
         first_seq = session.next_seq + len(rows)
         path = session.path
         linking = link_batch(batch.entries, read.calls, first_seq, path.leaf_branch)
+        hidden = _cut_off_results(linking, session)
 
         every_shown = await batch.show_all(encoding, config.truncate, linking.view_ids)
         for offset, entry in enumerate(batch.entries):
@@ -580,7 +596,7 @@ class AppendService:
         advance(
             session,
             ledger.Appended(
-                tuple(ledger.Added(r.tokens, r.role == "tool") for r in rows),
+                tuple(ledger.Added(r.tokens, r.role == "tool", r.seq in hidden) for r in rows),
                 batch.overhead(encoding),
             ),
         )
@@ -615,6 +631,7 @@ class AppendService:
                     idempotency_key=batch.idempotency_key,
                     request_hash=batch.digest,
                     response=append_document(document).decode() if batch.idempotency_key else None,
+                    hidden=sorted(hidden),
                 ),
             )
             if written:

@@ -6,7 +6,7 @@ one; the session row itself is written only by :mod:`app.store.session_row`."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -143,6 +143,10 @@ class AppendWrite:
     idempotency_key: str | None
     request_hash: str | None
     response: str | None  # JSON text, kept only with an idempotency key
+    # The results whose call a compaction already cut off (ledger.Added.hidden): each
+    # gets a zero-token prune mark with the entry, so the totals count what the view
+    # shows (the view's pairing leaves such a result out).
+    hidden: list[int] = field(default_factory=list)
 
 
 # What a context read needs: pairing links, counts and one rendered fragment.
@@ -555,7 +559,10 @@ def _window_item(r: Record, marks: dict[int, int]) -> WindowItem:
         r["kind"],
         r["tool_name"],
         marks.get(seq, r["tokens"]),
-        seq in marks,
+        # A zero-token mark hides a result whose call a compaction cut off (AppendWrite
+        # .hidden); pruning never made it (a placeholder costs tokens), so it does not
+        # stop pruning's walk.
+        marks.get(seq, 0) > 0,
         r["link_id"],
         r["is_error"],
         r["call_id_tokens"],
@@ -657,6 +664,23 @@ class LogRepository:
         """Insert the entries, their calls and the answers, advance the session's
         totals and keep the idempotency record, in one statement. False, with
         nothing written, when the session is no longer at ``write.read_version``."""
+        if write.hidden:
+            async with driver.transaction():  # the entries and their marks, or neither
+                if not await self._write_append(driver, write):
+                    return False
+                await driver.execute(
+                    _PRUNE_SQL,
+                    write.session_id,
+                    self.tenant_id,
+                    write.now,
+                    write.hidden,
+                    [0] * len(write.hidden),
+                    [write.branch] * len(write.hidden),
+                )
+                return True
+        return await self._write_append(driver, write)
+
+    async def _write_append(self, driver: Driver, write: AppendWrite) -> bool:
         totals = write.session
         applied: int = await driver.fetchval(
             _WRITE_SQL,

@@ -49,7 +49,8 @@ class Store:
     """The stored rows of one session: the log, the prune marks, the pivot."""
 
     entries: list[Row] = field(default_factory=list)
-    # seq -> (the placeholder's tokens, which prune marked it)
+    # seq -> (the placeholder's tokens, which prune marked it); prune 0 is the
+    # zero-token mark an append puts on a result whose call a compaction cut off
     marks: dict[int, tuple[int, int]] = field(default_factory=dict)
     prunes: int = 0
     start_seq: int = 1
@@ -108,9 +109,11 @@ def brute_force(store: Store) -> dict[str, object]:
         "summary_seq": summary,
         "pinned_seqs": store.pinned,
         "pruned_tokens": sum(
-            e.tokens - store.marks[e.seq][0] for e in store.entries if e.seq in store.marks
+            e.tokens - store.marks[e.seq][0]
+            for e in store.entries
+            if e.seq in store.marks and store.marks[e.seq][1]
         ),
-        "prune_count": len({prune for _, prune in store.marks.values()}),
+        "prune_count": len({prune for _, prune in store.marks.values() if prune}),
         "compaction_count": sum(e.kind == "compaction" for e in store.entries),
     }
 
@@ -130,9 +133,21 @@ def draw_append(data: st.DataObject, store: Store) -> Appended:
         )
     ]
     store.entries.extend(new)
+    # A result whose call a compaction cut off (possible once the pivot has moved) is
+    # stored hidden, behind a zero-token mark.
+    hidden = {
+        r.seq
+        for r in new
+        if r.role == "tool"
+        and store.start_seq > 1
+        and data.draw(st.booleans(), label=f"hidden {r.seq}")
+    }
+    store.marks.update({seq: (0, 0) for seq in hidden})
     # An append whose request carried tools sets the overhead; most do not.
     overhead = data.draw(st.none() | TOKENS, label="append overhead")
-    return Appended(tuple(Added(r.tokens, r.role == "tool") for r in new), overhead)
+    return Appended(
+        tuple(Added(r.tokens, r.role == "tool", r.seq in hidden) for r in new), overhead
+    )
 
 
 def draw_prune(data: st.DataObject, store: Store) -> Pruned | PruneChecked:
@@ -389,3 +404,15 @@ def test_totals_of_reads_a_row_by_column_name() -> None:
 def test_negative_counts_are_refused(make: Callable[[], object]) -> None:
     with pytest.raises(ValueError, match="must not be negative"):
         make()
+
+
+def test_a_hidden_result_is_stored_but_adds_nothing_to_the_context() -> None:
+    """A tool result whose call a compaction already cut off: its tokens are stored,
+    the context (which pairing leaves it out of) does not count them."""
+    totals = apply(Totals(), Appended((Added(100), Added(700, tool=True))))
+    after = apply(totals, Appended((Added(300, tool=True, hidden=True), Added(20))))
+    assert after.stored_tokens == totals.stored_tokens + 320
+    assert after.entry_count == totals.entry_count + 2
+    assert after.context_tokens == totals.context_tokens + 20
+    assert after.context_tool_tokens == totals.context_tool_tokens
+    assert (after.pruned_tokens, after.prune_count) == (0, 0)

@@ -21,8 +21,8 @@ step that ran them). After every step, for every live session:
     that path: the latest compaction on it, its pinned entries, its summary and
     the window after it, paired (app.engine.context.plan_pairing), the session's
     own prune marks shown as placeholders; its tokens are the session's, less
-    what pairing leaves out (a result whose call a compaction cut off: counted,
-    not shown, the strict xfail at the end); a fork has the source's marks of
+    what pairing leaves out (a result whose call a compaction cut off is hidden on
+    append behind a zero-token mark: the test at the end); a fork has the source's marks of
     its window, and a fork at the leaf reads the source's context;
 (c) the session's O(1) totals equal a recount of its path: entry_count is the
     leaf seq and the number of entries, stored_tokens their sum (and each
@@ -371,7 +371,7 @@ async def check_session(
     ]
     assert uses == [c["id"] for m in messages for c in m.get("tool_calls") or ()]
     # The session counts the whole window; the context leaves out what pairing
-    # drops (a result whose call is before the cut: see the xfail test at the end).
+    # drops (a result whose call is before the cut costs nothing: the test at the end).
     left_out = set(range(len(window))) - {s.at for s in steps}
     if left_out:
         event("pairing left an entry of the window out of the context")
@@ -688,15 +688,6 @@ async def test_every_path_of_a_random_tree_reads_as_written(
         await conn.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a tool result appended after a compaction cut off its call is accepted "
-    "(app/messages/service.py link_batch: the call is still open on the path) and counted "
-    "in context_tokens (ledger.Appended at app/messages/service.py:577; ledger.recount and "
-    "_CONTEXT_TOTALS_SQL count it too), but GET /context drops it as an orphan "
-    "(app/engine/context.py plan_pairing): the verdict counts tokens the context does not "
-    "hold, and the model never sees that answer",
-)
 async def test_a_result_whose_call_a_compaction_cut_off_is_counted_as_shown(
     app: Any, client: httpx.AsyncClient
 ) -> None:
@@ -733,3 +724,29 @@ async def test_a_result_whose_call_a_compaction_cut_off_is_counted_as_shown(
     breakdown = ctx["tokens"]["breakdown"]
     shown = breakdown["summary"] + breakdown["messages"] + breakdown["tool_outputs"]
     assert shown == session["context_tokens"]
+    # Hidden, not lost: the context pairs every call, and the result is stored whole.
+    assert check_openai_pairing(ctx["messages"]) == []
+    stored = await read_history(client, "cut", 1000)
+    assert stored[-1]["message"]["content"] == late["content"]
+    assert stored[-1]["tokens"] > 0
+    assert session["stored_tokens"] == sum(e["tokens"] for e in stored)
+    # Later writes recount the context from the stored rows (a pivot's move, a fork's
+    # copy of the window): they agree with the view too.
+    more: list[dict[str, Any]] = [
+        {"role": "user", "content": text(300, "u8")},
+        {"role": "assistant", "content": text(300, "a9")},
+        {"role": "user", "content": text(300, "u10")},
+    ]
+    await ok(await client.post("/v1/sessions/cut/messages", json={"messages": more}), 201)
+    leaf = (await ok(await client.get("/v1/sessions/cut")))["entry_count"]
+    fork = {"at_seq": leaf, "id": "cut-fork"}
+    await ok(await client.post("/v1/sessions/cut/fork", json=fork), 201)
+    await ok(await client.post("/v1/sessions/cut/compactions", json={}), 202)
+    assert await drain(app) == 1
+    for sid in ("cut", "cut-fork"):
+        session = await ok(await client.get(f"/v1/sessions/{sid}"))
+        ctx = await ok(await client.get(f"/v1/sessions/{sid}/context"))
+        assert check_openai_pairing(ctx["messages"]) == []
+        breakdown = ctx["tokens"]["breakdown"]
+        shown = breakdown["summary"] + breakdown["messages"] + breakdown["tool_outputs"]
+        assert shown == session["context_tokens"], sid
