@@ -276,7 +276,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from app.compactions.worker import WorkerConfig, WorkerPool
     from app.core import model_catalog
-    from app.core.database import create_engine, resolve_database_url
+    from app.core.database import create_engine, resolve_database_url, worker_settings
     from app.core.outbound import Outbound
     from app.core.tokenizer import load_encodings
     from app.engine.tokens import register_encodings
@@ -294,7 +294,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     url = resolve_database_url(settings)
 
     async def run() -> None:
-        engine = create_engine(url, settings)
+        # The workers' longer statement_timeout (their reads of a long history).
+        engine = create_engine(url, worker_settings(settings))
         outbound = Outbound(settings)  # a client per outbound purpose, as in serve
         pool = WorkerPool(
             engine,

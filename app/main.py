@@ -20,6 +20,7 @@ from app.core.database import (
     driver_bounds,
     resolve_database_url,
     sessionmaker,
+    worker_settings,
 )
 from app.core.direct import DirectRoutes
 from app.core.docs import install_docs
@@ -118,8 +119,10 @@ def create_app(
         # One client and pool per outbound purpose, each following the outbound policy.
         app.state.outbound = outbound = Outbound(settings)
         app.state.compaction_wake = wake = asyncio.Event()
+        # The workers' statements may take longer than a request's: an engine of their own.
+        worker_engine = create_engine(url, worker_settings(settings))
         workers = WorkerPool(
-            engine,
+            worker_engine,
             WorkerConfig.from_settings(settings),
             outbound,
             count=settings.compaction_workers,
@@ -139,6 +142,7 @@ def create_app(
             await workers.close()
             await outbound.aclose()
             await app.state.proxy.aclose()
+            await worker_engine.dispose()
             await engine.dispose()
             model_catalog.use(catalog_before)
 

@@ -104,6 +104,21 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
     return engine
 
 
+def worker_settings(settings: Settings) -> Settings:
+    """``settings`` for the engine of the compaction workers and the search indexer: their
+    reads of a long history and their commits may take longer than a request may wait,
+    so their ``statement_timeout`` is ``db_worker_statement_timeout_seconds`` and their
+    command bound 5 s above it (behind a transaction pooler the statement_timeout is the
+    role's: only the command bound is raised)."""
+    statement = settings.db_worker_statement_timeout_seconds
+    update: dict[str, float] = {
+        "db_command_timeout_seconds": max(settings.db_command_timeout_seconds, statement + 5)
+    }
+    if not pooled(settings):
+        update["db_statement_timeout_seconds"] = statement
+    return settings.model_copy(update=update)
+
+
 def pooled(settings: Settings) -> bool:
     """Whether ``database_url`` goes through a transaction pooler."""
     return settings.database_pooler != "none"
@@ -383,8 +398,23 @@ def _raised_by_the_driver(error: BaseException) -> bool:
     return False
 
 
-def unavailable() -> ServiceUnavailable:
-    """The 503 for a database that cannot be reached: retry shortly."""
+class DatabaseTimeout(ServiceUnavailable):
+    """A statement ran past ``statement_timeout`` (a slow query, or a lock waited on too
+    long): the database is there, the query took too long. Its transaction rolled back."""
+
+    type, title = "database-timeout", "Database query took too long"
+
+
+def unavailable(cause: BaseException | None = None) -> ServiceUnavailable:
+    """The 503 for a database that cannot serve the request now: retry shortly. ``cause``
+    (what :func:`unavailable_cause` found) a statement cancelled by ``statement_timeout``:
+    the 503 says the query took too long, not that the database is unavailable."""
+    if isinstance(cause, asyncpg.exceptions.QueryCanceledError):
+        return DatabaseTimeout(
+            "the database query took too long and was cancelled (statement_timeout); "
+            "nothing was changed, retry shortly",
+            headers={"Retry-After": "2"},
+        )
     return ServiceUnavailable(
         "the database is unavailable; retry shortly", headers={"Retry-After": "2"}
     )
@@ -427,7 +457,7 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Driver]:
                     await greenlet_spawn(proxied.invalidate, exc)
                 if down:
                     log.warning("database unavailable: %r", exc)
-                    raise unavailable() from exc
+                    raise unavailable(cause) from exc
                 raise
         finally:
             # Back to the pool (an invalidated one is not), even when the request is
@@ -437,10 +467,10 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Driver]:
         raise
     except Exception as exc:
         # Taking the connection failed (checkout, connect), or giving it back did.
-        if unavailable_cause(exc) is None:
+        if (cause := unavailable_cause(exc)) is None:
             raise
         log.warning("database unavailable: %r", exc)
-        raise unavailable() from exc
+        raise unavailable(cause) from exc
 
 
 async def get_engine(request: Request) -> AsyncEngine:

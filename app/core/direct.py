@@ -106,10 +106,10 @@ async def _answer(direct: DirectRoute, scope: Scope, found: re.Match[str], body:
     except ProblemError as exc:
         return problem_response(exc, scope["path"])
     except (DBAPIError, *UNAVAILABLE, asyncpg.InterfaceError) as exc:
-        if unavailable_cause(exc) is None:
+        if (cause := unavailable_cause(exc)) is None:
             raise
         log.warning("database unavailable: %s", exc)
-        return problem_response(unavailable(), scope["path"])
+        return problem_response(unavailable(cause), scope["path"])
 
 
 def only_query(scope: Scope, name: str, allowed: frozenset[str]) -> str | None:

@@ -123,10 +123,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unavailable(request: Request, exc: Exception) -> Response:
         """The database cannot be reached (down, restarting, full, or it dropped the
         connection): a 503 with Retry-After. Any other database error is a bug: 500."""
-        if unavailable_cause(exc) is None:
+        if (cause := unavailable_cause(exc)) is None:
             raise exc
         log.warning("database unavailable: %s", exc)
-        return problem_response(unavailable(), request.url.path)
+        return problem_response(unavailable(cause), request.url.path)
 
     # DBAPIError covers SQLAlchemy's OperationalError and InterfaceError; the rest
     # are what the driver or the pool raise on the paths SQLAlchemy does not wrap.

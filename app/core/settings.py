@@ -138,23 +138,33 @@ class Settings(BaseSettings):
     # connection costs a backend fork and a fresh statement cache.
     db_pool_size: int = 20
     db_max_overflow: int = 10
+    # The database bounds keep a request's worst wait on a hung or slow database near 5 s:
+    # 2 s for a connection (pool or new), then 3 s for a command (docs/operations.md).
     db_pool_timeout_seconds: float = Field(
-        default=10.0, gt=0, description="How long a request waits for a pooled connection: 503."
+        default=2.0, gt=0, description="How long a request waits for a pooled connection: 503."
     )
     db_statement_timeout_seconds: float = Field(
-        default=10.0,
+        default=2.5,
         ge=0,
         description="Postgres's statement_timeout for the service's connections (a lock wait "
-        "included); past it the request gets 503 and its transaction rolls back. 0: none.",
+        "included); past it the request gets 503 (the query took too long) and its "
+        "transaction rolls back. 0: none.",
+    )
+    db_worker_statement_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="statement_timeout for the compaction workers and the search indexer, "
+        "whose reads of a long history and whose commits may take longer than a request's; "
+        "their command timeout is 5 s more.",
     )
     db_connect_timeout_seconds: float = Field(
-        default=5.0,
+        default=2.0,
         gt=0,
         description="How long opening a database connection may take (socket, TLS, "
         "authentication); then 503.",
     )
     db_command_timeout_seconds: float = Field(
-        default=15.0,
+        default=3.0,
         gt=0,
         description="How long one database command (COMMIT included) may go unanswered, "
         "however the database hangs (frozen, a stalled disk or network: statement_timeout "

@@ -237,10 +237,10 @@ class AuthMiddleware:
             await _send_problem(exc, scope, receive, send)
             return
         except Exception as exc:
-            if unavailable_cause(exc) is None:
+            if (cause := unavailable_cause(exc)) is None:
                 raise  # a bug: the server error handler answers 500
             log.warning("database unavailable during authentication: %s", type(exc).__name__)
-            await _send_problem(unavailable(), scope, receive, send)
+            await _send_problem(unavailable(cause), scope, receive, send)
             return
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)

@@ -125,6 +125,16 @@ class ServeProcess:
             "COMPACTD_TIKTOKEN_CACHE_DIR": str(self.settings.tiktoken_cache_dir),
             "COMPACTD_LOG_LEVEL": "warning",
             "COMPACTD_COMPACTION_WORKERS": "0",
+            # The test's database bounds, as the process in the test's place would have.
+            **{
+                f"COMPACTD_{name.upper()}": str(getattr(self.settings, name))
+                for name in (
+                    "db_statement_timeout_seconds",
+                    "db_command_timeout_seconds",
+                    "db_connect_timeout_seconds",
+                    "db_pool_timeout_seconds",
+                )
+            },
         }
         environment.pop("COMPACTD_DATABASE_URL", None)
         with self.log.open("ab") as output:

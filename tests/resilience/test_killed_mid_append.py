@@ -202,6 +202,11 @@ async def test_retry_queued_behind_the_killed_append_stores_once(
 ) -> None:
     """The retry comes while the killed process's append still waits for the row
     lock: both wait; one stores, the other replays it."""
+    # The orphan's wait must outlast the restart: a statement_timeout longer than the
+    # default's 2.5 s, which would cancel it first.
+    settings = settings.model_copy(
+        update={"db_statement_timeout_seconds": 10.0, "db_command_timeout_seconds": 15.0}
+    )
     base_url = await started(serve, db_url, settings, tmp_path / "serve-1.log")
     await create(base_url, "held")
     lock = RowLock(asyncpg_dsn(db_url))
