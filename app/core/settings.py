@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.allowlist import parse_allow
 from app.core.model_catalog import load_overrides
 from app.engine.catalog import MAX_WINDOW, UNKNOWN_CONTEXT_WINDOW, Catalog, Override
 
@@ -288,8 +289,6 @@ class Settings(BaseSettings):
     @field_validator("outbound_allow")
     @classmethod
     def _outbound_allow(cls, value: str | None) -> str | None:
-        from app.core.outbound import parse_allow
-
         parse_allow(value or "")  # a bad entry is refused at start, named
         return value
 

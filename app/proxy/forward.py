@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from app.core.outbound import Allowance, guarded_client
+from app.core.allowlist import Allowance
+from app.core.outbound import guarded_client
 from app.core.settings import Settings
 from app.engine.proxy_wire import Api
 from app.proxy.context import Contexts

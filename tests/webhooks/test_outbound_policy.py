@@ -16,10 +16,10 @@ import httpcore
 import httpx
 import pytest
 
+from app.core.allowlist import parse_allow
 from app.core.outbound import (
     Outbound,
     Refused,
-    parse_allow,
     redact_url,
     refusal,
     url_refusal,
