@@ -18,7 +18,7 @@ the same shape whichever way its history was compacted.
   and its lines: exceptions of any name, a traceback's last frame, test runners'
   failure lines, non-zero exit codes, tool errors). The latest unresolved error
   (by anchors' rule) opens it, marked ``Unresolved:``, quoted exactly (clipped only
-  beyond :data:`ERROR_CHARS`, its start kept) and never trimmed away; so do the
+  beyond :data:`ERROR_CHARS`, its start kept) and trimmed last; so do the
   next unresolved one and a previous summary's until this history resolves them
   (:data:`PINNED` at most, newest first).
 - **Key Decisions**: the agent's sentences that explain a choice.
@@ -47,7 +47,9 @@ merged, the original goal kept and the lists deduplicated and capped, so a
 session compacted many times still opens with what the user first asked.
 
 The output never exceeds ``max_chars``: the sections over their share of it
-lose their oldest items first (the pinned unresolved errors are never lost). The
+lose their oldest items first; the pinned unresolved errors go last, only when
+nothing else is left to take (clipped, their start and command kept, the oldest
+dropped). Only a ``max_chars`` too small for the headings cuts the text itself. The
 history is read newest first and each list stops at its cap, so a 200k-token history
 takes milliseconds.
 """
@@ -172,7 +174,7 @@ class SummaryFacts:
     focus: list[str] = field(default_factory=list)
     # The unresolved errors ("line — after `command`"), newest first: the latest of
     # this history, then the previous summary's if still unresolved (at most
-    # :data:`PINNED` in all). The head of Blocked, never trimmed; a previous summary's are
+    # :data:`PINNED` in all). The head of Blocked, trimmed last; a previous summary's are
     # read back as Blocked items too.
     pinned: list[str] = field(default_factory=list)
     # The context lines supplied for this summary (a later one reads them back as
@@ -927,6 +929,32 @@ def _trim_list(items: list[str]) -> bool:
     return False
 
 
+def _clip_pinned(facts: SummaryFacts) -> bool:
+    """The last resort, when no other section can give more: the longest pinned error's
+    line is clipped (its start and its command kept, so that it still names the error
+    and a later history can still resolve it), or, too short to clip or clipped into
+    another's, the oldest is dropped. False when none is left.
+
+    Cutting the rendered text instead left a summary that did not read back as itself
+    (an item cut after its list marker or a space lost it when carried forward)."""
+    if not facts.pinned:
+        return False
+    k = max(range(len(facts.pinned)), key=lambda i: len(facts.pinned[i]))
+    item = facts.pinned[k]
+    m = _AFTER.search(item)
+    line, after = (item[: m.start()], item[m.start() :]) if m else (item, "")
+    if len(line) <= MIN_ITEM_CHARS:
+        facts.pinned.pop()
+        return True
+    clipped = line[: max(len(line) // 2, MIN_ITEM_CHARS) - 1].rstrip() + "…" + after
+    others = {_blocked_key(p) for i, p in enumerate(facts.pinned) if i != k}
+    if _blocked_key(clipped) in others:
+        facts.pinned.pop(k)
+    else:
+        facts.pinned[k] = clipped
+    return True
+
+
 def _render(facts: SummaryFacts, max_chars: int) -> str:
     keys = list(HEADINGS)
     shares = dict(SHARES)
@@ -948,7 +976,10 @@ def _render(facts: SummaryFacts, max_chars: int) -> str:
             sizes[key] = len(_render_section(facts, key))
         if sizes[key] >= before:  # nothing left to take from this section
             stuck.add(key)
+    while len(NOTE) + separators + sum(sizes.values()) > max_chars and _clip_pinned(facts):
+        sizes["blocked"] = len(_render_section(facts, "blocked"))
     text = "\n\n".join([NOTE, *(_render_section(facts, k) for k in keys)])
+    # Cut only below the room the headings need (they alone are longer).
     return text[:max_chars]
 
 
