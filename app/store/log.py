@@ -478,12 +478,20 @@ VALUES ($1, $2, $3::bigint, $4, $5, 'user', $6::jsonb, NULL, NULL, false, NULL, 
 # The context's size after the pivot moves, from the stored counts: the kept
 # window (pruned outputs at their placeholder's size), the pinned entries
 # (system ones, and those marked pinned on append) and the new summary.
+# The window is read segment by segment (each a range of one branch's key): the key
+# condition of on_path() looks each row's branch up in the path's arrays
+# (array_position), some 1.6 us a row over a path of 100 segments, which made the
+# recount of a 4,700-entry window 8 ms of the database's CPU instead of 2.
 _CONTEXT_TOTALS_SQL = f"""
 WITH window_entries AS (
-    SELECT e.seq, e.role, e.tokens FROM entry AS e
-    WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $3 AND e.seq <= $10
-        AND (e.kind <> 'compaction' OR e.seq = $5)
-        AND {on_path("e", "$8::bigint[]", "$9::bigint[]")}
+    SELECT e.seq, e.role, e.tokens
+    FROM unnest($8::bigint[], $9::bigint[]) AS p(branch, last)
+    CROSS JOIN LATERAL (
+        SELECT e.seq, e.role, e.tokens FROM entry AS e
+        WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.branch = p.branch
+            AND e.seq >= $3 AND e.seq <= p.last AND e.seq <= $10
+            AND (e.kind <> 'compaction' OR e.seq = $5)
+    ) AS e
     UNION ALL
     SELECT e.seq, e.role, e.tokens FROM entry AS e
     WHERE e.session_id = $1 AND e.tenant_id = $2 AND e.seq >= $6 AND e.seq <= $7
