@@ -30,7 +30,12 @@ import pytest
 
 from app.compactions.pivot import CONTINUE_TEXT
 from app.core.settings import Settings
-from app.engine.budget import CALIBRATION_ALPHA, CALIBRATION_MIN_COUNTED
+from app.engine.budget import (
+    CALIBRATION_ALPHA,
+    CALIBRATION_MAX,
+    CALIBRATION_MIN_COUNTED,
+    CALIBRATION_RATIO_MAX,
+)
 from app.engine.context import check_anthropic_pairing, check_openai_pairing
 from app.engine.summary import summary_from_context_message
 from app.engine.tokens import MAX_TOKENS_PER_PART, REPLY_PRIMING_TOKENS, count_text
@@ -276,11 +281,16 @@ async def test_one_odd_usage_report_moves_the_factor_by_one_step_at_most(
     later = await append_ok(client, "odd", turn)
     counted = later["context_tokens"] + REPLY_PRIMING_TOKENS
     assert counted >= CALIBRATION_MIN_COUNTED
-    # A ratio no tokenizer explains (30x) is not compared; a plausible one at the
-    # edge (3.9x) moves the factor by one EMA step toward it, not to the bound.
-    assert (await usage(client, "odd", input_tokens=30 * counted))["calibration_factor"] == 1.0
+    # A ratio no tokenizer explains (30x) is clamped into the window (seed 002) and
+    # moves the factor one EMA step toward the window's edge, not to the bound; a
+    # plausible one (3.9x) then moves it one step toward itself.
+    odd = await usage(client, "odd", input_tokens=30 * counted)
+    first = 1.0 + CALIBRATION_ALPHA * (CALIBRATION_RATIO_MAX - 1.0)
+    assert odd["calibration_factor"] == pytest.approx(first, abs=1e-3)
+    assert first < CALIBRATION_MAX
     moved = await usage(client, "odd", input_tokens=round(3.9 * counted))
-    assert moved["calibration_factor"] == pytest.approx(1.0 + CALIBRATION_ALPHA * 2.0, abs=1e-3)
+    step_to = first + CALIBRATION_ALPHA * (3.9 - first)
+    assert moved["calibration_factor"] == pytest.approx(step_to, abs=1e-3)
     assert (await get_session(client, "odd"))["calibration_factor"] == moved["calibration_factor"]
 
 

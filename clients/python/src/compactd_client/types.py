@@ -90,6 +90,13 @@ class SessionConfig(TypedDict):
     truncate: TruncateConfig
 
 
+class SessionWarning(TypedDict):
+    """Something the service assumed for a session, and how to fix it."""
+
+    code: Literal["unknown_model"]  # the model is in no catalog; its window is a default
+    detail: str
+
+
 class Session(TypedDict):
     id: str
     model: str
@@ -116,6 +123,7 @@ class Session(TypedDict):
     version: int
     created_at: str
     updated_at: str
+    warnings: list[SessionWarning]  # empty when nothing was assumed
 
 
 class SessionChanges(TypedDict, total=False):
