@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import make_url
 
 from app.core.database import driver_connection
+from app.core.settings import Settings
 from tests import postgres
 from tests.conftest import TEST_SETTINGS, make_session
 from tests.helpers import append, assert_problem, history, session_locked
@@ -129,14 +130,26 @@ async def test_the_service_leaves_no_named_statement_on_the_servers(
     assert sum((await _named_statements_on_each_server(pooled_url)).values()) >= 1
 
 
-async def test_every_pooled_connection_has_the_roles_statement_timeout(app: Any) -> None:
+def shown(milliseconds: int) -> str:
+    """A timeout as Postgres's SHOW writes it: in the largest unit that divides it."""
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1_000)):
+        if milliseconds % size == 0:
+            return f"{milliseconds // size}{unit}"
+    return f"{milliseconds}ms"
+
+
+async def test_every_pooled_connection_has_the_roles_statement_timeout(
+    app: Any, settings: Settings
+) -> None:
+    expected = shown(int(settings.db_statement_timeout_seconds * 1000))
+
     async def timeout() -> str:
         async with driver_connection(app.state.engine) as driver:
             found: str = await driver.fetchval("SHOW statement_timeout")
             await asyncio.sleep(0.01)  # held a while, so that the others take more servers
             return found
 
-    assert set(await asyncio.gather(*(timeout() for _ in range(3 * POOL_SIZE)))) == {"10s"}
+    assert set(await asyncio.gather(*(timeout() for _ in range(3 * POOL_SIZE)))) == {expected}
 
 
 async def test_a_lock_wait_past_the_statement_timeout_is_a_503_and_the_pool_goes_on(
