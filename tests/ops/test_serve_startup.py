@@ -123,15 +123,16 @@ async def test_a_database_that_does_not_exist_is_one_line(db_url: str) -> None:
 # ------------------------------------------------------------------- no terminal
 
 
-async def test_without_a_terminal_the_log_is_json_lines(db_url: str) -> None:
-    port = free_port()
+async def served_without_a_terminal(port: int, env: dict[str, str], *visits: str) -> str:
+    """What ``compactd serve`` writes to stderr with no terminal: started on ``port``
+    with ``env``, waited for until healthy, each of ``visits`` read, then stopped."""
     process = await asyncio.create_subprocess_exec(
         COMPACTD,
         "serve",
         "--port",
         str(port),
         cwd=ROOT,
-        env=_env(DATABASE_URL=db_url),
+        env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -145,12 +146,19 @@ async def test_without_a_terminal_the_log_is_json_lines(db_url: str) -> None:
                         break
                 assert time.monotonic() < deadline, "compactd serve did not start"
                 await asyncio.sleep(0.1)
-            assert (await http.get("/docs")).status_code == 200
+            for path in visits:
+                assert (await http.get(path)).status_code == 200, path
     finally:
         process.terminate()
         await process.wait()
     assert process.stderr is not None
-    lines = (await process.stderr.read()).decode().splitlines()
+    return (await process.stderr.read()).decode()
+
+
+async def test_without_a_terminal_the_log_is_json_lines(db_url: str) -> None:
+    port = free_port()
+    text = await served_without_a_terminal(port, _env(DATABASE_URL=db_url), "/docs")
+    lines = text.splitlines()
     records = [json.loads(line) for line in lines]  # every line is JSON
     serving = [r for r in records if r["msg"] == "serving"]
     assert len(serving) == 1, records

@@ -5,14 +5,10 @@ the help reads as plain text. Run as the real command, as a person meets it."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.cli import build_parser
@@ -28,6 +24,7 @@ from tests.ops.test_serve_startup import (
     _env,
     _run,
     assert_one_clear_line,
+    served_without_a_terminal,
 )
 
 TYPO = {
@@ -102,32 +99,7 @@ def test_a_bad_model_catalog_is_one_line(
 
 
 async def test_the_start_up_line_names_typos_and_the_proxy_upstreams(db_url: str) -> None:
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        COMPACTD,
-        "serve",
-        "--port",
-        str(port),
-        cwd=ROOT,
-        env=_env(DATABASE_URL=db_url, **TYPO),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            deadline = time.monotonic() + GIVE_UP_SECONDS
-            while True:
-                assert process.returncode is None
-                with contextlib.suppress(httpx.TransportError):
-                    if (await http.get("/healthz", timeout=2)).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "compactd serve did not start"
-                await asyncio.sleep(0.1)
-    finally:
-        process.terminate()
-        await process.wait()
-    assert process.stderr is not None
-    text = (await process.stderr.read()).decode()
+    text = await served_without_a_terminal(free_port(), _env(DATABASE_URL=db_url, **TYPO))
     records = [json.loads(line) for line in text.splitlines()]
     warnings = [r["msg"] for r in records if r["level"] == "warning"]
     assert warnings == [
