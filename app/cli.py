@@ -362,8 +362,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 )
                 return 0
             if args.keys_command == "revoke":
-                parsed = tokens.parse(args.key)
-                key_id = parsed[0] if parsed else args.key
+                key_id = _key_id(args.key)
                 revoked = await repository.revoke(conn, key_id)
                 if revoked is None:
                     print(f"compactd: no key {key_id!r}", file=sys.stderr)
@@ -395,10 +394,18 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return _run(run())
 
 
+def _key_id(text: str) -> str:
+    """A key's id, given the key itself or its id."""
+    from app.keys import tokens
+
+    parsed = tokens.parse(text)
+    return parsed[0] if parsed else text
+
+
 async def _delete_keys(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
     """``keys delete KEY_OR_ID`` or ``keys delete --all [--tenant NAME]``: the way back
     from keys (revoked ones included, which still lock the service) to open mode."""
-    from app.keys import repository, tokens
+    from app.keys import repository
 
     if args.all == (args.key is not None) or (args.tenant and not args.all):
         print(
@@ -410,8 +417,7 @@ async def _delete_keys(conn: asyncpg.Connection, args: argparse.Namespace) -> in
     if args.all:
         deleted = await repository.delete_all(conn, args.tenant)
     else:
-        parsed = tokens.parse(args.key)
-        key_id = parsed[0] if parsed else args.key
+        key_id = _key_id(args.key)
         one = await repository.delete(conn, key_id)
         if one is None:
             print(f"compactd: no key {key_id!r}", file=sys.stderr)

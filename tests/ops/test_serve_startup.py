@@ -52,9 +52,10 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``compactd ARGS`` run to its end, with the tests' environment and ``env``."""
     return subprocess.run(
-        [COMPACTD, "serve", *args],
+        [COMPACTD, *args],
         cwd=ROOT,
         env=_env(**env),
         capture_output=True,
@@ -62,6 +63,10 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         timeout=GIVE_UP_SECONDS,
         check=False,
     )
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return _command("serve", *args, **env)
 
 
 def assert_one_clear_line(done: subprocess.CompletedProcess[str]) -> str:

@@ -6,7 +6,6 @@ the help reads as plain text. Run as the real command, as a person meets it."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,9 @@ from app.core.startup import StartupFacts, banner
 from app.engine.catalog import lookup
 from tests.e2e.server import free_port
 from tests.ops.test_serve_startup import (
-    COMPACTD,
-    GIVE_UP_SECONDS,
     ROOT,
     Terminal,
+    _command,
     _env,
     _run,
     assert_one_clear_line,
@@ -35,18 +33,6 @@ TYPO = {
     "COMPACTD_API_KEY": "cmpd_x",
     "COMPACTD_BENCH_CPU_REQUESTS": "10",
 }
-
-
-def _command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [COMPACTD, *args],
-        cwd=ROOT,
-        env=_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=GIVE_UP_SECONDS,
-        check=False,
-    )
 
 
 # ------------------------------------------------------------------ DATABASE_URL
