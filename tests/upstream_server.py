@@ -8,14 +8,22 @@ tests share no state and start in no time.
 Routes, under the test's ``upstream.url`` (``http://127.0.0.1:PORT/<id>/v1``):
 
 * ``POST /chat/completions`` answers in the OpenAI chat-completions shape;
-* ``POST /messages`` answers in the Anthropic Messages shape.
+* ``POST /messages`` answers in the Anthropic Messages shape;
+* ``POST /responses`` answers in the OpenAI Responses shape (``input`` items in,
+  ``output`` items out: a ``message`` with ``output_text``, ``function_call`` items, or
+  ``custom_tool_call`` items for a tool the request declares of type ``custom``).
 
 A request with ``"stream": true`` gets its answer as server-sent events, exactly as
 each API streams it: OpenAI ``chat.completion.chunk`` objects (``delta`` content and
 ``tool_calls``, the usage-only chunk when ``stream_options.include_usage`` asks for it,
 ``data: [DONE]``); Anthropic ``message_start``, ``content_block_start``, ``ping``,
 ``content_block_delta`` (``text_delta``, ``input_json_delta``), ``content_block_stop``,
-``message_delta`` and ``message_stop``.
+``message_delta`` and ``message_stop``; Responses ``response.created``,
+``response.in_progress``, per output item ``response.output_item.added``, its
+``response.content_part.added``, ``response.output_text.delta`` and ``.done``,
+``response.content_part.done`` (or ``response.function_call_arguments.delta`` and
+``.done``), ``response.output_item.done``, then ``response.completed`` with the whole
+response and its usage.
 
 Requests are first checked as the real APIs do (JSON with ``model`` and
 ``messages``; Anthropic's ``anthropic-version`` header and ``max_tokens``; the key
@@ -26,7 +34,8 @@ next scripted action (:class:`Reply`, :class:`ToolCalls`, :class:`Status`,
 :class:`Empty`, :class:`Garbage`, :class:`Hang`, :class:`Drip`, :class:`Close`,
 :class:`BreakStream`, :class:`SlowStream`); when the script is spent, it gets a
 deterministic summary built from the request (:func:`default_summary`), or, with
-``upstream.behaviour = "agent"``, the demo's agent-like answer (:func:`agent_action`).
+``upstream.behaviour = "agent"``, the demo's agent-like answer (:func:`agent_action`);
+``upstream.respond``, when set, decides the answer from the request before either.
 
 Register the fixtures in ``tests/conftest.py``::
 
@@ -52,7 +61,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -190,7 +199,7 @@ ANTHROPIC_CONTEXT_OVERFLOW: dict[str, Any] = {
 
 def context_overflow(api: str) -> Status:
     """The 400 each API sends when the prompt does not fit the model's window."""
-    body = OPENAI_CONTEXT_OVERFLOW if api == "openai" else ANTHROPIC_CONTEXT_OVERFLOW
+    body = ANTHROPIC_CONTEXT_OVERFLOW if api == "anthropic" else OPENAI_CONTEXT_OVERFLOW
     return Status(400, body=body)
 
 
@@ -227,7 +236,7 @@ _ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
 
 def error_body(api: str, code: int, message: str | None = None) -> dict[str, Any]:
     """The error object ``api`` sends with ``code``."""
-    if api == "openai":
+    if api != "anthropic":
         kind, err_code, default = _OPENAI_ERRORS.get(code, ("server_error", None, "Error."))
         return {
             "error": {"message": message or default, "type": kind, "param": None, "code": err_code}
@@ -247,13 +256,14 @@ def error_body(api: str, code: int, message: str | None = None) -> dict[str, Any
 class RecordedRequest:
     """One request as it arrived. ``path`` is below the test's prefix (``/v1/messages``),
     header names are lower-case, ``json`` is the parsed body (``None`` if not JSON) and
-    ``at`` is ``time.monotonic()`` on arrival."""
+    ``at`` is ``time.monotonic()`` on arrival; ``query`` the query string (``beta=true``)."""
 
     path: str
     headers: dict[str, str]
     body: bytes
     json: Any
     at: float
+    query: str = ""
 
 
 class Upstream:
@@ -269,6 +279,10 @@ class Upstream:
         #: When set, a request whose prompt is larger (:func:`prompt_tokens`) gets the
         #: API's context-overflow error, as a model with that window would answer.
         self.context_limit: int | None = None
+        #: When set, decides the answer to a request the script has none for, from the API
+        #: ("openai", "anthropic" or "responses") and the request's body; None falls
+        #: through to ``behaviour``. Called on the server's thread: it must not block.
+        self.respond: Callable[[str, dict[str, Any]], Action | None] | None = None
         self._lock = threading.Condition()
         self._script: deque[Action] = deque()
         # ``keep``: the demo server remembers its last requests only.
@@ -378,12 +392,14 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     the messages, system prompt and tools as JSON): another tokenizer than
     compactd's, as a real provider's is."""
     sized = [body.get("messages"), body.get("system"), body.get("tools")]
+    if "input" in body:  # the Responses API's history and prompt
+        sized += [body.get("input"), body.get("instructions")]
     return max(1, len(orjson.dumps(sized)) // 4)
 
 
 def _ids(body: dict[str, Any], prefix: str, count: int) -> list[str]:
     """Tool call ids, unique to the request (its history) and the call's position."""
-    seed = hashlib.sha256(orjson.dumps(body.get("messages"))).hexdigest()
+    seed = hashlib.sha256(orjson.dumps(body.get("messages", body.get("input")))).hexdigest()
     return [
         f"{prefix}{hashlib.sha256(f'{seed}:{i}'.encode()).hexdigest()[:20]}" for i in range(count)
     ]
@@ -410,7 +426,8 @@ class _Answer:
     def call_ids(self) -> list[str]:
         if self.ids is not None:
             return list(self.ids)
-        return _ids(self.body, "call_" if self.api == "openai" else "toolu_", len(self.calls))
+        prefix = "toolu_" if self.api == "anthropic" else "call_"
+        return _ids(self.body, prefix, len(self.calls))
 
     @staticmethod
     def arguments(args: Mapping[str, Any] | str) -> str:
@@ -428,6 +445,14 @@ class _Answer:
             1, len(orjson.dumps([self.text, [self.arguments(a) for _, a in self.calls]])) // 4
         )
         prompt = prompt_tokens(self.body)
+        if self.api == "responses":
+            return {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + output,
+            }
         if self.api == "openai":
             return {
                 "prompt_tokens": prompt,
@@ -440,6 +465,8 @@ class _Answer:
         model = self.model or str(self.body.get("model"))
         usage = dict(self.usage or self.default_usage())
         ids = self.call_ids
+        if self.api == "responses":
+            return self._responses_whole(model, usage, ids)
         if self.api == "openai":
             message: dict[str, Any] = {
                 "role": "assistant",
@@ -492,7 +519,152 @@ class _Answer:
 
     def events(self) -> list[bytes]:
         """The answer as the API streams it, one server-sent event each."""
+        if self.api == "responses":
+            return self._responses_events()
         return self._openai_events() if self.api == "openai" else self._anthropic_events()
+
+    def _custom_tools(self) -> set[str]:
+        tools = self.body.get("tools")
+        return {
+            t["name"]
+            for t in (tools if isinstance(tools, list) else [])
+            if isinstance(t, dict) and t.get("type") == "custom" and isinstance(t.get("name"), str)
+        }
+
+    def _responses_whole(self, model: str, usage: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+        digest = hashlib.sha256(orjson.dumps(self.body.get("input"))).hexdigest()[:24]
+        output: list[dict[str, Any]] = []
+        if self.text is not None and (self.text or not self.calls):
+            text = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            output.append(
+                {
+                    "id": f"msg_{digest}",
+                    "type": "message",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [text],
+                }
+            )
+        custom = self._custom_tools()
+        for i, (call_id, (name, args)) in enumerate(zip(ids, self.calls, strict=True)):
+            if name in custom:
+                text_input = args if isinstance(args, str) else str(args.get("input", ""))
+                output.append(
+                    {
+                        "id": f"ctc_{digest}{i}",
+                        "type": "custom_tool_call",
+                        "status": "completed",
+                        "call_id": call_id,
+                        "name": name,
+                        "input": text_input,
+                    }
+                )
+            else:
+                output.append(
+                    {
+                        "id": f"fc_{digest}{i}",
+                        "type": "function_call",
+                        "status": "completed",
+                        "arguments": self.arguments(args),
+                        "call_id": call_id,
+                        "name": name,
+                    }
+                )
+        return {
+            "id": f"resp_{digest}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": self.body.get("instructions"),
+            "max_output_tokens": self.body.get("max_output_tokens"),
+            "model": model,
+            "output": output,
+            "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
+            "previous_response_id": self.body.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None},
+            "store": self.body.get("store", True),
+            "temperature": 1.0,
+            "text": {"format": {"type": "text"}, "verbosity": "medium"},
+            "tool_choice": self.body.get("tool_choice", "auto"),
+            "tools": self.body.get("tools") or [],
+            "top_p": 1.0,
+            "truncation": "disabled",
+            "usage": usage,
+            "user": None,
+            "metadata": {},
+        }
+
+    def _responses_events(self) -> list[bytes]:
+        whole = self.whole()
+        out: list[bytes] = []
+
+        def event(data: dict[str, Any]) -> None:
+            data = {**data, "sequence_number": len(out)}
+            out.append(f"event: {data['type']}\ndata: ".encode() + orjson.dumps(data) + b"\n\n")
+
+        pending = {**whole, "status": "in_progress", "output": [], "usage": None}
+        event({"type": "response.created", "response": pending})
+        event({"type": "response.in_progress", "response": pending})
+        for index, item in enumerate(whole["output"]):
+            at = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "message":
+                event(
+                    {
+                        "type": "response.output_item.added",
+                        "output_index": index,
+                        "item": {**item, "status": "in_progress", "content": []},
+                    }
+                )
+                part = item["content"][0]
+                empty = {**part, "text": ""}
+                event(
+                    {"type": "response.content_part.added", **at, "content_index": 0, "part": empty}
+                )
+                for piece in _pieces(part["text"], 12):
+                    event(
+                        {
+                            "type": "response.output_text.delta",
+                            **at,
+                            "content_index": 0,
+                            "delta": piece,
+                            "logprobs": [],
+                        }
+                    )
+                event(
+                    {
+                        "type": "response.output_text.done",
+                        **at,
+                        "content_index": 0,
+                        "text": part["text"],
+                        "logprobs": [],
+                    }
+                )
+                event(
+                    {"type": "response.content_part.done", **at, "content_index": 0, "part": part}
+                )
+            else:
+                field_name = "input" if item["type"] == "custom_tool_call" else "arguments"
+                kind = (
+                    "response.custom_tool_call_input"
+                    if item["type"] == "custom_tool_call"
+                    else "response.function_call_arguments"
+                )
+                event(
+                    {
+                        "type": "response.output_item.added",
+                        "output_index": index,
+                        "item": {**item, "status": "in_progress", field_name: ""},
+                    }
+                )
+                for piece in _pieces(item[field_name], 8):
+                    event({"type": f"{kind}.delta", **at, "delta": piece})
+                event({"type": f"{kind}.done", **at, field_name: item[field_name]})
+            event({"type": "response.output_item.done", "output_index": index, "item": item})
+        event({"type": "response.completed", "response": whole})
+        return out
 
     def _openai_events(self) -> list[bytes]:
         whole = self.whole()
@@ -749,7 +921,7 @@ def _answer_of(api: str, body: dict[str, Any], then: Reply | ToolCalls) -> _Answ
 def _invalid(api: str, request: Request, body: Any, upstream: Upstream) -> Response | None:
     """The 400 or 401 the real API would send for this request, if any."""
     if upstream.api_key is not None:
-        if api == "openai":
+        if api != "anthropic":
             sent = request.headers.get("authorization")
             expected = f"Bearer {upstream.api_key}"
         else:
@@ -761,13 +933,16 @@ def _invalid(api: str, request: Request, body: Any, upstream: Upstream) -> Respo
         return _json_response(error_body(api, 400, "anthropic-version: header is required"), 400)
     if not isinstance(body, dict):
         return _json_response(error_body(api, 400, "The body is not a JSON object."), 400)
-    if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list):
+    if api == "responses":
+        if not isinstance(body.get("model"), str) or not isinstance(body.get("input"), str | list):
+            return _json_response(error_body(api, 400, "model and input are required."), 400)
+    elif not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list):
         return _json_response(error_body(api, 400, "model and messages are required."), 400)
     if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
         return _json_response(error_body(api, 400, "max_tokens: Field required"), 400)
     limit = upstream.context_limit
     if limit is not None and (size := prompt_tokens(body)) > limit:
-        if api == "openai":
+        if api != "anthropic":
             message = (
                 f"This model's maximum context length is {limit} tokens. However, your "
                 f"messages resulted in {size} tokens. Please reduce the length of the messages."
@@ -840,7 +1015,7 @@ def _first_tool(api: str, tools: Any) -> tuple[str, Any] | None:
     if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
         return None
     tool: dict[str, Any] = tools[0]
-    if api == "openai":
+    if api != "anthropic":
         fn: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else tool
         name, schema = fn.get("name"), fn.get("parameters")
     else:
@@ -854,6 +1029,8 @@ def _last_is_tool_result(api: str, messages: list[Any]) -> bool:
         return False
     if api == "openai":
         return last.get("role") == "tool"
+    if api == "responses":
+        return last.get("type") in ("function_call_output", "custom_tool_call_output")
     content = last.get("content")
     return (
         last.get("role") == "user"
@@ -867,6 +1044,9 @@ def agent_action(api: str, body: dict[str, Any]) -> Reply | ToolCalls:
     its schema, unless the last message is a tool result (or no tool is offered): then
     a short text answer."""
     messages = body.get("messages") or []
+    if api == "responses":
+        given = body.get("input")
+        messages = given if isinstance(given, list) else [{"role": "user", "content": given}]
     tool = _first_tool(api, body.get("tools"))
     if tool is not None and not _last_is_tool_result(api, messages):
         name, schema = tool
@@ -888,7 +1068,14 @@ def make_app(server: UpstreamServer) -> Starlette:
         upstream = server.default if key is None else server.get(key)
         if upstream is None:
             return _json_response({"error": {"message": "no such test upstream"}}, 404)
-        api = "openai" if request.url.path.endswith("/chat/completions") else "anthropic"
+        path = request.url.path
+        api = (
+            "openai"
+            if path.endswith("/chat/completions")
+            else "responses"
+            if path.endswith("/responses")
+            else "anthropic"
+        )
         raw = await request.body()
         try:
             body = orjson.loads(raw)
@@ -902,19 +1089,25 @@ def make_app(server: UpstreamServer) -> Starlette:
                 body=raw,
                 json=body,
                 at=time.monotonic(),
+                query=request.url.query,
             )
         )
         refusal = _invalid(api, request, body, upstream)
         if refusal is not None:
             return refusal
-        return await _perform(api, request, body, upstream._next(), upstream.behaviour)
+        action = upstream._next()
+        if action is None and upstream.respond is not None:
+            action = upstream.respond(api, body)
+        return await _perform(api, request, body, action, upstream.behaviour)
 
     return Starlette(
         routes=[
             Route("/{key}/v1/chat/completions", handle, methods=["POST"]),
             Route("/{key}/v1/messages", handle, methods=["POST"]),
+            Route("/{key}/v1/responses", handle, methods=["POST"]),
             Route("/v1/chat/completions", handle, methods=["POST"]),
             Route("/v1/messages", handle, methods=["POST"]),
+            Route("/v1/responses", handle, methods=["POST"]),
         ]
     )
 
@@ -993,6 +1186,7 @@ def main(argv: list[str] | None = None) -> int:
         f"scripted upstream on {root}\n"
         f"  OpenAI:    base_url={root}/v1  (POST /v1/chat/completions)\n"
         f"  Anthropic: base_url={root}     (POST /v1/messages)\n"
+        f"  Responses: base_url={root}/v1  (POST /v1/responses)\n"
         "  any API key is accepted; Ctrl-C stops it",
         flush=True,
     )
