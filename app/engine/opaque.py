@@ -56,9 +56,15 @@ SERVER_RESULT_SUFFIX = "_tool_result"
 # An image whose source compactd does not model (a Files API ``file_id``) is kept too.
 ANTHROPIC_OPAQUE_IMAGE_SOURCES = frozenset({"file"})
 
-# OpenAI chat content parts taken as opaque, by role.
-OPENAI_USER_PARTS = frozenset({"file", "input_audio"})
-OPENAI_ASSISTANT_PARTS = frozenset({"refusal"})
+# OpenAI chat content parts taken as opaque, by role. ``response_item`` and
+# ``response_part`` carry what the Responses API sends that chat has no form for (a
+# reasoning item with its ``encrypted_content``, an ``input_file`` part...), under their
+# own names, as the proxy's Responses route translates it (app.engine.responses_format).
+RESPONSE_ITEM = "response_item"
+RESPONSE_PART = "response_part"
+OPENAI_USER_PARTS = frozenset({"file", "input_audio", RESPONSE_PART})
+OPENAI_TOOL_PARTS = frozenset({RESPONSE_PART})
+OPENAI_ASSISTANT_PARTS = frozenset({"refusal", RESPONSE_ITEM, RESPONSE_PART})
 
 _PROVIDER = {"anthropic": "Anthropic", "openai": "OpenAI"}
 _NOUN = {"anthropic": "block", "openai": "part"}

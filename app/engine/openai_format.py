@@ -70,7 +70,7 @@ def parse_arguments(arguments: str, path: str) -> dict[str, Any]:
 # audio, an assistant's refusal kept opaquely (app.engine.opaque).
 _PARTS_BY_ROLE: dict[str, tuple[str, ...]] = {
     "user": ("text", "image_url", *sorted(opaque.OPENAI_USER_PARTS)),
-    "tool": ("text", "image_url"),
+    "tool": ("text", "image_url", *sorted(opaque.OPENAI_TOOL_PARTS)),
     "assistant": ("text", *sorted(opaque.OPENAI_ASSISTANT_PARTS)),
 }
 

@@ -29,6 +29,9 @@ from app.engine.overflow_errors import OverflowMatch
 from app.engine.proxy_history import ParseMessage
 
 Api = Literal["openai", "anthropic"]
+# The proxy's routes: an API, or OpenAI's Responses, stored as "openai" (its items read as
+# chat messages: app.engine.responses_format).
+Wire = Literal["openai", "anthropic", "responses"]
 
 
 def _openai_parse(raw: Any, path: str) -> list[Entry]:
@@ -59,10 +62,18 @@ class ProxyRequest:
     system: Any
     stream: bool
     wants_usage: bool  # OpenAI: the agent asked for the usage chunk of a stream
+    # An OpenAI Responses request (app.engine.responses_format): its ``input`` items read
+    # as chat messages, one each, so that it is stored and matched as ``api`` "openai".
+    responses: bool = False
+
+    @property
+    def field(self) -> str:
+        """The body's field that holds the history."""
+        return "input" if self.responses else "messages"
 
     def path(self, index: int) -> str:
         """The request's own path of history message ``index``."""
-        return f"messages[{index + self.offset}]"
+        return f"{self.field}[{index + self.offset}]"
 
 
 def read_request(api: Api, body: Any) -> ProxyRequest:
@@ -123,6 +134,9 @@ def system_text(request: ProxyRequest) -> str:
     if isinstance(system, str):
         return system
     texts: list[str] = []
+    instructions = request.body.get("instructions") if request.responses else None
+    if isinstance(instructions, str) and instructions:
+        texts.append(instructions)
     for item in system or ():
         if not isinstance(item, dict):
             continue
@@ -217,6 +231,13 @@ class Reply:
     message: dict[str, Any]
     finish_reason: str | None
     usage: dict[str, Any] | None
+    # The messages after ``message`` of a reply that is several (a Responses reply's
+    # output items, one message each).
+    rest: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [self.message, *self.rest]
 
 
 class UnreadableReply(ValueError):

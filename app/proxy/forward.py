@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import urllib.parse
 from collections.abc import Coroutine
 from http.cookiejar import Cookie, CookieJar
 from typing import Any
@@ -26,7 +27,7 @@ import httpx
 from app.core.allowlist import Allowance
 from app.core.outbound import guarded_client
 from app.core.settings import Settings
-from app.engine.proxy_wire import Api
+from app.engine.proxy_wire import Wire
 from app.proxy.context import Contexts
 
 log = logging.getLogger("compactd.proxy")
@@ -90,6 +91,20 @@ def agent_headers(headers: httpx.Headers) -> dict[str, str]:
     return out
 
 
+# What of a query's bytes goes upstream as it came: printable ASCII but "#" (which would
+# end the query). The rest is percent-encoded, as a URL must carry it.
+_QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "#")
+
+
+def with_query(url: httpx.URL, query: bytes) -> httpx.URL:
+    """The upstream URL with the agent's query string (``?beta=true``, Claude Code's;
+    ``?api-version=...``, an Azure client's) after any the operator's URL has."""
+    if not query:
+        return url
+    agent = urllib.parse.quote(query, safe=_QUERY_SAFE).encode("ascii")
+    return url.copy_with(query=url.query + b"&" + agent if url.query else agent)
+
+
 class _NoCookies(CookieJar):
     """A jar that keeps nothing: a cookie an upstream sets in its answer to one agent's
     call (a CDN's, say) never goes out with another agent's."""
@@ -101,9 +116,11 @@ class _NoCookies(CookieJar):
         pass
 
 
-def upstream_url(api: Api, settings: Settings) -> str:
+def upstream_url(api: Wire, settings: Settings) -> str:
     if api == "openai":
         return settings.proxy_openai_url.rstrip("/") + "/chat/completions"
+    if api == "responses":
+        return settings.proxy_openai_url.rstrip("/") + "/responses"
     return settings.proxy_anthropic_url.rstrip("/") + "/v1/messages"
 
 
@@ -138,8 +155,9 @@ class ProxyClient:
             cookies=_NoCookies(),
         )
         # Parsed once: each call's request is built from them.
-        self.urls: dict[Api, httpx.URL] = {
-            api: httpx.URL(upstream_url(api, settings)) for api in ("openai", "anthropic")
+        self.urls: dict[Wire, httpx.URL] = {
+            api: httpx.URL(upstream_url(api, settings))
+            for api in ("openai", "anthropic", "responses")
         }
         self._pending: set[asyncio.Task[None]] = set()
         # The last context sent on each session lately called (app.proxy.context).

@@ -17,7 +17,8 @@ from starlette.types import Receive, Scope, Send
 from app.core.database import EngineDep
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
-from app.engine.proxy_wire import Api
+from app.engine.proxy_wire import Wire
+from app.keys.auth import OPEN_PROXY_BASES
 from app.proxy.forward import ProxyClient
 from app.proxy.service import SESSION_HEADER, Delivery, EventStream, ProxyService
 
@@ -98,7 +99,7 @@ def _spec(provider: str, errors: str) -> dict[str, Any]:
     }
 
 
-async def _call(api: Api, request: Request, tenant: str, engine: Any, settings: Any) -> Response:
+async def _call(api: Wire, request: Request, tenant: str, engine: Any, settings: Any) -> Response:
     client: ProxyClient = request.app.state.proxy
     answer = await ProxyService(
         engine=engine,
@@ -106,6 +107,7 @@ async def _call(api: Api, request: Request, tenant: str, engine: Any, settings: 
         client=client,
         settings=settings,
         tenant_id=tenant,
+        query=request.scope["query_string"],
     ).call(
         api,
         request.headers.get(SESSION_HEADER),
@@ -180,6 +182,22 @@ async def openai_chat_completions(
 
 
 @router.post(
+    "/openai/v1/responses",
+    openapi_extra=_spec("OpenAI Responses", '{"error": {"message", "type", "code"}}'),
+)
+async def openai_responses(
+    request: Request, tenant: TenantDep, engine: EngineDep, settings: SettingsDep
+) -> Response:
+    """An OpenAI Responses call (Codex's API) through compactd: the request's new input
+    items are stored, the session's managed context goes upstream as its input (after
+    ``instructions`` and the leading system and developer items, the agent's prompt, sent
+    as they came), and the reply (whole or streamed, event for event) comes back as the
+    upstream sent it, then its output items are stored. ``previous_response_id`` is
+    refused (400): compactd keeps the history, so the whole of it is sent each call."""
+    return await _call("responses", request, tenant, engine, settings)
+
+
+@router.post(
     "/anthropic/v1/messages",
     openapi_extra=_spec("Anthropic Messages", '{"type": "error", "error": {"type", "message"}}'),
 )
@@ -190,3 +208,23 @@ async def anthropic_messages(
     are stored, the session's managed context goes upstream in place of its history, and
     the reply (whole or streamed) comes back as the upstream sent it, then is stored."""
     return await _call("anthropic", request, tenant, engine, settings)
+
+
+async def reachable() -> Response:
+    """An agent's reachability check of a base URL (Claude Code sends ``HEAD`` to its
+    ``ANTHROPIC_BASE_URL``): an empty 200, with no session header or key needed, since
+    it tells nothing but that the proxy is there."""
+    return Response(status_code=200)
+
+
+for _base in sorted(OPEN_PROXY_BASES):
+    router.add_api_route(
+        _base.removeprefix(router.prefix),
+        reachable,
+        methods=["HEAD"],
+        # One entry per base in the spec; its twin with a trailing slash answers alike.
+        include_in_schema=not _base.endswith("/"),
+        response_class=Response,
+        responses={200: {"description": "The proxy is there (an empty body)."}},
+        summary="Reachability check of a proxy base URL",
+    )

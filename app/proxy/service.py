@@ -84,8 +84,10 @@ from app.core.errors import (
 from app.core.http import run_sized
 from app.core.outbound import redact_url
 from app.core.settings import Settings
-from app.engine import catalog, overflow_errors, provider_usage, proxy_recall
+from app.engine import catalog, overflow_errors, provider_usage, proxy_recall, responses_format
+from app.engine.anthropic_format import system_messages_allowed
 from app.engine.model import Entry, InvalidMessage
+from app.engine.proxy_conversations import declares_tools
 from app.engine.proxy_history import (
     Diverged,
     Known,
@@ -94,7 +96,6 @@ from app.engine.proxy_history import (
     contentless,
     digest,
     extend,
-    first_difference,
     match,
     raw_known,
     replays,
@@ -109,10 +110,10 @@ from app.engine.proxy_stream import (
 )
 from app.engine.proxy_wire import (
     PARSERS,
-    Api,
     ProxyRequest,
     Reply,
     UnreadableReply,
+    Wire,
     overhead_tokens,
     read_request,
     replayed_body,
@@ -122,13 +123,15 @@ from app.engine.proxy_wire import (
     stored_reply,
     upstream_bytes,
 )
+from app.engine.responses_format import ResponsesStream
 from app.engine.storable import find_unstorable
 from app.engine.tokens import EncodingName
 from app.messages.schemas import AppendRequest
 from app.messages.service import Appended, AppendService, oversized_arguments
 from app.proxy.context import Built
+from app.proxy.conversations import MOVES, Conversations, Placed
 from app.proxy.errors import BadGateway, GatewayTimeout
-from app.proxy.forward import ProxyClient, agent_headers, upstream_headers
+from app.proxy.forward import ProxyClient, agent_headers, upstream_headers, with_query
 from app.proxy.repository import KnownRow, ProxyRepository, StoredMessage
 from app.recall import agent_tools
 from app.recall.tool_calls import ToolCallService
@@ -234,6 +237,9 @@ class _Call:
     stored_reply: bool = field(default=False)
     # The request with the recall tools, when the session offers them.
     offered: proxy_recall.Offered | None = None
+    # Anthropic: later system entries go as ``role: "system"`` messages (the request
+    # allows them: anthropic_format.system_messages_allowed), not as ``<system>`` text.
+    system_messages: bool = False
     sent: Built | None = None  # the context sent last
 
 
@@ -290,7 +296,15 @@ _OVERHEADS_KEPT = 256
 
 
 def _overhead(request: ProxyRequest, encoding: EncodingName) -> int:
-    key = orjson.dumps([request.api, encoding, request.system, request.body.get("tools")])
+    key = orjson.dumps(
+        [
+            request.api,
+            encoding,
+            request.system,
+            request.body.get("tools"),
+            request.body.get("instructions") if request.responses else None,
+        ]
+    )
     found = _OVERHEADS.pop(key, None)
     if found is None:
         found = overhead_tokens(request, encoding)
@@ -300,12 +314,13 @@ def _overhead(request: ProxyRequest, encoding: EncodingName) -> int:
     return found
 
 
-def _shift(path: str, by: int) -> str:
-    """A path of a sub-list's message (``messages[2].content``) as the request's own."""
+def _shift(path: str, by: int, field: str = "messages") -> str:
+    """A path of a sub-list's message (``messages[2].content``) as the request's own
+    (``field``: the body's list of them, ``input`` for a Responses request)."""
     found = _PATH_HEAD.match(path)
     if found is None:
         return path
-    return f"messages[{int(found.group(1)) + by}]" + path[found.end() :]
+    return f"{field}[{int(found.group(1)) + by}]" + path[found.end() :]
 
 
 def _invalid(exc: InvalidMessage) -> BadRequest:
@@ -328,6 +343,7 @@ class ProxyService:
         client: ProxyClient,
         settings: Settings,
         tenant_id: str,
+        query: bytes = b"",
     ) -> None:
         self.engine = engine
         self.sessionmaker = sessionmaker
@@ -336,9 +352,11 @@ class ProxyService:
         self.settings = settings
         self.tenant_id = tenant_id
         self.repo = ProxyRepository(tenant_id)
+        # The agent's query string (Claude Code's ?beta=true): it goes upstream as sent.
+        self.query = query
 
     async def call(
-        self, api: Api, session_id: str | None, body: bytes, headers: list[tuple[bytes, bytes]]
+        self, api: Wire, session_id: str | None, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> Answer:
         """Serve one proxied call (see the module's docstring)."""
         if not session_id:
@@ -381,6 +399,9 @@ class ProxyService:
                 )
                 if isinstance(prepared, StoredMessage):
                     return self._replayed(request, session_id, prepared)
+                # The session the call goes on in: the named one, or its child for
+                # another conversation (app.proxy.conversations).
+                session_id = prepared.session_id
                 # The request goes upstream now; the context is recorded as served, and
                 # the connection given back, while it is on its way.
                 sending = asyncio.ensure_future(
@@ -419,7 +440,9 @@ class ProxyService:
         parse = PARSERS[request.api]
         encoding = catalog.lookup(request.model).encoding
         created = False
-        for _ in range(ATTEMPTS):
+        parent_id: str | None = None  # of the child session the call moved to
+        moves = 0
+        for _ in range(ATTEMPTS + MOVES):
             tail: list[Stored] = []
             if first is not None:
                 row, first = await first, None
@@ -428,13 +451,13 @@ class ProxyService:
             if row is None:
                 if created:  # pragma: no cover - deleted at once after its creation
                     raise Conflict(f"session {session_id!r} was deleted during the call")
-                await self._create(session_id, request.model)
+                await self._create(session_id, request.model, parent_id)
                 created = True
                 continue
             known, last_seq = row.known, row.last_seq
             offered = (
                 proxy_recall.offer(request, agent_tools.definitions(request.api))
-                if row.recall_tools
+                if row.recall_tools and not request.responses
                 else None
             )
             # The system prompt and the tools (the recall tools too, when offered): the
@@ -462,10 +485,20 @@ class ProxyService:
             except InvalidMessage as exc:
                 raise _invalid(exc) from None
             if isinstance(found, Diverged):
-                replayed = await self._replay(driver, session_id, found, known, tail, last_seq)
+                # A Responses reply is several messages: a call sent again is not told
+                # from an edited history there, and is answered anew.
+                replayed = (
+                    None
+                    if request.responses
+                    else await self._replay(driver, session_id, found, known, tail, last_seq)
+                )
                 if replayed is not None:
                     return replayed
-                raise await self._diverged(driver, request, session_id, found)
+                placed = await self._diverged(driver, request, session_id, row, moves)
+                if placed.session_id != session_id:
+                    created = False
+                session_id, parent_id, moves = placed.session_id, placed.parent_id, moves + 1
+                continue
             new = request.messages[found.new_from :]
             appended: Appended | None = None
             version = row.version
@@ -484,12 +517,24 @@ class ProxyService:
                 except PreconditionFailed:
                     continue  # another writer came first: read and match again
                 except UnprocessableContent as exc:
-                    raise _shifted(exc, request.offset + found.new_from) from None
+                    raise _shifted(exc, request.offset + found.new_from, request.field) from None
                 version = appended.version
                 if appended.rows:
                     last_seq = appended.rows[-1].seq
+            if not row.tools_declared and declares_tools(request.body):
+                # Its conversation is no longer provisional (app.proxy.conversations).
+                await self.repo.note_tools(driver, session_id)
+            system_messages = request.api == "anthropic" and system_messages_allowed(
+                request.messages, raw_headers
+            )
             context = await self.client.contexts.after_append(
-                driver, self.tenant_id, session_id, request.api, row.created_at, appended
+                driver,
+                self.tenant_id,
+                session_id,
+                request.api,
+                row.created_at,
+                appended,
+                system_messages=system_messages,
             )
             return _Call(
                 request=request,
@@ -504,6 +549,7 @@ class ProxyService:
                 session_version=version,
                 path=row.path,
                 offered=offered,
+                system_messages=system_messages,
             )
         raise Conflict(
             f"session {session_id!r} kept changing while this call's messages were stored "
@@ -589,11 +635,16 @@ class ProxyService:
             media_type="text/event-stream",
         )
 
-    async def _create(self, session_id: str, model: str) -> None:
+    async def _create(self, session_id: str, model: str, parent_id: str | None = None) -> None:
         async with self.sessionmaker() as db:
             try:
                 await sessions.SessionService(db, self.tenant_id).create(
-                    SessionCreate(model=model, id=session_id, config=PROXY_SESSION_CONFIG)
+                    SessionCreate(
+                        model=model,
+                        id=session_id,
+                        config=PROXY_SESSION_CONFIG,
+                        parent_id=parent_id,
+                    )
                 )
                 await db.commit()
             except Conflict:
@@ -602,48 +653,13 @@ class ProxyService:
                 raise BadRequest(f"model: {exc.errors()[0]['msg']}") from None
 
     async def _diverged(
-        self, driver: Driver, request: ProxyRequest, session_id: str, found: Diverged
-    ) -> ProblemError:
-        """The 409 for a request whose history is not the stored one plus new messages,
-        naming the first message that differs (the stored digests are read only here)."""
-        stored: list[Stored] = []
-        after = 0
-        while True:
-            rows = await self.repo.messages_after(driver, session_id, after, PAGE)
-            stored.extend(Stored.of(r.entry, r.erased) for r in rows)
-            if len(rows) < PAGE:
-                break
-            after = rows[-1].seq
-        parse = PARSERS[request.api]
-        try:
-            index, at = first_difference(request.messages, parse, stored, request.offset)
-        except InvalidMessage as exc:
-            return _invalid(exc)
-        first = index + request.offset
-        if index == len(request.messages):
-            what = (
-                f"the request's history ends after {len(request.messages)} messages, but the "
-                f"stored history goes on past them ({len(stored)} stored message entries, "
-                f"the request matches the first {at})"
-            )
-        elif found.inside_message is not None and at >= len(stored):
-            first = found.inside_message + request.offset
-            what = (
-                f"messages[{first}] holds both stored and new content: the stored history "
-                "ends inside it"
-            )
-        else:
-            what = (
-                f"messages[{first}] differs from the stored history (stored message entry {at + 1})"
-            )
-        return Conflict(
-            f"the history in this request diverges from the one stored for session "
-            f"{session_id!r}: {what}. compactd keeps one linear history per session and "
-            "never mixes two: send the stored history (GET /v1/sessions/{id}/messages) "
-            "followed by the new messages, or start a new session id.",
-            headers={"x-should-retry": "false"},
-            first_difference=first,
-            stored_entries=len(stored),
+        self, driver: Driver, request: ProxyRequest, session_id: str, row: KnownRow, moves: int
+    ) -> Placed:
+        """Where a call whose history is not the stored one plus new messages goes on:
+        a new branch of the session's tree, or a child session for another conversation
+        (app.proxy.conversations, which makes the move)."""
+        return await Conversations(self.engine, self.tenant_id, self.repo).place(
+            driver, request, session_id, row, moves
         )
 
     def _check_storable(self, request: ProxyRequest, start: int, new: list[Any]) -> None:
@@ -657,7 +673,7 @@ class ProxyService:
         if request.api == "openai":
             found = oversized_arguments(new, max_items)
             if found:
-                raise _bad(_shift(found[0], request.offset + start), found[1])
+                raise _bad(_shift(found[0], request.offset + start, request.field), found[1])
 
     def _body(self, call: _Call, context: Built) -> bytes:
         """The agent's request with ``context`` in place of its history, as JSON."""
@@ -666,13 +682,20 @@ class ProxyService:
         call.sent = context
         if call.offered is not None:
             return upstream_bytes(call.offered.request, context.messages, context.system)
+        if call.request.responses:
+            return responses_format.upstream_bytes(call.request, context.messages)
         return upstream_bytes(call.request, context.messages, context.system)
 
     async def _fresh_context(self, call: _Call) -> Built:
         """The context read again (after a relief, for the retry), recorded as served."""
         async with driver_connection(self.engine) as driver:
             context = await self.client.contexts.fresh(
-                driver, self.tenant_id, call.session_id, call.request.api, call.created_at
+                driver,
+                self.tenant_id,
+                call.session_id,
+                call.request.api,
+                call.created_at,
+                system_messages=call.system_messages,
             )
             await self._served(driver, call.session_id, context)
         return context
@@ -686,7 +709,8 @@ class ProxyService:
 
     async def _send(self, call: _Call, body: bytes) -> httpx.Response:
         call.attempts += 1
-        url = self.client.urls[call.request.api]
+        url = self.client.urls["responses" if call.request.responses else call.request.api]
+        url = with_query(url, self.query)
         upstream = self.http.build_request("POST", url, content=body, headers=call.headers)
         try:
             return await self.http.send(upstream, stream=True)
@@ -728,7 +752,11 @@ class ProxyService:
         raw = await _read(response, MAX_REPLY_BYTES)
         headers = agent_headers(response.headers)
         try:
-            reply = reply_of(call.request.api, orjson.loads(raw))
+            data = orjson.loads(raw)
+            if call.request.responses:
+                reply = responses_format.reply_of(data)
+            else:
+                reply = reply_of(call.request.api, data)
         except (orjson.JSONDecodeError, UnreadableReply) as exc:
             log.warning(
                 "proxied reply not stored: not a reply of the API",
@@ -984,9 +1012,13 @@ class ProxyService:
         """The upstream's events as they come; once the stream is complete, the reply is
         stored (after its end reached the agent, the session's turn held until then)."""
         request = call.request
-        reader: OpenAIStream | AnthropicStream = (
-            OpenAIStream(request.wants_usage) if request.api == "openai" else AnthropicStream()
-        )
+        reader: OpenAIStream | AnthropicStream | ResponsesStream
+        if request.responses:
+            reader = ResponsesStream()
+        elif request.api == "openai":
+            reader = OpenAIStream(request.wants_usage)
+        else:
+            reader = AnthropicStream()
         events = SseEvents()
         broken: str | None = None
         try:
@@ -1006,13 +1038,17 @@ class ProxyService:
                 # In the API's own words, so that the agent's SDK raises it. An event cut
                 # off midway is not passed on: a client never dispatches one (SSE), and it
                 # would run into the error event's lines.
-                yield stream_error(request.api, broken)
+                yield (
+                    responses_format.stream_error(broken)
+                    if request.responses
+                    else stream_error(request.api, broken)
+                )
             elif rest:
                 yield rest
         finally:
             await response.aclose()
-            if broken is None and reader.complete:
-                reply = Reply(reader.message(), reader.finish_reason, reader.usage)
+            reply = _streamed_reply(reader) if broken is None and reader.complete else None
+            if reply is not None:
                 self._later(call, self._finish(call, reply), release)
             else:
                 # Cut short (or the agent hung up first): nothing of it is stored; the
@@ -1065,7 +1101,7 @@ class ProxyService:
     async def _store_reply(self, call: _Call, reply: Reply) -> None:
         parse = PARSERS[call.request.api]
         try:
-            entries: list[Entry] = parse(reply.message, "reply")
+            entries: list[Entry] = [e for m in reply.messages for e in parse(m, "reply")]
         except InvalidMessage as exc:
             log.warning(
                 "proxied reply not stored: the store refuses it",
@@ -1111,7 +1147,7 @@ class ProxyService:
             try:
                 appended = await appender.store(
                     call.session_id,
-                    AppendRequest(messages=[reply.message], format=call.request.api),
+                    AppendRequest(messages=reply.messages, format=call.request.api),
                     idempotency_key=None,
                     if_match=str(expected),
                 )
@@ -1154,7 +1190,19 @@ class ProxyService:
             )
 
 
-def _read_body(api: Api, body: bytes) -> ProxyRequest:
+def _streamed_reply(reader: OpenAIStream | AnthropicStream | ResponsesStream) -> Reply | None:
+    """A complete stream's reply (None when a Responses reply's items cannot be stored:
+    the agent has it, and its next call carries it)."""
+    if isinstance(reader, ResponsesStream):
+        try:
+            return reader.reply()
+        except UnreadableReply as exc:
+            log.warning("proxied stream not stored: %s", exc)
+            return None
+    return Reply(reader.message(), reader.finish_reason, reader.usage)
+
+
+def _read_body(api: Wire, body: bytes) -> ProxyRequest:
     """The agent's request, or the 400 that says why it is not one."""
     try:
         # Here, not in a worker thread: orjson holds the GIL for the whole parse, so a
@@ -1167,6 +1215,8 @@ def _read_body(api: Api, body: bytes) -> ProxyRequest:
             errors=[{"field": "body", "detail": str(exc)}],
         ) from None
     try:
+        if api == "responses":
+            return responses_format.read_request(parsed)
         return read_request(api, parsed)
     except InvalidMessage as exc:
         raise BadRequest(
@@ -1174,12 +1224,12 @@ def _read_body(api: Api, body: bytes) -> ProxyRequest:
         ) from None
 
 
-def _shifted(exc: UnprocessableContent, by: int) -> BadRequest:
+def _shifted(exc: UnprocessableContent, by: int, field: str = "messages") -> BadRequest:
     """An append's 422 as the provider's 400, its message paths as the request's own."""
     errors = exc.extensions.get("errors")
     if not isinstance(errors, list):
         return BadRequest(exc.detail)
-    fixed = [{**e, "field": _shift(str(e.get("field", "")), by)} for e in errors]
+    fixed = [{**e, "field": _shift(str(e.get("field", "")), by, field)} for e in errors]
     detail = "; ".join(f"{e['field']}: {e['detail']}" for e in fixed)
     return BadRequest(detail, errors=fixed)
 
