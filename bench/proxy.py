@@ -90,6 +90,49 @@ def history(n: int) -> list[dict[str, Any]]:
     return out[:n] if out[n - 1]["role"] != "user" else out[: n - 1]
 
 
+def items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as the Responses API's input items (what Codex sends)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "tool":
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m["tool_call_id"],
+                    "output": m["content"],
+                }
+            )
+        elif m.get("tool_calls"):
+            out += [
+                {
+                    "type": "function_call",
+                    "call_id": c["id"],
+                    "name": c["function"]["name"],
+                    "arguments": c["function"]["arguments"],
+                }
+                for c in m["tool_calls"]
+            ]
+        else:
+            kind = "output_text" if m["role"] == "assistant" else "input_text"
+            out.append(
+                {
+                    "type": "message",
+                    "role": m["role"],
+                    "content": [{"type": kind, "text": m["content"]}],
+                }
+            )
+    return out
+
+
+def streamed_items(events: bytes) -> list[dict[str, Any]]:
+    """The output items of a streamed Responses answer (its ``response.completed``)."""
+    for line in events.split(b"\n"):
+        if line.startswith(b"data: {") and b'"response.completed"' in line:
+            output: list[dict[str, Any]] = orjson.loads(line[6:])["response"]["output"]
+            return output
+    raise RuntimeError("the stream has no response.completed event")
+
+
 def streamed_text(events: bytes) -> str:
     """The text of a streamed chat completion."""
     text = []
@@ -171,17 +214,62 @@ async def _connect(port: int) -> AsyncIterator[_Http]:
         await writer.wait_closed()
 
 
-async def _session(proxy: _Http, sid: str, n: int) -> tuple[list[dict[str, Any]], float]:
+class _Wire:
+    """One API's calls: its paths, its request around a history, its reply's messages."""
+
+    def __init__(self, responses: bool) -> None:
+        self.responses = responses
+        self.name = "OpenAI Responses" if responses else "OpenAI chat completions"
+        self.proxied = PROXIED_RESPONSES if responses else PROXIED
+        self.direct = DIRECT_RESPONSES if responses else DIRECT
+
+    def history(self, n: int) -> list[dict[str, Any]]:
+        return items(history(n)) if self.responses else history(n)
+
+    def user(self, text: str) -> dict[str, Any]:
+        message = {"role": "user", "content": text}
+        return items([message])[0] if self.responses else message
+
+    def request(self, messages: list[dict[str, Any]], stream: bool) -> bytes:
+        body: dict[str, Any] = (
+            {
+                "model": "gpt-4o",
+                "instructions": SYSTEM["content"],
+                "input": messages,
+                "store": False,
+            }
+            if self.responses
+            else {"model": "gpt-4o", "messages": [SYSTEM, *messages]}
+        )
+        if stream:
+            body["stream"] = True
+        return orjson.dumps(body)
+
+    def reply(self, body: bytes) -> list[dict[str, Any]]:
+        data = orjson.loads(body)
+        if self.responses:
+            output: list[dict[str, Any]] = data["output"]
+            return output
+        return [data["choices"][0]["message"]]
+
+    def streamed(self, events: bytes) -> list[dict[str, Any]]:
+        if self.responses:
+            return streamed_items(events)
+        return [{"role": "assistant", "content": streamed_text(events)}]
+
+
+async def _session(
+    proxy: _Http, sid: str, n: int, wire: _Wire
+) -> tuple[list[dict[str, Any]], float]:
     """A new session whose first call stored ``n`` messages (and its reply); how long
     that first call took."""
     status, body = await proxy.post("/v1/sessions", orjson.dumps({"id": sid, **SESSION}), {})
     assert status == 201, body
-    messages = history(n)
+    messages = wire.history(n)
     started = time.perf_counter()
-    payload = orjson.dumps({"model": "gpt-4o", "messages": [SYSTEM, *messages]})
-    status, body = await proxy.post(PROXIED, payload, _headers(sid))
+    status, body = await proxy.post(wire.proxied, wire.request(messages, False), _headers(sid))
     assert status == 200, body[:500]
-    messages.append(orjson.loads(body)["choices"][0]["message"])
+    messages += wire.reply(body)
     return messages, time.perf_counter() - started
 
 
@@ -190,9 +278,12 @@ def _headers(sid: str) -> dict[str, str]:
 
 
 PROXIED, DIRECT = "/proxy/openai/v1/chat/completions", "/v1/chat/completions"
+PROXIED_RESPONSES, DIRECT_RESPONSES = "/proxy/openai/v1/responses", "/v1/responses"
 
 
-async def _case(port: int, upstream_port: int, n: int, per_session: int) -> dict[str, Any]:
+async def _case(
+    port: int, upstream_port: int, n: int, per_session: int, wire: _Wire
+) -> dict[str, Any]:
     """``CALLS`` calls and ``TTFB_CALLS`` streamed ones on sessions of ``n`` stored
     messages: a new session every ``per_session`` calls, so that the history stays near
     ``n`` (each call adds two). Each proxied call is paired with the same request sent
@@ -202,35 +293,32 @@ async def _case(port: int, upstream_port: int, n: int, per_session: int) -> dict
         sid, messages = "", list[dict[str, Any]]()
         for i in range(CALLS + TTFB_CALLS):
             if i % per_session == 0:
-                sid = f"bench-proxy-{n}-{i}"
-                messages, first_call = await _session(proxy, sid, n)
+                sid = f"bench-proxy-{'responses-' if wire.responses else ''}{n}-{i}"
+                messages, first_call = await _session(proxy, sid, n, wire)
                 samples["first"].append(first_call)
                 await asyncio.sleep(AGENT_WORK_SECONDS)
-            messages.append({"role": "user", "content": f"And now step {i}?"})
+            messages.append(wire.user(f"And now step {i}?"))
             stream = i >= CALLS
-            request: dict[str, Any] = {"model": "gpt-4o", "messages": [SYSTEM, *messages]}
-            if stream:
-                request["stream"] = True
-            payload = orjson.dumps(request)
+            payload = wire.request(messages, stream)
             headers = _headers(sid)
             if stream:
-                first, _, status = await upstream.first_byte(DIRECT, payload, headers)
+                first, _, status = await upstream.first_byte(wire.direct, payload, headers)
                 assert status == 200
                 samples["ttfb_d"].append(first)
-                first, events, status = await proxy.first_byte(PROXIED, payload, headers)
+                first, events, status = await proxy.first_byte(wire.proxied, payload, headers)
                 assert status == 200
                 samples["ttfb_p"].append(first)
-                messages.append({"role": "assistant", "content": streamed_text(events)})
+                messages += wire.streamed(events)
             else:
                 t = time.perf_counter()
-                status, _ = await upstream.post(DIRECT, payload, headers)
+                status, _ = await upstream.post(wire.direct, payload, headers)
                 samples["direct"].append(time.perf_counter() - t)
                 assert status == 200
                 t = time.perf_counter()
-                status, body = await proxy.post(PROXIED, payload, headers)
+                status, body = await proxy.post(wire.proxied, payload, headers)
                 samples["proxy"].append(time.perf_counter() - t)
                 assert status == 200, body[:500]
-                messages.append(orjson.loads(body)["choices"][0]["message"])
+                messages += wire.reply(body)
             await asyncio.sleep(AGENT_WORK_SECONDS)
         status, body = await proxy.get(f"/v1/sessions/{sid}")
         assert status == 200, body
@@ -245,9 +333,13 @@ def paired(mine: list[float], theirs: list[float]) -> list[float]:
 
 
 async def bench_proxy(port: int, upstream_port: int) -> None:
-    print("\nProxy (OpenAI chat completions, scripted upstream answering at once)")
-    for n, per_session in ((100, 10), (10_000, CALLS + TTFB_CALLS)):
-        s = await _case(port, upstream_port, n, per_session)
+    chat, responses = _Wire(responses=False), _Wire(responses=True)
+    cases = ((chat, 100, 10), (chat, 10_000, CALLS + TTFB_CALLS))
+    cases += ((responses, 100, 10), (responses, 1_000, 50))
+    for wire, n, per_session in cases:
+        if n == 100:
+            print(f"\nProxy ({wire.name}, scripted upstream answering at once)")
+        s = await _case(port, upstream_port, n, per_session, wire)
         session = s["session"]
         print(
             f"  {n:>6} messages: a first call storing them took {pct(s['first'], 0.5):.0f} ms; "
@@ -265,7 +357,8 @@ async def bench_proxy(port: int, upstream_port: int) -> None:
                 f"p99 {pct(s[theirs], 0.99):7.2f} ms | added (paired, {len(added)}) "
                 f"p50 {pct(added, 0.5):6.2f} ms p99 {pct(added, 0.99):6.2f} ms"
             )
-    print("  (target: added <= 5 ms at p50, flat in history length)")
+        if n != 100:
+            print("  (target: added <= 5 ms at p50, flat in history length)")
 
 
 async def wait_for(port: int, seconds: float = 30.0) -> None:

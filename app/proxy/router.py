@@ -198,6 +198,27 @@ async def openai_responses(
 
 
 @router.post(
+    "/openai/v1/responses/compact",
+    openapi_extra=_spec("OpenAI Responses compaction", '{"error": {"message", "type", "code"}}'),
+)
+async def openai_responses_compact(
+    request: Request, tenant: TenantDep, engine: EngineDep, settings: SettingsDep
+) -> Response:
+    """An agent's remote-compaction request (Codex's ``/responses/compact``), answered by
+    compactd, never the upstream: the request's new input items are stored, the session
+    is compacted on the spot (a readable extractive summary, stored and undoable), and
+    the answer's ``output`` is the session's context now as Responses items."""
+    answer = await ProxyService(
+        engine=engine,
+        sessionmaker=request.app.state.sessionmaker,
+        client=request.app.state.proxy,
+        settings=settings,
+        tenant_id=tenant,
+    ).compact(request.headers.get(SESSION_HEADER), await request.body(), request.scope["headers"])
+    return Response(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+@router.post(
     "/anthropic/v1/messages",
     openapi_extra=_spec("Anthropic Messages", '{"type": "error", "error": {"type", "message"}}'),
 )

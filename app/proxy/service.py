@@ -314,6 +314,23 @@ def _overhead(request: ProxyRequest, encoding: EncodingName) -> int:
     return found
 
 
+def _session_id(header: str | None) -> str:
+    """The X-Compactd-Session header's session id, or the 400 that says what is wrong."""
+    if not header:
+        raise BadRequest(
+            "the X-Compactd-Session header is missing: name the session this call "
+            "belongs to (any id of 1-128 letters, digits and . _ : -; created on first use)",
+            errors=[{"field": "X-Compactd-Session", "detail": "missing"}],
+        )
+    if not re.fullmatch(SESSION_ID_PATTERN, header):
+        raise BadRequest(
+            f"X-Compactd-Session {header[:200]!r} is not a session id: 1-128 letters, "
+            "digits and . _ : -, starting with a letter or digit",
+            errors=[{"field": "X-Compactd-Session", "detail": "not a session id"}],
+        )
+    return header
+
+
 def _shift(path: str, by: int, field: str = "messages") -> str:
     """A path of a sub-list's message (``messages[2].content``) as the request's own
     (``field``: the body's list of them, ``input`` for a Responses request)."""
@@ -359,18 +376,7 @@ class ProxyService:
         self, api: Wire, session_id: str | None, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> Answer:
         """Serve one proxied call (see the module's docstring)."""
-        if not session_id:
-            raise BadRequest(
-                "the X-Compactd-Session header is missing: name the session this call "
-                "belongs to (any id of 1-128 letters, digits and . _ : -; created on first use)",
-                errors=[{"field": "X-Compactd-Session", "detail": "missing"}],
-            )
-        if not re.fullmatch(SESSION_ID_PATTERN, session_id):
-            raise BadRequest(
-                f"X-Compactd-Session {session_id[:200]!r} is not a session id: 1-128 letters, "
-                "digits and . _ : -, starting with a letter or digit",
-                errors=[{"field": "X-Compactd-Session", "detail": "not a session id"}],
-            )
+        session_id = _session_id(session_id)
         key = (self.tenant_id, session_id)
         wait = self.settings.proxy_timeout_seconds
         # A free turn is taken before the body is parsed, and what the proxy knows of the
@@ -421,6 +427,51 @@ class ProxyService:
         finally:
             if not handed_over:
                 release()
+
+    async def compact(
+        self, session_id: str | None, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> Answer:
+        """``POST /responses/compact``: the agent's remote-compaction request, answered
+        with compactd's own compaction, never the upstream's. The request's history is
+        matched and its new items stored as a call's are, the session is compacted on
+        the spot (extractive: stored, listed and undoable as any compaction), and the
+        answer's ``output`` is the session's context now, as Responses items (the
+        summary, then the history kept), for the agent to carry on from."""
+        session_id = _session_id(session_id)
+        key = (self.tenant_id, session_id)
+        request = _read_body("responses", body)
+        release = await _turns.take(key, self.settings.proxy_timeout_seconds)
+        try:
+            async with driver_connection(self.engine) as driver:
+                prepared = await self._prepare(driver, request, session_id, len(body), headers)
+            assert isinstance(prepared, _Call)  # a Responses call is never a replay
+            compacted = await self._compact_now(prepared.session_id, asked=True)
+            context = await self._fresh_context(prepared)
+            await self._record(prepared)
+        finally:
+            release()
+        output = responses_format.to_items(
+            orjson.loads(context.messages), responses_format.custom_tools(request.body.get("tools"))
+        )
+        answer = {
+            "id": f"resp_compactd_{prepared.session_id}_{context.version}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "model": request.model,
+            "output": output,
+            "usage": {
+                "input_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": 0,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 0,
+            },
+        }
+        return Answer(
+            200,
+            {"content-type": "application/json", "x-compactd-compacted": str(compacted).lower()},
+            orjson.dumps(answer),
+        )
 
     # --- before the upstream call ---------------------------------------------
 
@@ -992,11 +1043,13 @@ class ProxyService:
             state = await read_state(driver, self.tenant_id, session_id)
         return 0 if state is None else state.context_tokens
 
-    async def _compact_now(self, session_id: str) -> bool:
+    async def _compact_now(self, session_id: str, *, asked: bool = False) -> bool:
+        """An extractive compaction on the spot (``asked``: the agent asked for it, so a
+        session whose automatic compaction is off is compacted all the same)."""
         with metrics.after_commit():
             async with locked(self.engine, self.tenant_id, session_id) as unit:
                 config = sessions.effective_config(unit.state.config)
-                if not (config.compaction.enabled and config.compaction.auto):
+                if not (config.compaction.enabled and (asked or config.compaction.auto)):
                     return False
                 # The call being retried carries the agent's next message: no "continue".
                 config = config.model_copy(

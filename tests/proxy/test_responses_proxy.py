@@ -208,3 +208,52 @@ async def test_what_compactd_cannot_serve_is_a_clear_400(
         async with api(base) as rest:
             got = await rest.get("/v1/sessions/resp-bad/messages")
             assert got.status_code == 404 or got.json()["entries"] == []
+
+
+async def test_a_remote_compaction_request_is_answered_with_compactds_own(
+    db_url: str, settings: Settings, upstream: Upstream
+) -> None:
+    """Codex's ``POST /responses/compact``: compactd stores the history, compacts it
+    (no upstream call) and answers with the context as items: the summary, then the
+    history it kept."""
+    history: list[Any] = []
+    for turn in range(8):
+        history += [
+            _user(f"Step {turn}: fix the bug in module_{turn}.py; the test fails with E{turn}."),
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": f"Fixed module_{turn}.py. " * 20}],
+            },
+        ]
+    with proxy(settings, db_url, upstream) as base:
+        async with api(base) as rest:
+            made = await rest.post(
+                "/v1/sessions",
+                json={
+                    "id": "resp-compact",
+                    "model": "gpt-5-codex",
+                    "config": {"compaction": {"keep_recent_tokens": 200, "auto": False}},
+                },
+            )
+            assert made.status_code == 201, made.text
+            answer = await rest.post(
+                "/proxy/openai/v1/responses/compact",
+                headers={"X-Compactd-Session": "resp-compact", "Authorization": "Bearer sk-x"},
+                json={"model": "gpt-5-codex", "instructions": INSTRUCTIONS, "input": history},
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-compactd-compacted"] == "true"
+            body = answer.json()
+            assert body["object"] == "response.compaction"
+            output = body["output"]
+            assert 0 < len(output) < len(history)
+            content = output[0]["content"]
+            summary = content if isinstance(content, str) else content[0]["text"]
+            assert "module_0.py" in summary  # what was summarized away is named in it
+            assert output[-1] == history[-1]  # the recent history kept as it came
+            listed = (await rest.get("/v1/sessions/resp-compact/compactions")).json()
+            assert len(listed["compactions"]) == 1, listed
+            entries = (await rest.get("/v1/sessions/resp-compact/messages")).json()["entries"]
+            assert len([e for e in entries if e["kind"] == "message"]) == len(history)
+    assert upstream.requests == []  # never the upstream's compaction
