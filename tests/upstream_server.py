@@ -405,6 +405,10 @@ def _ids(body: dict[str, Any], prefix: str, count: int) -> list[str]:
     ]
 
 
+def _digest(data: Any) -> str:
+    return hashlib.sha256(orjson.dumps(data)).hexdigest()[:24]
+
+
 def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
@@ -507,7 +511,9 @@ class _Answer:
             for call_id, (name, args) in zip(ids, self.calls, strict=True)
         ]
         return {
-            "id": "msg_upstream_test",
+            # Unique to the request, as the API's are: Claude Code merges the assistant
+            # messages of one id into one turn.
+            "id": f"msg_{_digest(self.body.get('messages'))}",
             "type": "message",
             "role": "assistant",
             "model": model,
@@ -532,13 +538,13 @@ class _Answer:
         }
 
     def _responses_whole(self, model: str, usage: dict[str, Any], ids: list[str]) -> dict[str, Any]:
-        digest = hashlib.sha256(orjson.dumps(self.body.get("input"))).hexdigest()[:24]
+        digest = _digest(self.body.get("input"))
         output: list[dict[str, Any]] = []
         if self.text is not None and (self.text or not self.calls):
             text = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
             output.append(
                 {
-                    "id": f"msg_{digest}",
+                    "id": "msg_upstream_test",
                     "type": "message",
                     "status": "completed",
                     "role": "assistant",
