@@ -43,6 +43,11 @@ log = logging.getLogger("compactd.auth")
 MISS_REFRESH_SECONDS = 1.0
 # Compared against when the key id is unknown, so a miss costs what a hit costs.
 _DUMMY = tokens.digest("000000000000", "x" * 43)
+# The proxy's base URLs, whose HEAD (an agent's reachability check: Claude Code's on its
+# ANTHROPIC_BASE_URL) is answered with no key: an empty 200 that tells nothing.
+OPEN_PROXY_BASES = frozenset(
+    {"/proxy/anthropic", "/proxy/anthropic/", "/proxy/openai/v1", "/proxy/openai/v1/"}
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -200,6 +205,9 @@ class AuthMiddleware:
         path: str = scope["path"]
         if path.startswith("/v1/"):
             header = b"authorization"
+        elif scope["method"] == "HEAD" and path in OPEN_PROXY_BASES:
+            await self.app(scope, receive, send)
+            return
         elif path.startswith("/proxy/"):
             # The proxy's Authorization (or x-api-key) is the provider's: compactd's key
             # comes in a header of its own, as the bare key or `Bearer <key>`.
