@@ -169,14 +169,17 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
     form: ContentForm = "string" if isinstance(raw["content"], str) else "parts"
     blocks = _blocks(raw["content"], f"{path}.content")
     if role == "system":
+        # A mid-conversation system message: its blocks' other keys (cache_control) are
+        # kept for the stored history, as a top-level system's are.
         parts: list[Part] = []
         for i, block in enumerate(blocks):
             if block.get("type") != "text":
                 raise InvalidMessage(
                     f"{path}.content[{i}].type", "system content must be text blocks"
                 )
+            text = _string(block.get("text"), f"{path}.content[{i}].text")
             parts.append(
-                {"type": "text", "text": _string(block.get("text"), f"{path}.content[{i}].text")}
+                _with_extra({"type": "text", "text": text}, block, frozenset({"type", "text"}))
             )
         return [Entry(role="system", parts=parts, content_form=form, extra=extra)]
 
@@ -350,25 +353,71 @@ def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
     return block
 
 
+# The pseudo-block that ends a system entry's stored view when its message had keys of
+# its own (Claude Code's per-turn ``output_config``): a view of a system entry is always
+# read back (app.engine.view), never spliced as it is, and this is not a block of the API.
+MESSAGE_KEYS = "message_keys"
+
+
 def entry_blocks(entry: Entry) -> list[dict[str, Any]]:
     """One entry's blocks as the model sees them: a tool entry is one ``tool_result``,
-    a system entry its text blocks, any other entry its rendered parts."""
+    a system entry its text blocks (and its message's own keys in a
+    :data:`MESSAGE_KEYS` pseudo-block, for a ``role: "system"`` message to carry),
+    any other entry its rendered parts."""
     if entry.role == "tool":
         return [_tool_result_block(entry, for_history=False)]
     if entry.role in ("system", "developer"):
-        return [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"]
+        blocks = [{"type": "text", "text": p["text"]} for p in entry.parts if p["type"] == "text"]
+        if entry.extra:
+            blocks.append({**entry.extra, "type": MESSAGE_KEYS})
+        return blocks
     return [b for p in entry.parts if (b := _render_block(p, for_history=False))]
 
 
+def system_message(texts: Iterable[str], keys: dict[str, Any]) -> dict[str, Any] | None:
+    """A mid-conversation ``role: "system"`` message as the model is sent it: its
+    non-empty texts as text blocks, then its message's own keys; None when it says
+    nothing (the API refuses empty text blocks)."""
+    content = [{"type": "text", "text": t} for t in texts if t]
+    if not content:
+        return None
+    return {"role": "system", "content": content, **keys}
+
+
+# The beta under which an Anthropic request may carry ``role: "system"`` messages
+# inside ``messages`` (Claude Code names it in ``anthropic-beta``), in any dated version.
+SYSTEM_MESSAGES_BETA = re.compile(r"mid-conversation-system-\d{4}-\d{2}-\d{2}")
+
+
+def system_messages_allowed(
+    messages: Iterable[Any], headers: Iterable[tuple[bytes, bytes]]
+) -> bool:
+    """Whether an agent's request may be sent system entries after its first message as
+    ``role: "system"`` messages (Anthropic's mid-conversation system messages) rather
+    than as user text in ``<system>`` tags: its ``anthropic-beta`` header names
+    :data:`SYSTEM_MESSAGES_BETA`, or its history holds such a message itself (a model
+    that takes them with no beta, Claude Opus 4.8). The agent knows what its model
+    takes; a request that shows neither gets the tags, which every endpoint takes."""
+    for name, value in headers:
+        if name.lower() == b"anthropic-beta" and any(
+            SYSTEM_MESSAGES_BETA.fullmatch(beta.strip())
+            for beta in value.decode("latin-1").split(",")
+        ):
+            return True
+    return any(isinstance(m, dict) and m.get("role") == "system" for m in messages)
+
+
 def render_messages(
-    entries: list[Entry], *, for_history: bool = False
+    entries: list[Entry], *, for_history: bool = False, system_messages: bool = False
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Entries as Anthropic ``(system, messages)``.
 
     Leading system and developer entries become the top-level ``system`` blocks;
-    later ones become user text wrapped in ``<system>``. Tool entries become
-    ``tool_result`` blocks at the head of a user message, merged with the user
-    content that follows them, as the API requires.
+    later ones become user text wrapped in ``<system>``, or, with
+    ``system_messages`` (:func:`system_messages_allowed`), ``role: "system"``
+    messages in their place. Tool entries become ``tool_result`` blocks at the head
+    of a user message, merged with the user content that follows them, as the API
+    requires.
     """
     system: list[dict[str, Any]] = []
     messages: list[dict[str, Any]] = []
@@ -381,6 +430,14 @@ def render_messages(
                     for p in entry.parts
                     if p["type"] == "text" and p["text"]
                 )
+                continue
+            if system_messages and not for_history:
+                open_results = None  # what follows it is not merged before it
+                said = system_message(
+                    (p["text"] for p in entry.parts if p["type"] == "text"), entry.extra
+                )
+                if said is not None:
+                    messages.append(said)
                 continue
             entry = Entry(
                 role="user",
@@ -440,14 +497,19 @@ def alternate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     wrapped as user text): the Messages API would combine them anyway, and
     some compatible endpoints refuse them. In a merged user message the
     ``tool_result`` blocks come first, as the API requires. Merging only drops
-    framing, so the stored counts still cover what is sent.
+    framing, so the stored counts still cover what is sent. A ``role: "system"``
+    message (:func:`render_messages`' ``system_messages``) stays as it is, in its
+    place between the turns, merged with nothing.
     """
     runs = alternate_runs(
-        ((msg["role"], msg["content"]) for msg in messages),
+        ((m["role"], [m] if m["role"] == "system" else m["content"]) for m in messages),
         is_result=lambda block: block["type"] == "tool_result",
         opening={"type": "text", "text": OPENING_TEXT},
     )
-    return [{"role": role, "content": blocks} for role, blocks in runs]
+    return [
+        blocks[0] if role == "system" else {"role": role, "content": blocks}
+        for role, blocks in runs
+    ]
 
 
 _Block = TypeVar("_Block")
@@ -462,10 +524,11 @@ def alternate_runs(
     """The rule of :func:`alternate` over ``(role, blocks)`` pairs, whatever a block
     is (a dict here, a JSON fragment in :func:`app.engine.view.assemble_anthropic`):
     one message per run of a role, its tool results first (a stable partition),
-    and ``opening`` as a user turn before an assistant's first message."""
+    and ``opening`` as a user turn before an assistant's first message. A system
+    message is never merged (its one block is the whole message)."""
     out: list[tuple[str, list[_Block]]] = []
     for role, blocks in messages:
-        if out and out[-1][0] == role:
+        if out and out[-1][0] == role and role != "system":
             out[-1][1].extend(blocks)
         else:
             out.append((role, list(blocks)))

@@ -154,14 +154,28 @@ def check_openai_pairing(
     return problems
 
 
-def check_anthropic_roles(messages: Iterable[dict[str, Any]]) -> list[PairingError]:
+def check_anthropic_roles(
+    messages: Iterable[dict[str, Any]], *, system_messages: bool = False
+) -> list[PairingError]:
     """Roles that do not alternate strictly user, assistant, user, … from a user
     turn: the Messages API once refused both, Bedrock and other compatible
-    endpoints still do."""
+    endpoints still do. With ``system_messages``, a ``role: "system"`` message
+    (mid-conversation) may stand where the API takes one: right after a user
+    message, and followed by the assistant's or by nothing."""
     problems: list[PairingError] = []
+    msgs = list(messages)
     previous: Any = "assistant"  # as if before the first message, so it must be the user's
-    for i, m in enumerate(messages):
+    for i, m in enumerate(msgs):
         role = m.get("role")
+        if role == "system" and system_messages:
+            after = msgs[i + 1].get("role") if i + 1 < len(msgs) else "assistant"
+            if i == 0 or msgs[i - 1].get("role") != "user" or after != "assistant":
+                problems.append(
+                    PairingError(
+                        i, "a system message must follow a user message and precede the assistant's"
+                    )
+                )
+            continue  # the turns alternate around it
         if role not in ("user", "assistant"):
             problems.append(PairingError(i, f"role {role!r} is neither user nor assistant"))
         elif role == previous:
@@ -178,7 +192,7 @@ def check_anthropic_roles(messages: Iterable[dict[str, Any]]) -> list[PairingErr
 
 
 def check_anthropic_pairing(
-    messages: Iterable[dict[str, Any]], *, allow_pending: bool = True
+    messages: Iterable[dict[str, Any]], *, allow_pending: bool = True, system_messages: bool = False
 ) -> list[PairingError]:
     """Problems the Anthropic Messages API (or a compatible endpoint) would reject;
     empty when valid.
@@ -188,7 +202,7 @@ def check_anthropic_pairing(
     before it, and every ``tool_use`` must be answered in the next user message.
     """
     msgs = list(messages)
-    problems = check_anthropic_roles(msgs)
+    problems = check_anthropic_roles(msgs, system_messages=system_messages)
     for i, m in enumerate(msgs):
         content = m["content"] if isinstance(m["content"], list) else []
         if m["role"] == "assistant":

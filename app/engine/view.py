@@ -6,7 +6,8 @@ rendering: :func:`assemble_openai` and :func:`assemble_anthropic` splice the
 stored fragments in the order :func:`~app.engine.context.plan_pairing` gives.
 The only fragments parsed on read are the rare ones that must change: an
 assistant whose abandoned calls are dropped, and a system message that arrives
-mid-conversation (Anthropic has no place for it but the user's turn).
+mid-conversation (Anthropic's ``role: "system"`` message where the request allows
+one, else user text in the user's turn).
 
 The result is, byte for byte, the JSON of the engine's own renderers over
 :func:`~app.engine.context.pair_tool_calls`; the tests hold it to that.
@@ -128,12 +129,15 @@ def _inner(blocks_json: str) -> str:
 _OPENING = orjson.dumps({"type": "text", "text": anthropic_format.OPENING_TEXT}).decode()
 
 
-def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[int]]:
+def assemble_anthropic(
+    items: Sequence[Viewable], *, system_messages: bool = False
+) -> tuple[bytes, bytes, list[int]]:
     """The Anthropic ``system`` and ``messages`` arrays as JSON, and the indices used.
 
     Mirrors :func:`~app.engine.anthropic_format.render_messages`: leading system
-    entries make the top-level system; the messages then alternate by
-    :func:`~app.engine.anthropic_format.alternate_runs`, the rule
+    entries make the top-level system, later ones ``<system>`` user text or, with
+    ``system_messages``, ``role: "system"`` messages in place; the messages then
+    alternate by :func:`~app.engine.anthropic_format.alternate_runs`, the rule
     :func:`~app.engine.anthropic_format.alternate` applies (one message per run
     of a role, tool results first in it, the user's turn first).
     """
@@ -146,12 +150,26 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
         role = item.role
         blocks = item.view_anthropic
         if role in ("system", "developer"):
-            texts = [b["text"] for b in orjson.loads(blocks)]
+            read = orjson.loads(blocks)
+            texts = [b["text"] for b in read if b["type"] == "text"]
             if not messages:
                 system.extend(
                     orjson.dumps({"type": "text", "text": t}).decode() for t in texts if t
                 )
                 used.append(step.at)
+                continue
+            if system_messages:
+                used.append(step.at)
+                keys: dict[str, Any] = {
+                    k: v
+                    for b in read
+                    if b["type"] == anthropic_format.MESSAGE_KEYS
+                    for k, v in b.items()
+                    if k != "type"
+                }
+                said = anthropic_format.system_message(texts, keys)
+                if said is not None:  # the whole message, its run's one part
+                    messages.append(("system", [(orjson.dumps(said).decode(), False)]))
                 continue
             wrapped = "<system>\n" + "\n".join(texts) + "\n</system>"
             role, blocks = "user", orjson.dumps([{"type": "text", "text": wrapped}]).decode()
@@ -176,7 +194,9 @@ def assemble_anthropic(items: Sequence[Viewable]) -> tuple[bytes, bytes, list[in
     )
     system_json = "[" + ",".join(system) + "]"
     messages_json = ",".join(
-        '{"role":'
+        parts[0][0]
+        if role == "system"
+        else '{"role":'
         + orjson.dumps(role).decode()
         + ',"content":['
         + ",".join(fragment for fragment, _ in parts)

@@ -44,6 +44,8 @@ def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
                 for p in entry.parts
                 if p["type"] == "text"
             ],
+            # A mid-conversation system message's own keys (Claude Code's output_config).
+            **entry.extra,
         }
     _, msgs = anthropic_format.render_messages([entry], for_history=True)
     return msgs[0] if msgs else {"role": entry.role, "content": []}

@@ -146,12 +146,14 @@ def _items(rows: list[Any], marks: dict[int, int], api: Api, placeholder: str) -
     return items
 
 
-def _assembled(items: list[Item], api: Api, state: SessionState, extended: bool) -> Built:
+def _assembled(
+    items: list[Item], api: Api, state: SessionState, extended: bool, system_messages: bool
+) -> Built:
     system: bytes | None = None
     if api == "openai":
         messages, used = assemble_openai(items)
     else:
-        system, messages, used = assemble_anthropic(items)
+        system, messages, used = assemble_anthropic(items, system_messages=system_messages)
     tokens = sum(items[i].tokens for i in used)
     return Built(messages, system, state.version, tokens, state, extended)
 
@@ -174,18 +176,31 @@ class Contexts:
         api: Api,
         created_at: datetime,
         appended: Appended | None,
+        *,
+        system_messages: bool = False,
     ) -> Built:
         """The context once ``appended`` (this call's append, None if it stored nothing)
-        is stored: the last one extended by it when it may be, else read fresh."""
+        is stored: the last one extended by it when it may be, else read fresh.
+        ``system_messages``: Anthropic's later system entries as ``role: "system"``
+        messages (the request allows them), not as ``<system>`` user text."""
         key = (tenant_id, session_id)
         if appended is not None and self._extend(key, api, created_at, appended):
             state = appended.after
             assert state is not None  # _extend checked it
-            return _assembled(self._windows[key].items, api, state, True)
-        return await self.fresh(driver, tenant_id, session_id, api, created_at)
+            return _assembled(self._windows[key].items, api, state, True, system_messages)
+        return await self.fresh(
+            driver, tenant_id, session_id, api, created_at, system_messages=system_messages
+        )
 
     async def fresh(
-        self, driver: Driver, tenant_id: str, session_id: str, api: Api, created_at: datetime
+        self,
+        driver: Driver,
+        tenant_id: str,
+        session_id: str,
+        api: Api,
+        created_at: datetime,
+        *,
+        system_messages: bool = False,
     ) -> Built:
         """The context as GET /context reads it; kept as the session's last."""
         key = (tenant_id, session_id)
@@ -207,7 +222,7 @@ class Contexts:
         config = sessions.effective_config(state.config)
         items = _items(rows, marks, api, config.prune.placeholder)
         self._keep(key, _Window(api, created_at, _shape(state), state.next_seq, items))
-        return _assembled(items, api, state, False)
+        return _assembled(items, api, state, False, system_messages)
 
     def extend(self, tenant_id: str, session_id: str, api: Api, appended: Appended) -> None:
         """The rows of an append the proxy made (a reply) added to the session's last
