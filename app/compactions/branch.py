@@ -152,15 +152,43 @@ async def move_leaf(
             pinned_seqs=pivot.pinned_seqs,
             compaction_count=pivot.count,
         )
+    await _follow(unit, path, moved)
+    return path
+
+
+async def restart_at_root(unit: Unit) -> Path:
+    """Make the session's path a new, empty branch from the root (in the caller's unit
+    of work): the next append is its seq 1, and every entry the session held stays in
+    its tree, on the branches it leaves. What :func:`move_leaf` does after the move
+    (an active compaction cancelled, the proxy's record dropped) is done too."""
+    path = await branches.new_root_branch(
+        unit.driver, unit.tenant_id, unit.state.family_id, unit.session_id
+    )
+    empty = ledger.PathMoved(
+        next_seq=1,
+        stored_tokens=0,
+        context_tokens=0,
+        context_tool_tokens=0,
+        context_start_seq=1,
+        summary_seq=None,
+        pinned_seqs=(),
+        compaction_count=0,
+    )
+    await _follow(unit, path, empty)
+    return path
+
+
+async def _follow(unit: Unit, path: Path, moved: ledger.PathMoved) -> None:
+    """The session follows ``path``, whose totals are ``moved``'s."""
+    state = unit.state
     state.path_branches, state.path_ends = list(path.branches), list(path.ends)
     unit.apply(moved)
     state.compaction_held_seq = None
     state.served_version = state.served_context_tokens = None
     state.served_compaction_id = None
     await cancel_active(unit, "the session moved to another path of its tree")
-    await branches.forget_proxy_history(driver, tenant_id, unit.session_id)
+    await branches.forget_proxy_history(unit.driver, unit.tenant_id, unit.session_id)
     await unit.save()
-    return path
 
 
 def moved_on(state: SessionState, nav: Navigation) -> bool:

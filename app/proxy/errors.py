@@ -5,7 +5,7 @@ shape (``{"error": {"message", "type", "param", "code"}}`` for OpenAI, ``{"type"
 "error", "error": {"type", "message"}}`` for Anthropic) and raises a clear exception
 from them. compactd's errors are problem documents everywhere else; on the proxy's paths
 :class:`ProviderErrorShape` rewrites every one (a missing API key, a body over the
-limit, a busy server, a diverged history...) into the provider's shape, keeping the
+limit, a busy server, a history no rule could place...) into the provider's shape, keeping the
 status, the headers and the problem's own fields (``first_difference``...) inside the
 error object. Errors the upstream sent pass through untouched: they are not problem
 documents.

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKeyConstraint, LargeBinary, String, func
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKeyConstraint,
+    LargeBinary,
+    String,
+    false,
+    func,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.database import Base
@@ -28,4 +37,7 @@ class ProxyHistory(Base):
     raw_digest: Mapped[bytes | None] = mapped_column(LargeBinary)
     raw_entry_count: Mapped[int] = mapped_column(BigInteger)
     raw_chain: Mapped[bytes] = mapped_column(LargeBinary)
+    # Whether a call on the session declared tools (migration 0012): a conversation
+    # of calls that declared none is provisional (app.proxy.conversations).
+    tools_declared: Mapped[bool] = mapped_column(Boolean, server_default=false())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

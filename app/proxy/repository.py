@@ -23,6 +23,7 @@ from app.store.log import on_session_path
 _KNOWN_SQL = f"""
 SELECT s.version, s.created_at, s.path_branches, s.path_ends,
     coalesce(s.config -> 'recall' ->> 'proxy_tools' = 'true', false) AS recall_tools,
+    coalesce(p.tools_declared, false) AS tools_declared,
     p.entry_count, p.last_seq, p.chain, p.raw_count,
     p.raw_digest, p.raw_entry_count, p.raw_chain,
     (
@@ -85,6 +86,17 @@ ON CONFLICT (session_id, tenant_id) DO UPDATE SET
 WHERE p.last_seq <= EXCLUDED.last_seq
 """
 
+# A call on the session declared tools (app.engine.proxy_conversations): kept through
+# the record's resets (a navigation), set once. A new row is an empty record.
+_TOOLS_SQL = """
+INSERT INTO proxy_history AS p (session_id, tenant_id, entry_count, last_seq, chain, raw_count,
+    raw_digest, raw_entry_count, raw_chain, tools_declared)
+VALUES ($1, $2, 0, 0, $3, 0, NULL, 0, $3, true)
+ON CONFLICT (session_id, tenant_id) DO UPDATE SET tools_declared = true
+"""
+
+_PARENT_SQL = "SELECT parent_id FROM session WHERE id = $1 AND tenant_id = $2"
+
 
 @dataclass(frozen=True, slots=True)
 class KnownRow:
@@ -100,6 +112,7 @@ class KnownRow:
     created_at: datetime
     path: tuple[tuple[int, ...], tuple[int, ...]] = ((0,), ())  # the session's (app.engine.tree)
     recall_tools: bool = False  # config recall.proxy_tools (app.engine.proxy_recall)
+    tools_declared: bool = False  # a proxied call on the session declared tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +164,7 @@ class ProxyRepository:
                 row["created_at"],
                 path,
                 row["recall_tools"],
+                row["tools_declared"],
             )
         return KnownRow(
             row["version"],
@@ -167,6 +181,7 @@ class ProxyRepository:
             row["created_at"],
             path,
             row["recall_tools"],
+            row["tools_declared"],
         )
 
     async def messages_after(
@@ -187,6 +202,15 @@ class ProxyRepository:
             _LAST_MESSAGE_SQL, session_id, self.tenant_id, seq
         )
         return value
+
+    async def note_tools(self, driver: Driver, session_id: str) -> None:
+        """Record that a call on the session declared tools."""
+        await driver.execute(_TOOLS_SQL, session_id, self.tenant_id, EMPTY_CHAIN)
+
+    async def parent_of(self, driver: Driver, session_id: str) -> tuple[bool, str | None]:
+        """Whether the session exists, and its parent's id."""
+        row = await driver.fetchrow(_PARENT_SQL, session_id, self.tenant_id)
+        return (False, None) if row is None else (True, row["parent_id"])
 
     async def save(self, driver: Driver, session_id: str, known: Known, last_seq: int) -> None:
         await driver.execute(

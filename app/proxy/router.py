@@ -85,8 +85,8 @@ def _spec(provider: str, errors: str) -> dict[str, Any]:
                 "description": "compactd's own errors in the provider's error shape ("
                 + errors
                 + "): a missing X-Compactd-Session or an unreadable body (400), a missing "
-                "or wrong X-Compactd-Key (401), a body over the limit (413), a diverged "
-                "history (409, with first_difference); and the upstream's errors, passed "
+                "or wrong X-Compactd-Key (401), a body over the limit (413), a session "
+                "busy past the timeout (409); and the upstream's errors, passed "
                 "through.",
                 "content": {"application/json": {"schema": {"type": "object"}}},
             },

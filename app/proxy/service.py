@@ -7,13 +7,15 @@ One call, in order:
    model) and what the proxy knows of its stored history (:mod:`app.proxy.repository`),
    read on the pooled connection the call keeps until its request is upstream.
 2. Matching (:mod:`app.engine.proxy_history`): the request's history must be the stored
-   one followed by new messages. A request that diverges (an edited, dropped or
-   reordered message, or a history shorter than the stored one) is refused with a 409
-   naming the first message that differs; nothing is stored. compactd keeps one linear
-   history per session, and never mixes two. A request that is the stored history less
-   its last message, an assistant reply, is the call that reply answered sent again (an
-   SDK's retry of an answer sent but not read): it gets that reply again, from the
-   store, with no upstream call (:meth:`ProxyService._replay`).
+   one followed by new messages. A request that is the stored history less its last
+   message, an assistant reply, is the call that reply answered sent again (an SDK's
+   retry of an answer sent but not read): it gets that reply again, from the store, with
+   no upstream call (:meth:`ProxyService._replay`). Any other request that departs from
+   the stored history goes on elsewhere (:mod:`app.proxy.conversations`), and is matched
+   there: another first message is another conversation of the agent (a title request,
+   a subagent), in a child session of the named one; a departure after a shared prefix
+   (the agent edited or compacted its history) goes on on a new branch of the session's
+   tree from the last shared message.
 3. The new messages are appended (:class:`app.messages.service.AppendService`, with the
    session's version as ``If-Match``), and the context is built (:mod:`app.proxy.context`):
    ``GET /context``'s, read right after the append, or, when nothing but the proxy's own
@@ -43,8 +45,9 @@ One call, in order:
 
 Calls on one session are served one at a time in a process (:class:`_Turns`): the
 second waits for the first to end, then is matched against the history the first left
-(so a second call that does not carry the first one's reply diverges, 409, and one
-with the same history as the first is answered with its reply). Across
+(so a second call that does not carry the first one's reply goes on on a branch, and
+one with the same history as the first is answered with its reply); a side
+conversation's call keeps its named session's turn. Across
 processes, appends carry the session's version (``If-Match``), and a reply is stored
 only if no message was stored after the call's own; otherwise it is left out, and the
 agent's next call, which carries it, stores it as its own.

@@ -86,6 +86,14 @@ VALUES ($1, $2, nextval('branch_id_seq'), $3, $4, $5, $6::bigint[] || currval('b
     $7::bigint[])
 RETURNING branch_id
 """
+# A branch that starts at the root (no fork point): a path of its own from seq 1.
+_NEW_ROOT_BRANCH_SQL = """
+INSERT INTO branch (session_id, tenant_id, branch_id, owner_id, parent_branch, fork_seq,
+    path_branches, path_ends)
+VALUES ($1, $2, nextval('branch_id_seq'), $3, NULL, 0, ARRAY[currval('branch_id_seq')],
+    '{}'::bigint[])
+RETURNING branch_id
+"""
 
 # The compaction entries on a path (the partial index holds only those): the latest,
 # and how many, in one statement.
@@ -132,12 +140,19 @@ async def first_branch_path(
     return tree.Path(tuple(row["path_branches"]), tuple(row["path_ends"]))
 
 
+# The record as if none were kept (what the proxy reads for no row), but for whether a
+# call on the session declared tools, which is the session's, not its path's.
+_FORGET_PROXY_HISTORY_SQL = """
+UPDATE proxy_history SET entry_count = 0, last_seq = 0, chain = $3, raw_count = 0,
+    raw_digest = NULL, raw_entry_count = 0, raw_chain = $3, updated_at = now()
+WHERE session_id = $1 AND tenant_id = $2
+"""
+
+
 async def forget_proxy_history(driver: Driver, tenant_id: str, session_id: str) -> None:
-    """Drop the proxy's record of the session's history (app.proxy.repository): after a
-    navigation it is another path's, read again on the next proxied call."""
-    await driver.execute(
-        "DELETE FROM proxy_history WHERE session_id = $1 AND tenant_id = $2", session_id, tenant_id
-    )
+    """Forget the proxy's record of the session's history (app.proxy.repository): after
+    a navigation it is another path's, read again on the next proxied call."""
+    await driver.execute(_FORGET_PROXY_HISTORY_SQL, session_id, tenant_id, bytes(32))
 
 
 def _landing(row: Record, placed: bool) -> Landing:
@@ -201,6 +216,15 @@ async def new_branch(
         list(prefix.ends),
     )
     return prefix.then(branch)
+
+
+async def new_root_branch(
+    driver: Driver, tenant_id: str, family_id: str, owner_id: str
+) -> tree.Path:
+    """A branch written by ``owner_id`` that starts at the root (its first entry is
+    seq 1, with no parent); its path."""
+    branch: int = await driver.fetchval(_NEW_ROOT_BRANCH_SQL, family_id, tenant_id, owner_id)
+    return tree.Path((branch,), ())
 
 
 async def pivot_at(driver: Driver, tenant_id: str, at: OnPath, seq: int) -> PivotAt:

@@ -43,6 +43,23 @@ class Session(Base):
             postgresql_using="gin",
             postgresql_ops={"metadata": "jsonb_path_ops"},
         ),
+        # A parent's children, in creation order (GET /v1/sessions?parent_id=).
+        Index(
+            "session_parent_idx",
+            "tenant_id",
+            "parent_id",
+            "created_at",
+            "id",
+            postgresql_where=text("parent_id IS NOT NULL"),
+        ),
+        # A deleted parent's children stay, parentless: only parent_id is set null (the
+        # key's tenant_id stays). Postgres 15's column list, which the migration (0012)
+        # writes out: SQLAlchemy's own DDL would refuse it, and none is made from here.
+        ForeignKeyConstraint(
+            ["parent_id", "tenant_id"],
+            ["session.id", "session.tenant_id"],
+            ondelete="SET NULL (parent_id)",
+        ),
     )
 
     # session_id leads every key, so the schema can be distributed by session.
@@ -50,6 +67,9 @@ class Session(Base):
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     # The family's root session: where its entries are stored (migration 0009).
     family_id: Mapped[str] = mapped_column(String(128))
+    # The session this one is a side conversation of (a title request, a subagent:
+    # app.proxy.conversations), in the same tenant; null once that one is deleted.
+    parent_id: Mapped[str | None] = mapped_column(String(128))
     # The path from the root to the active leaf (app.engine.tree.Path).
     path_branches: Mapped[list[int]] = mapped_column(
         ARRAY(BigInteger), default=lambda: [0], server_default="{0}"

@@ -61,10 +61,10 @@ INSERT INTO session (id, tenant_id, family_id, model, context_window, max_output
     input_limit, config, metadata, version, next_seq, entry_count, stored_tokens,
     context_tokens, context_tool_tokens, context_start_seq, calibration_factor,
     overhead_tokens, compaction_count, pruned_tokens, prune_count, usage_count,
-    compaction_failures, path_branches, path_ends, created_at, updated_at)
+    compaction_failures, path_branches, path_ends, created_at, updated_at, parent_id)
 SELECT $3, tenant_id, family_id, model, context_window, max_output_tokens, input_limit, config,
     coalesce($4::jsonb, metadata), 1, 1, 0, 0, 0, 0, 1, calibration_factor, overhead_tokens,
-    0, 0, 0, 0, 0, $5::bigint[], $6::bigint[], $7, $7
+    0, 0, 0, 0, 0, $5::bigint[], $6::bigint[], $7, $7, $8
 FROM session WHERE id = $1 AND tenant_id = $2
 """
 # The source's prune marks in the fork's window: the fork's context is the source's
@@ -437,11 +437,17 @@ class TreeService:
     # --- forks ------------------------------------------------------------------------
 
     async def fork(
-        self, source_id: str, body: ForkRequest, *, idempotency_key: str | None
+        self,
+        source_id: str,
+        body: ForkRequest,
+        *,
+        idempotency_key: str | None,
+        parent_id: str | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """A new session whose history is the source's path up to ``at_seq``: its
         first branch starts after that entry, so it shares the source's storage and
-        grows on its own. The response document and whether it replays one."""
+        grows on its own. The response document and whether it replays one.
+        ``parent_id``: the new session's (the proxy's moved side conversations)."""
         digest = _request_hash("fork", body)
         async with locked(self.engine, self.tenant_id, source_id) as source:
             driver, state = source.driver, source.state
@@ -478,6 +484,7 @@ class TreeService:
                         list(prefix.branches),
                         list(prefix.ends),
                         datetime.now(UTC),
+                        parent_id,
                     )
             except asyncpg.UniqueViolationError:  # a create of the same id came first
                 raise Conflict(f"session {new_id!r} already exists") from None

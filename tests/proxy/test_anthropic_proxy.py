@@ -197,10 +197,10 @@ async def test_resent_history_with_sdk_objects_and_moved_cache_markers_matches(
         assert len(upstream.requests) == 3
 
 
-async def test_a_broken_stream_stores_nothing_and_a_diverged_history_is_refused(
+async def test_a_broken_stream_stores_nothing_and_another_first_message_is_a_child(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
-    upstream.script([Reply("One."), BreakStream(events=4, then=Reply("Cut " * 20))])
+    upstream.script([Reply("One."), BreakStream(events=4, then=Reply("Cut " * 20)), Reply("Ten.")])
     with proxy(settings, db_url, upstream) as base:
         async with anthropic_client(base, "claude-rules") as client:
             history: list[Any] = [{"role": "user", "content": "Count."}]
@@ -215,16 +215,20 @@ async def test_a_broken_stream_stores_nothing_and_a_diverged_history_is_refused(
             async with api(base) as http:
                 await assert_stored(http, "claude-rules", "anthropic", history)
 
+            # Another first message: another conversation of the agent, in a child
+            # session, answered normally; the named session is left as it was.
             edited = [{"role": "user", "content": "Count to ten."}, *history[1:]]
-            with pytest.raises(anthropic.ConflictError) as refused:
-                await client.messages.create(model=MODEL, max_tokens=64, messages=edited)
-        body = refused.value.body
-        assert isinstance(body, dict)
-        assert body["type"] == "error"
-        assert body["error"]["type"] == "invalid_request_error"
-        assert body["error"]["first_difference"] == 0
-        assert "diverges" in body["error"]["message"]
-        assert len(upstream.requests) == 2
+            answer = await client.messages.create(model=MODEL, max_tokens=64, messages=edited)
+            edited.append(anthropic_message(answer))
+        assert len(upstream.requests) == 3
+        assert upstream.requests[2].json["messages"][0]["content"] == [
+            {"type": "text", "text": "Count to ten."}
+        ]
+        async with api(base) as http:
+            await assert_stored(http, "claude-rules", "anthropic", history)
+            found = (await http.get("/v1/sessions", params={"parent_id": "claude-rules"})).json()
+            assert [c["parent_id"] for c in found["sessions"]] == ["claude-rules"]
+            await assert_stored(http, found["sessions"][0]["id"], "anthropic", edited)
 
 
 async def test_a_stream_that_ends_cleanly_before_message_stop_raises_and_stores_nothing(

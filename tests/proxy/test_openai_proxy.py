@@ -289,53 +289,75 @@ async def test_two_agents_on_two_sessions_at_once(
             await assert_stored(http, "agent-b", "openai", two)
 
 
-async def test_a_diverged_history_is_refused_and_stores_nothing(
+async def test_a_history_that_departs_from_the_stored_one_goes_on_elsewhere(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
-    upstream.script([Reply("One."), Reply("Two.")])
+    """No 409 for a history that is not the stored one plus new messages: another first
+    message is another conversation (a child session), a departure after a shared
+    prefix goes on on a new branch of the session's tree, a shorter history too."""
+    upstream.script(
+        [Reply("One."), Reply("Two."), Reply("Ten."), Reply("Skipped."), Reply("One again.")]
+    )
     with proxy(settings, db_url, upstream) as base:
         async with openai_client(base, "diverged-1") as client:
             history: list[Any] = [{"role": "user", "content": "Count with me."}]
             first = await client.chat.completions.create(model="gpt-4o", messages=history)
             history.append(first.choices[0].message.model_dump(exclude_unset=True))
             history.append({"role": "user", "content": "Go on."})
-            await client.chat.completions.create(model="gpt-4o", messages=history)
+            second = await client.chat.completions.create(model="gpt-4o", messages=history)
+            stored = [*history, second.choices[0].message.model_dump(exclude_unset=True)]
 
+            # Another first message: another conversation, in a child session.
             edited: list[Any] = [
                 {"role": "user", "content": "Count backwards with me."},
                 *history[1:],
+                {"role": "user", "content": "Next?"},
             ]
-            with pytest.raises(openai.ConflictError) as refused:
-                await client.chat.completions.create(
-                    model="gpt-4o", messages=[SYSTEM, *edited, {"role": "user", "content": "Next?"}]
-                )
-            error = refused.value.body
-            assert isinstance(error, dict)
-            assert error["code"] == "conflict"
-            assert error["first_difference"] == 1  # the request's own index (after the system)
-            assert "diverges" in error["message"]
-            assert refused.value.response.headers["x-should-retry"] == "false"
+            backwards = await client.chat.completions.create(
+                model="gpt-4o", messages=[SYSTEM, *edited]
+            )
+            assert backwards.choices[0].message.content == "Ten."
+            edited.append(backwards.choices[0].message.model_dump(exclude_unset=True))
 
-            # A history that dropped the last reply and goes on is refused too, and so is
-            # a shorter one (the call before the last sent again is not: see
-            # test_a_call_sent_again_gets_its_stored_reply).
+            # The last reply dropped: the first three messages shared, then a new branch.
             skipped = [*history, {"role": "user", "content": "Skip that one."}]
-            with pytest.raises(openai.ConflictError) as dropped:
-                await client.chat.completions.create(model="gpt-4o", messages=skipped)
-            assert dropped.value.body["first_difference"] == 3  # type: ignore[index]
-            with pytest.raises(openai.ConflictError) as shorter:
-                await client.chat.completions.create(model="gpt-4o", messages=history[:1])
-            assert shorter.value.body["first_difference"] == 1  # type: ignore[index]
-            assert "stored history goes on past them" in shorter.value.message
-            assert len(upstream.requests) == 2
+            answer = await client.chat.completions.create(model="gpt-4o", messages=skipped)
+            assert answer.choices[0].message.content == "Skipped."
+            skipped.append(answer.choices[0].message.model_dump(exclude_unset=True))
             async with api(base) as http:
-                stored = await http.get("/v1/sessions/diverged-1/messages")
-                assert [e["message"]["content"] for e in stored.json()["entries"]] == [
-                    "Count with me.",
-                    "One.",
-                    "Go on.",
-                    "Two.",
-                ]
+                await assert_stored(http, "diverged-1", "openai", skipped)
+
+            # A shorter history (not the call before the last sent again, which gets its
+            # stored reply: test_a_call_sent_again_gets_its_stored_reply): a rewind to
+            # its last message, answered anew on a branch from there.
+            shorter = await client.chat.completions.create(model="gpt-4o", messages=history[:1])
+            assert shorter.choices[0].message.content == "One again."
+        assert len(upstream.requests) == 5
+        assert upstream.requests[2].json["messages"][1]["content"] == "Count backwards with me."
+        assert [m["content"] for m in upstream.requests[3].json["messages"]] == [
+            "Count with me.",
+            "One.",
+            "Go on.",
+            "Skip that one.",
+        ]
+        assert [m["content"] for m in upstream.requests[4].json["messages"]] == ["Count with me."]
+        async with api(base) as http:
+            await assert_stored(
+                http,
+                "diverged-1",
+                "openai",
+                [history[0], shorter.choices[0].message.model_dump(exclude_unset=True)],
+            )
+            children = (await http.get("/v1/sessions", params={"parent_id": "diverged-1"})).json()
+            assert len(children["sessions"]) == 1
+            await assert_stored(http, children["sessions"][0]["id"], "openai", edited)
+            # Every branch stays stored in the session's tree: the first path's four
+            # entries, the skipped branch's two, the rewind's reply.
+            tree = (await http.get("/v1/sessions/diverged-1/tree")).json()
+            labels = sorted(e["label"] for e in tree["entries"])
+            assert labels == sorted(
+                [m["content"] for m in stored] + ["Skip that one.", "Skipped.", "One again."]
+            )
 
 
 async def test_proxy_errors_come_in_openai_s_shape(

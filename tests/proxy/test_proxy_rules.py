@@ -270,10 +270,11 @@ async def test_calls_on_one_session_take_turns(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
     """Calls on one session at once: each waits for the one before, then is matched
-    against the history it left. One that does not carry the first one's reply diverges:
-    409. One sent with the same history (a retry while the first is still running) is
-    the call that reply answered: it gets that reply, stored once, and no upstream call."""
-    upstream.script([Hang(0.5, then=Reply("The first answer.")), Reply("Never sent.")])
+    against the history it left. One sent with the same history (a retry while the first
+    is still running) is the call that reply answered: it gets that reply, stored once,
+    and no upstream call. One that does not carry the first one's reply departs from the
+    stored history after its first message: it goes on on a branch from there."""
+    upstream.script([Hang(0.5, then=Reply("The first answer.")), Reply("The other answer.")])
     history: list[Any] = [{"role": "user", "content": "Answer once."}]
     other: list[Any] = [*history, {"role": "user", "content": "Something else."}]
     with proxy(settings, db_url, upstream) as base:
@@ -282,27 +283,31 @@ async def test_calls_on_one_session_take_turns(
                 client.chat.completions.create(model="gpt-4o", messages=history)
             )
             await asyncio.to_thread(upstream.wait_for, 1)  # the first holds the turn
-            again, diverged = await asyncio.gather(
-                client.chat.completions.create(model="gpt-4o", messages=history),
-                client.chat.completions.create(model="gpt-4o", messages=other),
-                return_exceptions=True,
-            )
+            again = await client.chat.completions.create(model="gpt-4o", messages=history)
+            assert first.done()  # the second waited for the first's turn to end
             answer = await first
+            branched = await client.chat.completions.create(model="gpt-4o", messages=other)
         assert answer.choices[0].message.content == "The first answer."
-        assert not isinstance(again, BaseException), again
         assert again.choices[0].message.content == "The first answer."
         assert again.choices[0].finish_reason == "stop"
         assert again.id == "chatcmpl-compactd-replay"
-        assert isinstance(diverged, openai.ConflictError)
-        assert diverged.body["first_difference"] == 1  # type: ignore[index]
-        assert len(upstream.requests) == 1
+        assert branched.choices[0].message.content == "The other answer."
+        assert len(upstream.requests) == 2
+        assert upstream.requests[1].json["messages"] == other
         async with api(base) as http:
             await assert_stored(
                 http,
                 "turns-1",
                 "openai",
-                [*history, answer.choices[0].message.model_dump(exclude_unset=True)],
+                [*other, branched.choices[0].message.model_dump(exclude_unset=True)],
             )
+            tree = (await http.get("/v1/sessions/turns-1/tree")).json()
+            assert [(e["seq"], e["on_path"]) for e in tree["entries"]] == [
+                (1, True),
+                (2, False),
+                (2, True),
+                (3, True),
+            ]
 
 
 async def test_a_bad_body_is_refused_at_once_while_another_call_has_the_turn(
