@@ -87,6 +87,14 @@ async def list_sessions(
         list[str] | None,
         Query(description="Filter as key=value (repeatable); values are matched as strings."),
     ] = None,
+    parent_id: Annotated[
+        str | None,
+        Query(
+            max_length=128,
+            description="Only the children of this session: the side conversations (title "
+            "requests, subagents) the proxy stored apart from it.",
+        ),
+    ] = None,
 ) -> SessionPage:
     """Sessions in creation order, a page at a time."""
     wanted: dict[str, str] = {}
@@ -95,7 +103,9 @@ async def list_sessions(
         if not sep or not key:
             raise invalid("metadata", f"{item!r} is not key=value")
         wanted[key] = value
-    return await SessionService(db, tenant).list(limit=limit, cursor=cursor, metadata=wanted)
+    return await SessionService(db, tenant).list(
+        limit=limit, cursor=cursor, metadata=wanted, parent_id=parent_id
+    )
 
 
 @router.get("/{session_id}", responses=problems(404))

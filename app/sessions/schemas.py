@@ -173,6 +173,12 @@ class SessionCreate(Strict):
         default_factory=dict, description="Partial SessionConfig overrides."
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+    parent_id: SessionId | None = Field(
+        None,
+        description="The session this one is a side conversation of (a title request, a "
+        "subagent), in the same tenant; 404 when it does not exist. The proxy sets it on "
+        "the child sessions it makes.",
+    )
 
     @model_validator(mode="after")
     def _window(self) -> SessionCreate:
@@ -210,6 +216,11 @@ class SessionWarning(BaseModel):
 
 class SessionOut(BaseModel):
     id: str
+    parent_id: str | None = Field(
+        description="The session this one is a side conversation of (the proxy's title "
+        "requests and subagents: docs/proxy.md); null for a session of its own, and once the "
+        "parent is deleted (its children are kept).",
+    )
     model: str
     context_window: int
     max_output_tokens: int

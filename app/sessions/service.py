@@ -177,6 +177,7 @@ def to_schema(session: Session) -> SessionOut:
     config = effective_config(session.config)
     return SessionOut(
         id=session.id,
+        parent_id=session.parent_id,
         model=session.model,
         context_window=window.context_window,
         max_output_tokens=window.max_output_tokens,
@@ -257,6 +258,11 @@ class SessionService:
         session_id = body.id or f"ses_{uuid.uuid4().hex}"
         if await self.repo.get(session_id) is not None:
             raise Conflict(f"session {session_id!r} already exists")
+        if body.parent_id is not None and await self.repo.get(body.parent_id) is None:
+            raise NotFound(
+                f"session {body.parent_id!r} does not exist: parent_id names a session of "
+                "the same tenant"
+            )
         # A new family, stored under the session's id, unless a family still stores
         # entries under it (a session of that id was deleted while a fork of it lives).
         family_id = session_id
@@ -271,6 +277,7 @@ class SessionService:
             id=session_id,
             tenant_id=self.tenant_id,
             family_id=family_id,
+            parent_id=body.parent_id,
             path_branches=[tree.ROOT_BRANCH],
             path_ends=[],
             model=body.model,
@@ -309,16 +316,27 @@ class SessionService:
                     )
                 )
                 await self.db.flush()
-        except IntegrityError:  # a concurrent create with the same id won
+        except IntegrityError as exc:
+            if "session_parent_id_tenant_id_fkey" in str(exc.orig):  # deleted meanwhile
+                raise NotFound(f"session {body.parent_id!r} does not exist") from None
+            # a concurrent create with the same id won
             raise Conflict(f"session {session_id!r} already exists") from None
         await self.db.refresh(session)
         return session
 
     async def list(
-        self, *, limit: int, cursor: str | None, metadata: dict[str, Any]
+        self,
+        *,
+        limit: int,
+        cursor: str | None,
+        metadata: dict[str, Any],
+        parent_id: str | None = None,
     ) -> SessionPage:
+        """A page in creation order; ``parent_id``: only that session's children."""
         after = decode_cursor(cursor) if cursor else None
-        rows = await self.repo.list(limit=limit + 1, after=after, metadata=metadata)
+        rows = await self.repo.list(
+            limit=limit + 1, after=after, metadata=metadata, parent_id=parent_id
+        )
         page = rows[:limit]
         return SessionPage(
             sessions=[to_schema(s) for s in page],
@@ -353,6 +371,8 @@ class SessionService:
         return session
 
     async def delete(self, session_id: str, if_match: str | None) -> None:
+        """The session and all of its data. Its children (``parent_id``) are kept, their
+        ``parent_id`` set to null by the database (``ON DELETE SET NULL``)."""
         session = await self.require(session_id, for_update=True)
         check_if_match(if_match, session.version)
         await self.repo.delete(session_id, session.family_id)

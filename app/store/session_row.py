@@ -323,9 +323,16 @@ class SessionRepository:
         await self.db.flush()
 
     async def list(
-        self, *, limit: int, after: tuple[datetime, str] | None, metadata: dict[str, Any] | None
+        self,
+        *,
+        limit: int,
+        after: tuple[datetime, str] | None,
+        metadata: dict[str, Any] | None,
+        parent_id: str | None = None,
     ) -> list[Session]:
         stmt = select(Session).where(Session.tenant_id == self.tenant_id)
+        if parent_id is not None:
+            stmt = stmt.where(Session.parent_id == parent_id)
         if metadata:
             stmt = stmt.where(Session.metadata_.contains(metadata))
         if after is not None:

@@ -137,6 +137,7 @@ def create_session(
     config: Mapping[str, Any] | None,
     metadata: Mapping[str, Any] | None,
     idempotency_key: str | None,
+    parent_id: str | None = None,
 ) -> Call[t.Session]:
     body = drop_none(
         model=model,
@@ -146,17 +147,23 @@ def create_session(
         input_limit=input_limit,
         config=config,
         metadata=metadata,
+        parent_id=parent_id,
     )
     return Call("POST", "/v1/sessions", json=body, idempotency_key=idempotency_key)
 
 
 def list_sessions(
-    *, limit: int | None, cursor: str | None, metadata: Mapping[str, str] | None
+    *,
+    limit: int | None,
+    cursor: str | None,
+    metadata: Mapping[str, str] | None,
+    parent_id: str | None = None,
 ) -> Call[t.SessionPage]:
     params = drop_none(
         limit=limit,
         cursor=cursor,
         metadata=[f"{k}={v}" for k, v in metadata.items()] if metadata else None,
+        parent_id=parent_id,
     )
     return Call("GET", "/v1/sessions", params=params)
 

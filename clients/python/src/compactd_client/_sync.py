@@ -105,9 +105,11 @@ class Compactd(BaseClient):
         input_limit: int | None = None,
         config: Mapping[str, Any] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        parent_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> t.Session:
-        """Create a session; the window comes from the model catalog unless given."""
+        """Create a session; the window comes from the model catalog unless given.
+        ``parent_id``: the session this one is a side conversation of (404 if none)."""
         return self._send(
             calls.create_session(
                 model,
@@ -117,6 +119,7 @@ class Compactd(BaseClient):
                 input_limit=input_limit,
                 config=config,
                 metadata=metadata,
+                parent_id=parent_id,
                 idempotency_key=idempotency_key,
             )
         )
@@ -127,9 +130,13 @@ class Compactd(BaseClient):
         limit: int | None = None,
         cursor: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        parent_id: str | None = None,
     ) -> t.SessionPage:
-        """A page of sessions in creation order; ``metadata`` filters on exact values."""
-        return self._send(calls.list_sessions(limit=limit, cursor=cursor, metadata=metadata))
+        """A page of sessions in creation order; ``metadata`` filters on exact values,
+        ``parent_id`` keeps that session's children (its side conversations)."""
+        return self._send(
+            calls.list_sessions(limit=limit, cursor=cursor, metadata=metadata, parent_id=parent_id)
+        )
 
     def get_session(self, session_id: str) -> t.Session:
         """The session with its live accounting."""

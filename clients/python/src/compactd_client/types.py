@@ -99,6 +99,7 @@ class SessionWarning(TypedDict):
 
 class Session(TypedDict):
     id: str
+    parent_id: str | None  # the session this one is a side conversation of
     model: str
     context_window: int
     max_output_tokens: int
