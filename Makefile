@@ -53,6 +53,12 @@ test: $(STAMP) ## Run the whole test suite against a real PostgreSQL, in paralle
 test-fast: $(STAMP) ## The suite without the slow tiers (trace replays, fuzzing, kills and outages), with durations
 	$(PYTEST) -m "not slow" --durations=15
 
+# The agent tier (tests/agents) runs real agent CLIs installed from npm at pinned
+# versions into $COMPACTD_AGENTS_DIR (default ~/.cache/compactd/agents); installed once.
+.PHONY: agents
+agents: ## Install the pinned agent CLIs the agent tier runs (Claude Code, Codex, OpenCode; needs npm)
+	$(PYTHON) -m tests.agents.install
+
 .PHONY: lint
 lint: $(STAMP) ## ruff lint and format check, and the import layers (lint-imports)
 	$(BIN)/ruff check .

@@ -7,11 +7,10 @@ import dataclasses
 import json
 from typing import Any
 
-from app.engine import openai_format, tokens
 from app.engine.context import check_openai_pairing
 from tests.agents.agents import PROVIDER_KEY
-from tests.proxy.support import assert_valid_upstream, sent_tokens
-from tests.upstream_server import RecordedRequest
+from tests.proxy.support import assert_valid_upstream
+from tests.upstream_server import RecordedRequest, prompt_tokens
 
 #: The wire API each agent speaks: the scripted upstream's name for it.
 API = {"claude": "anthropic", "codex": "responses", "opencode": "openai"}
@@ -100,8 +99,8 @@ def request_messages(api: str, request: RecordedRequest) -> list[Any]:
 
 
 def as_chat(items: list[Any]) -> list[dict[str, Any]]:
-    """Responses input items as the chat messages they stand for (to check and count a
-    Codex request as compactd counts what it stores)."""
+    """Responses input items as the chat messages they stand for (to check a Codex
+    request's pairing as a chat request's)."""
     out: list[dict[str, Any]] = []
     for item in items:
         kind = item.get("type", "message")
@@ -130,44 +129,23 @@ def as_chat(items: list[Any]) -> list[dict[str, Any]]:
 
 def assert_valid(request: RecordedRequest, api: str, budget: int | None = None) -> None:
     """The upstream got a request valid for its API: every tool call answered and every
-    result after its call, the agent's key, no compactd header; within ``budget``."""
-    if api == "anthropic":
-        # Claude Code's system messages inside ``messages`` (its beta allows them) sit
-        # between turns; the pairing and the alternation of roles are of the rest.
-        body = dict(request.json)
-        body["messages"] = [m for m in body["messages"] if m.get("role") != "system"]
-        assert_valid_upstream(dataclasses.replace(request, json=body), api)
-        if budget is not None:
-            assert sent_tokens(request, api) <= budget, (sent_tokens(request, api), budget)
-        return
-    if api != "responses":
-        assert_valid_upstream(request, api, budget)
-        return
+    result after its call, the agent's key, no compactd header; and, given ``budget``,
+    a prompt within it as the model counts it (:func:`prompt_tokens`: compactd counts
+    with its own tokenizer and calibrates that count on the usage the model reports)."""
     body = request.json
     assert isinstance(body, dict)
-    chat = as_chat(request_messages(api, request))
-    problems = check_openai_pairing(chat, allow_pending=False)
-    assert problems == [], problems
-    assert request.headers.get("authorization") == f"Bearer {PROVIDER_KEY}"
-    assert not any(k.startswith("x-compactd-") for k in request.headers)
+    if api == "responses":
+        chat = as_chat(request_messages(api, request))
+        problems = check_openai_pairing(chat, allow_pending=False)
+        assert problems == [], problems
+        assert request.headers.get("authorization") == f"Bearer {PROVIDER_KEY}"
+        assert not any(k.startswith("x-compactd-") for k in request.headers)
+    elif api == "anthropic":
+        # Claude Code's system messages inside ``messages`` (its beta allows them) sit
+        # between turns; the pairing and the alternation of roles are of the rest.
+        rest = [m for m in body["messages"] if m.get("role") != "system"]
+        assert_valid_upstream(dataclasses.replace(request, json={**body, "messages": rest}), api)
+    else:
+        assert_valid_upstream(request, api)
     if budget is not None:
-        assert responses_tokens(request) <= budget, (responses_tokens(request), budget)
-
-
-def responses_tokens(request: RecordedRequest) -> int:
-    """A Codex request's size as compactd counts what it stores: its items as chat
-    messages, its instructions and tools."""
-    body = request.json
-    total = sum(
-        tokens.count_entry(openai_format.parse_message(m, f"input[{i}]"))
-        for i, m in enumerate(as_chat(request_messages("responses", request)))
-    )
-    if isinstance(body.get("instructions"), str):
-        total += tokens.count_text(body["instructions"])
-    if body.get("tools"):
-        total += tokens.count_tools(body["tools"])
-    return total
-
-
-def request_tokens(request: RecordedRequest, api: str) -> int:
-    return responses_tokens(request) if api == "responses" else sent_tokens(request, api)
+        assert prompt_tokens(body) <= budget, (prompt_tokens(body), budget)

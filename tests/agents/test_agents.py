@@ -26,7 +26,7 @@ from tests.agents import agents, checks, script
 from tests.agents.conftest import require
 from tests.agents.install import Agent
 from tests.proxy.support import api, proxy, stored_history
-from tests.upstream_server import RecordedRequest, Upstream
+from tests.upstream_server import RecordedRequest, Upstream, prompt_tokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.agents]
 
@@ -160,7 +160,8 @@ LONG = script.Task("long", 14, filler=400)
 WINDOW = {"context_window": 24_000, "max_output_tokens": 2_000}
 LONG_CONFIG = {
     "compaction": {"reserve_tokens": 4_000, "keep_recent_tokens": 3_000},
-    "prune": {"protect_tokens": 4_000, "minimum_tokens": 1_000},
+    # Pruning alone would keep this task in the window: off, so that it takes a compaction.
+    "prune": {"enabled": False},
 }
 MODEL = {"claude": "claude-sonnet-4-5", "codex": agents.CODEX_MODEL, "opencode": "gpt-4o"}
 
@@ -189,20 +190,23 @@ async def test_long_task_is_compacted_and_finishes(
             )
             assert r.status_code == 201, r.text
             budget = r.json()["usable_tokens"]
+        # The model refuses a prompt over the budget, as a provider does past its window.
+        upstream.context_limit = budget
         run = await run_agent(agent, base, sid, LONG, tmp_path, dead_port)
         assert_agent_done(run, LONG, tmp_path / "work")
         requests = upstream.requests
-        sizes = [checks.request_tokens(r, wire) for r in main_requests(requests)]
-        for request in requests:
-            checks.assert_valid(request, wire, budget)
+        sizes = [prompt_tokens(r.json) for r in main_requests(requests)]
         async with api(base) as http:
             turns = await settled_transcript(http, sid, name, ("assistant", LONG.final()))
             session = (await http.get(f"/v1/sessions/{sid}")).json()
+            print(
+                f"{name}: {len(sizes)} calls, {session['compaction_count']} compactions, "
+                f"largest request {max(sizes)} of {budget} tokens, {run.seconds:.1f} s; "
+                f"requests (the model's count): {sizes}"
+            )
             await assert_side_conversations(http, sid, name, side_requests(requests))
-        print(
-            f"{name}: {len(sizes)} calls, {session['compaction_count']} compactions, "
-            f"largest request {max(sizes)} of {budget} tokens, {run.seconds:.1f} s"
-        )
+        for request in requests:
+            checks.assert_valid(request, wire, budget)
         assert session["compaction_count"] >= 1, session
         # Every step's result is stored, in order, and the answer last: nothing the agent
         # did was lost to the compactions.
