@@ -334,8 +334,8 @@ def paired(mine: list[float], theirs: list[float]) -> list[float]:
 
 async def bench_proxy(port: int, upstream_port: int) -> None:
     chat, responses = _Wire(responses=False), _Wire(responses=True)
-    cases = ((chat, 100, 10), (chat, 10_000, CALLS + TTFB_CALLS))
-    cases += ((responses, 100, 10), (responses, 1_000, 50))
+    cases = [(chat, 100, 10), (chat, 10_000, CALLS + TTFB_CALLS)]
+    cases += [(responses, 100, 10), (responses, 1_000, 50)]
     for wire, n, per_session in cases:
         if n == 100:
             print(f"\nProxy ({wire.name}, scripted upstream answering at once)")

@@ -57,6 +57,11 @@ COVERED: dict[tuple[str, str], str] = {
     ("GET", "/v1/webhooks/{webhook_id}/deliveries"): "list_deliveries",
     ("POST", "/proxy/openai/v1/chat/completions"): "proxy_base_url",
     ("POST", "/proxy/anthropic/v1/messages"): "proxy_base_url",
+    ("POST", "/proxy/openai/v1/responses"): "proxy_base_url",
+    ("POST", "/proxy/openai/v1/responses/compact"): "proxy_base_url",
+    # The reachability checks agents make on their base URL.
+    ("HEAD", "/proxy/anthropic"): "proxy_base_url",
+    ("HEAD", "/proxy/openai/v1"): "proxy_base_url",
 }
 PROXY = {op for op, name in COVERED.items() if name == "proxy_base_url"}
 

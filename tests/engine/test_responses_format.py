@@ -49,7 +49,7 @@ def _without_ids(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_codex_history_comes_back_as_the_same_items() -> None:
-    items = [
+    items: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
         REASONING,
         {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd":["ls"]}'},
@@ -150,7 +150,9 @@ def test_the_prompt_is_instructions_and_leading_system_items() -> None:
         "store": False,
     }
     request = read_request(body)
-    assert request.responses and request.api == "openai" and request.offset == 1
+    assert request.responses
+    assert request.api == "openai"
+    assert request.offset == 1
     assert [m["role"] for m in request.messages] == ["user", "developer"]
     assert request.path(0) == "input[1]"
     assert read_request({"model": "m", "input": "hello"}).messages == [
@@ -209,22 +211,24 @@ def test_a_stream_is_stored_from_its_completed_response() -> None:
     for chunk in raw:
         for event in events.feed(chunk):
             assert reader.feed(event)  # every event goes on
-    assert reader.complete and reader.usage == usage
+    assert reader.complete
+    assert reader.usage == usage
     assert reader.reply().message["content"] == [{"type": "text", "text": "hi"}]
 
     cut = ResponsesStream()
     for event in SseEvents().feed(b"".join(raw[:2])):
         cut.feed(event)
-    assert cut.unfinished and not cut.complete
+    assert cut.unfinished
+    assert not cut.complete
     failed = ResponsesStream()
     for event in SseEvents().feed(b"".join(_events({"type": "response.failed", "response": {}}))):
         failed.feed(event)
-    assert failed.done and not failed.complete and not failed.unfinished
+    assert failed.done
+    assert not failed.complete
+    assert not failed.unfinished
 
 
-_text = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20
-)
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
 _ids = st.sampled_from(["c1", "c2", "c3", "c4"])
 
 
@@ -281,8 +285,8 @@ def _turns(draw: Any) -> list[dict[str, Any]]:
 def test_any_window_of_a_history_is_written_back_with_every_call_paired(
     items: list[dict[str, Any]], start: int
 ) -> None:
-    """Whatever window the context starts at, the items sent have every output right
-    after... its call present, and every call answered or last."""
+    """Whatever window the context starts at, every output item sent comes after its
+    call, of the call's own kind, and every call sent is answered."""
     entries = [openai_format.parse_message(to_message(i, "m"), "m") for i in items]
     window = pair_tool_calls(entries[min(start, len(entries) - 1) :])
     sent = to_items([openai_format.render_message(e) for e in window], custom_tools(TOOLS))

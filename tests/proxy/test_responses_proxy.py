@@ -3,7 +3,7 @@ through the proxy to the scripted upstream: what Codex speaks."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -39,7 +39,7 @@ REASONING: Any = {
 }
 
 
-def _user(text: str) -> dict[str, Any]:
+def _user(text: str) -> Any:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
@@ -70,7 +70,8 @@ async def test_a_tool_round_trip_stores_every_item_and_sends_the_prompt_as_it_ca
                 include=["reasoning.encrypted_content"],
             )
             call = first.output[0]
-            assert call.type == "function_call" and call.name == "shell"
+            assert call.type == "function_call"
+            assert call.name == "shell"
             # Codex keeps the items it got, adds its reasoning's and the tool's output.
             history += [
                 {
@@ -91,7 +92,8 @@ async def test_a_tool_round_trip_stores_every_item_and_sends_the_prompt_as_it_ca
                 include=["reasoning.encrypted_content"],
             )
             assert second.output_text == "Two files."
-            assert second.usage is not None and second.usage.input_tokens > 0
+            assert second.usage is not None
+            assert second.usage.input_tokens > 0
 
             sent = upstream.requests
             assert [r.path for r in sent] == ["/v1/responses", "/v1/responses"]
@@ -99,7 +101,8 @@ async def test_a_tool_round_trip_stores_every_item_and_sends_the_prompt_as_it_ca
             # The prompt and every field the agent set go as they came; the history's
             # items come back as the agent sent them (a reasoning item whole).
             assert body["instructions"] == INSTRUCTIONS
-            assert body["tools"] == TOOLS and body["store"] is False
+            assert body["tools"] == TOOLS
+            assert body["store"] is False
             assert body["include"] == ["reasoning.encrypted_content"]
             assert body["input"] == [PROMPT, *history]
 
@@ -156,8 +159,9 @@ async def test_a_stream_passes_event_for_event_and_stores_the_completed_reply(
             stream = await client.responses.create(
                 model="gpt-5-codex", input=[_user("hi")], stream=True, store=False
             )
-            kinds = [event.type async for event in stream]
-        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+            kinds = [event.type async for event in cast(Any, stream)]
+        assert kinds[0] == "response.created"
+        assert kinds[-1] == "response.completed"
         assert "response.output_text.delta" in kinds
         async with api(base) as rest:
             await settled(rest, "resp-stream", 2)
@@ -179,7 +183,7 @@ async def test_a_broken_stream_stores_nothing_of_its_reply_and_the_sdk_raises(
                 model="gpt-5-codex", input=[_user("hi")], stream=True, store=False
             )
             with pytest.raises(openai.APIError, match="broke off"):
-                async for _ in stream:
+                async for _ in cast(Any, stream):
                     pass
         async with api(base) as rest:
             await settled(rest, "resp-broken", 1)
