@@ -219,13 +219,15 @@ def prepare_opencode(
         "OPENCODE_DISABLE_SHARE": "1",
         "OPENCODE_DISABLE_TERMINAL_TITLE": "1",
     }
-    argv = [str(OPENCODE.executable), "run"]
+    argv = [str(OPENCODE.executable), "run", *OPENCODE_DEBUG]
     if resume:
         argv.append("--continue")
     argv.append(task)
     return Prepared(argv, env)
 
 
+# COMPACTD_AGENT_LOGS=1: OpenCode prints its logs to stderr (which a failing test shows).
+OPENCODE_DEBUG = ["--print-logs"] if os.environ.get("COMPACTD_AGENT_LOGS") else []
 PREPARE = {"claude": prepare_claude, "codex": prepare_codex, "opencode": prepare_opencode}
 
 

@@ -101,6 +101,16 @@ async def children(http: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
     return found
 
 
+async def where_stored(http: httpx.AsyncClient, sid: str, name: str) -> str:
+    """What the session and its children hold, first and last turn each: for a failure."""
+    lines = []
+    for session in [sid, *[kid["id"] for kid in await children(http, sid)]]:
+        turns = await stored(http, session, name)
+        ends = (turns[0][:2], turns[-1][:2]) if turns else ()
+        lines.append(f"{session}: {len(turns)} turns {ends}")
+    return "; ".join(lines)
+
+
 def assert_agent_done(run: agents.Run, task: script.Task, work: Path) -> None:
     assert run.returncode == 0, run.describe()
     assert task.final() in run.stdout, run.describe()
@@ -150,7 +160,7 @@ async def test_short_task(
         expected.append(("assistant", task.final()))
         async with api(base) as http:
             turns = await settled_transcript(http, sid, name, expected[-1])
-            assert turns == expected
+            assert turns == expected, await where_stored(http, sid, name)
             await assert_side_conversations(http, sid, name, side_requests(requests))
 
 
@@ -253,4 +263,4 @@ async def test_resume_continues_the_session(
         assert ("assistant", first.final()) in expected
         async with api(base) as http:
             turns = await settled_transcript(http, sid, name, expected[-1])
-            assert turns == expected
+            assert turns == expected, await where_stored(http, sid, name)
