@@ -87,6 +87,7 @@ def offer(request: ProxyRequest, definitions: Sequence[Mapping[str, Any]]) -> Of
         system=request.system,
         stream=False,
         wants_usage=False,
+        wire=request.wire,
     )
     return Offered(offered, frozenset(definition_name(request.api, d) for d in added))
 

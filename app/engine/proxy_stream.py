@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from app.engine.proxy_wire import Reply
+
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n|\r\r")
 
 
@@ -199,6 +201,10 @@ class OpenAIStream:
         nor a finish reason came (nor an error event, which says so itself)."""
         return not self.done and self.finish_reason is None and self.failed is None
 
+    def reply(self) -> Reply:
+        """The reply, once the stream is :attr:`complete`."""
+        return Reply(self.message(), self.finish_reason, self.usage)
+
     def message(self) -> dict[str, Any]:
         """The reply as one chat message."""
         message: dict[str, Any] = {
@@ -317,6 +323,10 @@ class AnthropicStream:
         """Whether a stream that ends here ends before its finish: neither
         ``message_stop`` nor a stop reason came (nor an error event)."""
         return not self.done and self.finish_reason is None and self.failed is None
+
+    def reply(self) -> Reply:
+        """The reply, once the stream is :attr:`complete`."""
+        return Reply(self.message(), self.finish_reason, self.usage)
 
     def message(self) -> dict[str, Any]:
         """The reply as one message: its content blocks in index order."""

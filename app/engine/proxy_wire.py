@@ -62,9 +62,14 @@ class ProxyRequest:
     system: Any
     stream: bool
     wants_usage: bool  # OpenAI: the agent asked for the usage chunk of a stream
-    # An OpenAI Responses request (app.engine.responses_format): its ``input`` items read
-    # as chat messages, one each, so that it is stored and matched as ``api`` "openai".
-    responses: bool = False
+    # The route it came by (app.engine.proxy_wires): ``api``, or "responses" for OpenAI's
+    # Responses API, whose ``input`` items are its ``messages``, stored as chat messages
+    # (``api`` "openai").
+    wire: Wire
+
+    @property
+    def responses(self) -> bool:
+        return self.wire == "responses"
 
     @property
     def field(self) -> str:
@@ -99,7 +104,7 @@ def read_request(api: Api, body: Any) -> ProxyRequest:
         if system is not None and not isinstance(system, str | list):
             raise InvalidMessage("system", "must be a string or a list of text blocks")
         _at_least_one(messages)
-        return ProxyRequest(api, body, model, messages, 0, system, stream, False)
+        return ProxyRequest(api, body, model, messages, 0, system, stream, False, api)
     n = body.get("n")
     if n is not None and (type(n) is not int or n != 1):  # True == 1 in Python, 1.0 too
         raise InvalidMessage(
@@ -118,7 +123,7 @@ def read_request(api: Api, body: Any) -> ProxyRequest:
     options = body.get("stream_options")
     wants_usage = isinstance(options, dict) and options.get("include_usage") is True
     return ProxyRequest(
-        api, body, model, messages[offset:], offset, messages[:offset], stream, wants_usage
+        api, body, model, messages[offset:], offset, messages[:offset], stream, wants_usage, api
     )
 
 

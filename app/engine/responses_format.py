@@ -126,9 +126,10 @@ def read_request(body: Any) -> ProxyRequest:
         offset += 1
     if offset == len(items):
         raise InvalidMessage("input", "must hold at least one item besides the system prompt")
-    messages = [to_message(item, f"input[{i + offset}]") for i, item in enumerate(items[offset:])]
+    # The history is the items as sent: each is read as its chat message only when the
+    # proxy parses it (the items an earlier call sent byte for byte never are).
     return ProxyRequest(
-        "openai", body, model, messages, offset, items[:offset], stream, False, responses=True
+        "openai", body, model, items[offset:], offset, items[:offset], stream, False, "responses"
     )
 
 

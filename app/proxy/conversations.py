@@ -44,7 +44,8 @@ from app.core.errors import BadRequest, Conflict
 from app.engine import proxy_conversations as rules
 from app.engine.model import InvalidMessage
 from app.engine.proxy_history import Stored, digest
-from app.engine.proxy_wire import PARSERS, ProxyRequest
+from app.engine.proxy_wire import ProxyRequest
+from app.engine.proxy_wires import wire_of
 from app.engine.tree import Path
 from app.proxy.repository import KnownRow, ProxyRepository, StoredMessage
 from app.store import branches, events
@@ -92,13 +93,9 @@ class Conversations:
                 f"or its side conversations after {moves} moves; start a new session id",
                 headers=_NO_RETRY,
             )
-        parse = PARSERS[request.api]
+        parse = wire_of(request).parse
         try:
-            firsts = (
-                parse(request.messages[0], f"messages[{request.offset}]")
-                if request.messages
-                else []
-            )
+            firsts = parse(request.messages[0], request.path(0)) if request.messages else []
         except InvalidMessage as exc:
             raise _invalid(exc) from None
         head = await self.repo.messages_after(driver, session_id, 0, _HEAD)

@@ -105,11 +105,8 @@ from app.engine.proxy_history import (
     start,
 )
 from app.engine.proxy_stream import (
-    AnthropicStream,
     EventTooLarge,
-    OpenAIStream,
     SseEvents,
-    stream_error,
 )
 from app.engine.proxy_wire import (
     PARSERS,
@@ -118,15 +115,13 @@ from app.engine.proxy_wire import (
     UnreadableReply,
     Wire,
     overhead_tokens,
-    read_request,
     replayed_body,
     replayed_events,
-    reply_of,
     retry_target,
     stored_reply,
     upstream_bytes,
 )
-from app.engine.responses_format import ResponsesStream
+from app.engine.proxy_wires import WIRES, StreamReader, wire_of
 from app.engine.storable import find_unstorable
 from app.engine.tokens import EncodingName
 from app.messages.schemas import AppendRequest
@@ -301,7 +296,7 @@ _OVERHEADS_KEPT = 256
 def _overhead(request: ProxyRequest, encoding: EncodingName) -> int:
     key = orjson.dumps(
         [
-            request.api,
+            request.wire,
             encoding,
             request.system,
             request.body.get("tools"),
@@ -491,7 +486,7 @@ class ProxyService:
         build the context to send; or, for a request sent again whose reply is stored,
         that reply (see :meth:`_replay`). ``first``: the known history's read, made
         already."""
-        parse = PARSERS[request.api]
+        wire = wire_of(request)
         encoding = catalog.lookup(request.model).encoding
         created = False
         parent_id: str | None = None  # of the child session the call moved to
@@ -511,7 +506,7 @@ class ProxyService:
             known, last_seq = row.known, row.last_seq
             offered = (
                 proxy_recall.offer(request, agent_tools.definitions(request.api))
-                if row.recall_tools and not request.responses
+                if row.recall_tools and wire.recall
                 else None
             )
             # The system prompt and the tools (the recall tools too, when offered): the
@@ -531,7 +526,7 @@ class ProxyService:
                     match,
                     request.messages,
                     known,
-                    parse,
+                    wire.parse,
                     request.offset,
                     tail,
                     begin,
@@ -539,12 +534,10 @@ class ProxyService:
             except InvalidMessage as exc:
                 raise _invalid(exc) from None
             if isinstance(found, Diverged):
-                # A Responses reply is several messages: a call sent again is not told
-                # from an edited history there, and is answered anew.
                 replayed = (
-                    None
-                    if request.responses
-                    else await self._replay(driver, session_id, found, known, tail, last_seq)
+                    await self._replay(driver, session_id, found, known, tail, last_seq)
+                    if wire.replays
+                    else None
                 )
                 if replayed is not None:
                     return replayed
@@ -561,7 +554,7 @@ class ProxyService:
                 try:
                     appended = await AppendService(self.engine, self.tenant_id).store(
                         session_id,
-                        AppendRequest(messages=new, format=request.api),
+                        AppendRequest(messages=wire.stored(new), format=wire.store),
                         idempotency_key=None,
                         if_match=str(row.version),
                         body_bytes=body_bytes * len(new) // max(1, len(request.messages)),
@@ -724,8 +717,9 @@ class ProxyService:
             found = find_unstorable(message, request.path(start + i), max_items)
             if found:
                 raise _bad(*found)
-        if request.api == "openai":
-            found = oversized_arguments(new, max_items)
+        wire = wire_of(request)
+        if wire.store == "openai":
+            found = oversized_arguments(wire.stored(new), max_items)
             if found:
                 raise _bad(_shift(found[0], request.offset + start, request.field), found[1])
 
@@ -736,9 +730,7 @@ class ProxyService:
         call.sent = context
         if call.offered is not None:
             return upstream_bytes(call.offered.request, context.messages, context.system)
-        if call.request.responses:
-            return responses_format.upstream_bytes(call.request, context.messages)
-        return upstream_bytes(call.request, context.messages, context.system)
+        return wire_of(call.request).upstream(call.request, context.messages, context.system)
 
     async def _fresh_context(self, call: _Call) -> Built:
         """The context read again (after a relief, for the retry), recorded as served."""
@@ -763,7 +755,7 @@ class ProxyService:
 
     async def _send(self, call: _Call, body: bytes) -> httpx.Response:
         call.attempts += 1
-        url = self.client.urls["responses" if call.request.responses else call.request.api]
+        url = self.client.urls[call.request.wire]
         url = with_query(url, self.query)
         upstream = self.http.build_request("POST", url, content=body, headers=call.headers)
         try:
@@ -806,11 +798,7 @@ class ProxyService:
         raw = await _read(response, MAX_REPLY_BYTES)
         headers = agent_headers(response.headers)
         try:
-            data = orjson.loads(raw)
-            if call.request.responses:
-                reply = responses_format.reply_of(data)
-            else:
-                reply = reply_of(call.request.api, data)
+            reply = wire_of(call.request).reply(orjson.loads(raw))
         except (orjson.JSONDecodeError, UnreadableReply) as exc:
             log.warning(
                 "proxied reply not stored: not a reply of the API",
@@ -864,7 +852,7 @@ class ProxyService:
         offered = call.offered
         assert offered is not None
         assert call.sent is not None
-        api = call.request.api
+        api, wire = call.request.api, wire_of(call.request)
         checked = await self._refused(call, await sending, release)
         if isinstance(checked, Answer):
             return checked
@@ -874,7 +862,7 @@ class ProxyService:
             headers = agent_headers(response.headers)
             try:
                 data = orjson.loads(raw)
-                reply = reply_of(api, data)
+                reply = wire.reply(data)
             except (orjson.JSONDecodeError, UnreadableReply) as exc:
                 log.warning(
                     "proxied reply not stored: not a reply of the API",
@@ -930,14 +918,12 @@ class ProxyService:
             api, message, model, created, call.request.wants_usage, reply.usage, response_id
         )
         # Stored as a streamed reply is: the message the agent builds from the events.
-        reader: OpenAIStream | AnthropicStream = (
-            OpenAIStream(call.request.wants_usage) if api == "openai" else AnthropicStream()
-        )
+        reader = wire.reader(call.request)
         parsed = SseEvents()
         for event in events:
             for read in parsed.feed(event):
                 reader.feed(read)
-        stored = Reply(reader.message(), stored.finish_reason, first_usage)
+        stored = Reply(reader.reply().message, stored.finish_reason, first_usage)
 
         async def stream() -> AsyncGenerator[bytes, None]:
             sent = False
@@ -1068,13 +1054,8 @@ class ProxyService:
         """The upstream's events as they come; once the stream is complete, the reply is
         stored (after its end reached the agent, the session's turn held until then)."""
         request = call.request
-        reader: OpenAIStream | AnthropicStream | ResponsesStream
-        if request.responses:
-            reader = ResponsesStream()
-        elif request.api == "openai":
-            reader = OpenAIStream(request.wants_usage)
-        else:
-            reader = AnthropicStream()
+        wire = wire_of(request)
+        reader = wire.reader(request)
         events = SseEvents()
         broken: str | None = None
         try:
@@ -1094,11 +1075,7 @@ class ProxyService:
                 # In the API's own words, so that the agent's SDK raises it. An event cut
                 # off midway is not passed on: a client never dispatches one (SSE), and it
                 # would run into the error event's lines.
-                yield (
-                    responses_format.stream_error(broken)
-                    if request.responses
-                    else stream_error(request.api, broken)
-                )
+                yield wire.stream_error(broken)
             elif rest:
                 yield rest
         finally:
@@ -1246,16 +1223,14 @@ class ProxyService:
             )
 
 
-def _streamed_reply(reader: OpenAIStream | AnthropicStream | ResponsesStream) -> Reply | None:
-    """A complete stream's reply (None when a Responses reply's items cannot be stored:
-    the agent has it, and its next call carries it)."""
-    if isinstance(reader, ResponsesStream):
-        try:
-            return reader.reply()
-        except UnreadableReply as exc:
-            log.warning("proxied stream not stored: %s", exc)
-            return None
-    return Reply(reader.message(), reader.finish_reason, reader.usage)
+def _streamed_reply(reader: StreamReader) -> Reply | None:
+    """A complete stream's reply (None when it cannot be stored, a Responses reply's item
+    the store refuses: the agent has it, and its next call carries it)."""
+    try:
+        return reader.reply()
+    except UnreadableReply as exc:
+        log.warning("proxied stream not stored: %s", exc)
+        return None
 
 
 def _read_body(api: Wire, body: bytes) -> ProxyRequest:
@@ -1271,9 +1246,7 @@ def _read_body(api: Wire, body: bytes) -> ProxyRequest:
             errors=[{"field": "body", "detail": str(exc)}],
         ) from None
     try:
-        if api == "responses":
-            return responses_format.read_request(parsed)
-        return read_request(api, parsed)
+        return WIRES[api].read(parsed)
     except InvalidMessage as exc:
         raise BadRequest(
             f"{exc.path}: {exc.detail}", errors=[{"field": exc.path, "detail": exc.detail}]

@@ -14,6 +14,7 @@ from app.engine.context import pair_tool_calls
 from app.engine.model import InvalidMessage
 from app.engine.proxy_history import digest
 from app.engine.proxy_stream import SseEvents
+from app.engine.proxy_wires import wire_of
 from app.engine.responses_format import (
     ResponsesStream,
     custom_tools,
@@ -182,8 +183,13 @@ def test_the_prompt_is_instructions_and_leading_system_items() -> None:
     ],
 )
 def test_unusable_requests_name_their_field(body: dict[str, Any], field: str) -> None:
+    """Refused when read, or, for an item, when the proxy parses it (the items an earlier
+    call sent byte for byte are not parsed again)."""
     with pytest.raises(InvalidMessage) as caught:
-        read_request(body)
+        request = read_request(body)
+        wire = wire_of(request)
+        for i, item in enumerate(request.messages):
+            wire.parse(item, request.path(i))
     assert caught.value.path == field
 
 
