@@ -31,7 +31,13 @@ from tests.upstream_server import RecordedRequest, Upstream, prompt_tokens
 pytestmark = [pytest.mark.slow, pytest.mark.agents]
 
 NAMES = ["claude", "codex", "opencode"]
-SETTLE_SECONDS = 10.0
+SETTLE_SECONDS = 5.0
+#: Where each agent's calls reach the upstream, and with what query string.
+WIRE_PATH = {
+    "claude": ("/v1/messages", "beta=true"),
+    "codex": ("/v1/responses", ""),
+    "opencode": ("/v1/chat/completions", ""),
+}
 
 
 def proxy_url(name: str, base: str) -> str:
@@ -154,6 +160,8 @@ async def test_short_task(
         requests = upstream.requests
         for request in requests:
             checks.assert_valid(request, wire)
+        # The agent's endpoint and query string reach the upstream as it sent them.
+        assert {(r.path, r.query) for r in requests} == {WIRE_PATH[name]}
         main = main_requests(requests)
         assert len(main) == task.steps + 1, [r.path for r in requests]
         expected = checks.transcript(wire, checks.request_messages(wire, main[-1]))
