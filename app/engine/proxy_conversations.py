@@ -63,16 +63,26 @@ def child_id(parent_id: str, parent_created_at: datetime, first: bytes) -> str:
     return f"{parent_id[:_PARENT_CHARS]}:{h.hexdigest()[:CHILD_HEX]}"
 
 
+# The most message entries a provisional conversation holds: its user messages and
+# one reply. The caller reads one more, to tell a longer conversation.
+PROVISIONAL_ENTRIES = 4
+
+
 def provisional(stored: Sequence[Entry], tools_declared: bool) -> bool:
-    """Whether the stored conversation (its first message entries, at least three when
-    there are more) may give way to another: it came only from calls that declared no
-    tools (``tools_declared`` false) and is one exchange, a user message and at most
-    its reply, with no tool call or result."""
-    if tools_declared or not 1 <= len(stored) <= 2:
+    """Whether the stored conversation (its first message entries, more than
+    :data:`PROVISIONAL_ENTRIES` when there are more) may give way to another: it came
+    only from calls that declared no tools (``tools_declared`` false) and is one
+    exchange: user messages (OpenCode's title request sends its instruction and the
+    conversation's first words as two) and at most one reply, with no tool call."""
+    if tools_declared or not 1 <= len(stored) <= PROVISIONAL_ENTRIES:
         return False
-    if stored[0].role != "user" or any(p["type"] == "tool_result" for p in stored[0].parts):
-        return False
-    return len(stored) == 1 or (stored[1].role == "assistant" and not stored[1].tool_calls())
+    *asked, last = stored
+    if last.role == "assistant":
+        if not asked or last.tool_calls():
+            return False
+    else:
+        asked = list(stored)
+    return all(e.role == "user" for e in asked)
 
 
 def declares_tools(body: dict[str, Any]) -> bool:

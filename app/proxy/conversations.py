@@ -61,7 +61,7 @@ PAGE = 1000
 # child, then a branch in it, leaves room for one more.
 MOVES = 3
 # Enough of the stored history to tell a provisional conversation (one exchange).
-_HEAD = 3
+_HEAD = rules.PROVISIONAL_ENTRIES + 1
 _NO_RETRY = {"x-should-retry": "false"}
 
 

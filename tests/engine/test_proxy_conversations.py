@@ -69,7 +69,11 @@ def test_a_provisional_conversation_is_one_exchange_of_calls_without_tools() -> 
     assert not rules.provisional(entries(USER, REPLY, USER), tools_declared=False)
     assert not rules.provisional(entries(USER, CALL), tools_declared=False)
     assert not rules.provisional(entries(REPLY), tools_declared=False)
-    assert not rules.provisional(entries(USER, USER), tools_declared=False)
+    # OpenCode's title request: its instruction and the conversation's first words.
+    assert rules.provisional(entries(USER, USER), tools_declared=False)
+    assert rules.provisional(entries(USER, USER, REPLY), tools_declared=False)
+    assert not rules.provisional(entries(USER, USER, USER, USER, REPLY), tools_declared=False)
+    assert not rules.provisional(entries(USER, REPLY, REPLY), tools_declared=False)
     assert not rules.provisional([], tools_declared=False)
 
 
