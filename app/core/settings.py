@@ -417,9 +417,10 @@ def redacted_url(url: str, *, keep_user: bool = True) -> str:
 
 
 # COMPACTD_ variables that are not settings but are read elsewhere: by the clients
-# and examples (COMPACTD_URL, COMPACTD_API_KEY, COMPACTD_SESSION) and the benchmarks.
+# and examples (COMPACTD_URL, COMPACTD_API_KEY, COMPACTD_SESSION), the benchmarks and
+# the real-agent test tier (COMPACTD_AGENTS_DIR, COMPACTD_AGENT_LOGS).
 OTHER_VARIABLES = frozenset({"COMPACTD_URL", "COMPACTD_API_KEY", "COMPACTD_SESSION"})
-OTHER_PREFIXES = ("COMPACTD_BENCH_",)
+OTHER_PREFIXES = ("COMPACTD_BENCH_", "COMPACTD_AGENT")
 
 
 def setting_variables() -> set[str]:

@@ -259,9 +259,11 @@ class SessionService:
         if await self.repo.get(session_id) is not None:
             raise Conflict(f"session {session_id!r} already exists")
         if body.parent_id is not None and await self.repo.get(body.parent_id) is None:
-            raise NotFound(
+            # The body names what does not exist (the route does): 422, naming the field.
+            raise invalid(
+                "parent_id",
                 f"session {body.parent_id!r} does not exist: parent_id names a session of "
-                "the same tenant"
+                "the same tenant",
             )
         # A new family, stored under the session's id, unless a family still stores
         # entries under it (a session of that id was deleted while a fork of it lives).

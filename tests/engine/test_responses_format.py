@@ -185,11 +185,15 @@ def test_the_prompt_is_instructions_and_leading_system_items() -> None:
 def test_unusable_requests_name_their_field(body: dict[str, Any], field: str) -> None:
     """Refused when read, or, for an item, when the proxy parses it (the items an earlier
     call sent byte for byte are not parsed again)."""
-    with pytest.raises(InvalidMessage) as caught:
+
+    def read_and_parse() -> None:
         request = read_request(body)
         wire = wire_of(request)
         for i, item in enumerate(request.messages):
             wire.parse(item, request.path(i))
+
+    with pytest.raises(InvalidMessage) as caught:
+        read_and_parse()
     assert caught.value.path == field
 
 

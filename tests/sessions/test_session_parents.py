@@ -36,13 +36,13 @@ async def test_a_child_names_its_parent_and_is_listed_by_it(client: httpx.AsyncC
     assert len(everything) == 5
 
 
-async def test_a_parent_that_does_not_exist_is_a_404_and_creates_nothing(
+async def test_a_parent_that_does_not_exist_is_a_422_and_creates_nothing(
     client: httpx.AsyncClient,
 ) -> None:
     r = await client.post(
         "/v1/sessions", json={"model": "gpt-4o", "id": "orphan", "parent_id": "nobody"}
     )
-    assert_problem(r, 404, "nobody", "parent_id")
+    assert_problem(r, 422, "nobody", "parent_id")
     assert (await client.get("/v1/sessions/orphan")).status_code == 404
     bad = await client.post("/v1/sessions", json={"model": "gpt-4o", "parent_id": "no spaces"})
     assert_problem(bad, 422, "parent_id")

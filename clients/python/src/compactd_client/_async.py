@@ -109,7 +109,7 @@ class AsyncCompactd(BaseClient):
         idempotency_key: str | None = None,
     ) -> t.Session:
         """Create a session; the window comes from the model catalog unless given.
-        ``parent_id``: the session this one is a side conversation of (404 if none)."""
+        ``parent_id``: the session this one is a side conversation of (422 if none)."""
         return await self._send(
             calls.create_session(
                 model,
