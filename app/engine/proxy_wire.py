@@ -81,9 +81,9 @@ class ProxyRequest:
         return f"{self.field}[{index + self.offset}]"
 
 
-def read_request(api: Api, body: Any) -> ProxyRequest:
-    """The agent's request, or :class:`InvalidMessage` naming the field that makes it
-    unusable. The messages themselves are parsed later, only those that must be."""
+def read_head(body: Any) -> tuple[dict[str, Any], str, bool]:
+    """What every API's request has: the body an object, its ``model`` and its
+    ``stream``; or :class:`InvalidMessage` naming the field."""
     if not isinstance(body, dict):
         raise InvalidMessage("body", f"must be a JSON object, got {_type_name(body)}")
     model = body.get("model")
@@ -91,14 +91,21 @@ def read_request(api: Api, body: Any) -> ProxyRequest:
         raise InvalidMessage("model", "is required: the model's name")
     if len(model) > 200:
         raise InvalidMessage("model", f"is {len(model)} characters; at most 200")
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise InvalidMessage("messages", f"must be a list of messages, got {_type_name(messages)}")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise InvalidMessage("stream", f"must be a boolean, got {_type_name(stream)}")
+    return body, model, stream
+
+
+def read_request(api: Api, body: Any) -> ProxyRequest:
+    """The agent's request, or :class:`InvalidMessage` naming the field that makes it
+    unusable. The messages themselves are parsed later, only those that must be."""
+    body, model, stream = read_head(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidMessage("messages", f"must be a list of messages, got {_type_name(messages)}")
     if api == "anthropic":
         system = body.get("system")
         if system is not None and not isinstance(system, str | list):

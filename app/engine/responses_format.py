@@ -49,8 +49,8 @@ import orjson
 from app.engine.model import InvalidMessage
 from app.engine.opaque import RESPONSE_ITEM, RESPONSE_PART
 from app.engine.openai_format import _type_name
-from app.engine.proxy_stream import Event
-from app.engine.proxy_wire import ProxyRequest, Reply, UnreadableReply
+from app.engine.proxy_stream import Event, _json
+from app.engine.proxy_wire import ProxyRequest, Reply, UnreadableReply, read_head
 
 _ROLES = ("user", "assistant", "system", "developer")
 _PROMPT_ROLES = ("system", "developer")
@@ -87,13 +87,7 @@ def _call_id(item: dict[str, Any], path: str) -> str:
 def read_request(body: Any) -> ProxyRequest:
     """The agent's Responses request, its input items read as chat messages; or
     :class:`InvalidMessage` naming the field that makes it unusable."""
-    if not isinstance(body, dict):
-        raise InvalidMessage("body", f"must be a JSON object, got {_type_name(body)}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        raise InvalidMessage("model", "is required: the model's name")
-    if len(model) > 200:
-        raise InvalidMessage("model", f"is {len(model)} characters; at most 200")
+    body, model, stream = read_head(body)
     for key in ("previous_response_id", "conversation"):
         if body.get(key) is not None:
             raise InvalidMessage(
@@ -101,11 +95,6 @@ def read_request(body: Any) -> ProxyRequest:
                 "is not supported through the compactd proxy: it keeps the history itself, "
                 "so send the whole history as input (with store: false, as Codex does)",
             )
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise InvalidMessage("stream", f"must be a boolean, got {_type_name(stream)}")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidMessage("instructions", f"must be a string, got {_type_name(instructions)}")
@@ -417,15 +406,6 @@ def _reply(output: list[Any], reason: str, usage: dict[str, Any] | None) -> Repl
     if not messages:
         return Reply({"role": "assistant", "content": ""}, reason, usage)
     return Reply(messages[0], reason, usage, tuple(messages[1:]))
-
-
-def _json(data: str | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
 
 
 class ResponsesStream:
