@@ -820,7 +820,6 @@ class WorkerPool:
         extras: Sequence[Background] = (),
     ) -> None:
         self.wake = wake or asyncio.Event()
-        self._claimed_at: dict[uuid.UUID, float] = {}
         self.stop = asyncio.Event()
         self.grace_seconds = grace_seconds
         self.workers = [

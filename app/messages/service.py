@@ -89,11 +89,6 @@ def append_document(doc: dict[str, Any]) -> bytes:
     )
 
 
-def parse_batch(messages: list[Any], fmt: Format) -> list[Entry]:
-    """The batch in the canonical model; raises a 422 naming the first bad field."""
-    return parse_pinned_batch(messages, fmt)[0]
-
-
 # Pinned messages together take at most this share of the session's usable window.
 PINNED_SHARE = 0.25
 
@@ -177,7 +172,7 @@ def oversized_arguments(messages: list[Any], max_items: int) -> tuple[str, str] 
             try:
                 parsed = orjson.loads(arguments)
             except orjson.JSONDecodeError:
-                continue  # parse_batch names it
+                continue  # parse_pinned_batch names it
             found = find_oversized(parsed, "", max_items)
             if found:
                 where, reason = found

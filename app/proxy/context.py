@@ -233,9 +233,6 @@ class Contexts:
         if window is not None:
             self._extend(key, api, window.created_at, appended)
 
-    def forget(self, tenant_id: str, session_id: str) -> None:
-        self._drop((tenant_id, session_id))
-
     def _extend(
         self, key: tuple[str, str], api: Api, created_at: datetime, appended: Appended
     ) -> bool:

@@ -197,14 +197,6 @@ class SessionPatch(Strict):
     metadata: dict[str, Any] | None = Field(None, description="Replaces the metadata.")
 
 
-class Usage(BaseModel):
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    tools_tokens: int | None = None
-
-
 class SessionWarning(BaseModel):
     """Something the service assumed for a session, and how to fix it."""
 
