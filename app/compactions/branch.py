@@ -71,7 +71,7 @@ async def plan_branch(driver: Driver, job: JobRow, state: SessionState, nav: Nav
     start, end = nav.common_seq + 1, nav.from_next_seq
     rows, marks = await LogRepository(job.tenant_id).source(driver, at, start, end)
     # The file operations go on from the latest summary on the path: a compaction's,
-    # or an earlier branch summary's (seed 001: cumulative across both).
+    # or an earlier branch summary's (cumulative across both: docs/how-it-works.md, "The tree").
     pivot = await branches.pivot_at(driver, job.tenant_id, at, end - 1)
     branch_summary_seq = await branches.last_branch_summary(driver, job.tenant_id, at, end - 1)
     latest = max(

@@ -1,6 +1,5 @@
-"""Blocking hooks (seed 001's ``session_before_compact``, ``session.compacting`` and
-``session_before_tree``): webhooks flagged ``hook`` that a compaction or a navigation
-calls, and waits for, before it does its work.
+"""Blocking hooks (docs/events.md, "Blocking hooks"): webhooks flagged ``hook`` that a
+compaction or a navigation calls, and waits for, before it does its work.
 
 A hook gets a signed POST (app.upstream.signing) of ``{"type", "session_id",
 "data"}`` and may answer with a JSON object:
@@ -8,8 +7,7 @@ A hook gets a signed POST (app.upstream.signing) of ``{"type", "session_id",
 - before a compaction (``compaction.before``; ``data`` has the job, the tokens before
   and the conversation the summary replaces, serialized as the summarizer reads it):
   ``{"cancel": true, "reason": "..."}`` cancels it; ``{"summary": "...", "details":
-  {...}}`` is the whole summary, committed as made outside (``from_hook``, seed 001's
-  ``fromExtension``); ``{"prompt": "...", "context": ["..."], "preserve": {...}}``
+  {...}}`` is the whole summary, committed as made outside (``from_hook``); ``{"prompt": "...", "context": ["..."], "preserve": {...}}``
   replaces the summary prompt's instructions, adds lines to its
   ``<additional-context>`` and data kept on the compaction's details;
 - before a navigation (``navigation.before``): ``{"cancel": true}`` refuses it (409),
@@ -74,7 +72,7 @@ def _read(answer: Any, point: str, into: Answered) -> str:
     summary = answer.get("summary")
     if summary is not None:
         details = answer.get("details")
-        if isinstance(summary, Mapping):  # seed 001's {summary: {summary, details}}
+        if isinstance(summary, Mapping):  # {summary: {summary, details}}
             details = summary.get("details")
             summary = summary.get("summary")
         if not isinstance(summary, str) or not summary.strip():

@@ -1,5 +1,5 @@
-"""What a compaction must not make the agent forget (issue 14): its latest
-unresolved failure, and the distinctive terms of its task. Pure: entries and text in,
+"""What a compaction must not make the agent forget (docs/how-it-works.md, "The
+continuity gate"): its latest unresolved failure, and the distinctive terms of its task. Pure: entries and text in,
 plain values out; the extractive summarizer and the continuity checks share these rules.
 
 Failures

@@ -1,4 +1,4 @@
-"""Branch summaries (seed 001): when a navigation leaves a branch, what was tried
+"""Branch summaries (docs/how-it-works.md, "The tree"): when a navigation leaves a branch, what was tried
 there is summarized into an entry after the navigation target, so that the new
 path knows it.
 

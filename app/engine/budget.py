@@ -111,7 +111,7 @@ CALIBRATION_MAX = 3.0
 # about that than about the tokenizer).
 CALIBRATION_MIN_COUNTED = 1_000
 # The ratio of reported to counted is clamped into this window before it is
-# averaged, never ignored for lying outside it (seed 002): a larger discrepancy
+# averaged, never ignored for lying outside it (docs/how-it-works.md): a larger discrepancy
 # never gets less correction than a smaller one, one report moves the factor by
 # one EMA step toward the window's edge at most, and a discrepancy that persists
 # walks the factor to its clamp. The window is wider than the factor's clamp so
@@ -136,7 +136,8 @@ def _clamped(value: float) -> float:
 
 
 def calibrate(factor: float, actual_tokens: int, counted_tokens: int) -> float:
-    """The calibration factor after a usage report (seed 002, layer 1).
+    """The calibration factor after a usage report (docs/how-it-works.md,
+    "Accounting, verdicts and pruning").
 
     ``clamp(0.8 * factor + 0.2 * ratio, 0.5, 3.0)``: an exponential moving
     average (alpha 0.2), slow enough to ride out one odd turn, and bounded so an

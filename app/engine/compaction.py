@@ -1,4 +1,4 @@
-"""Preparing a compaction (seed 001): what is summarized, what is kept, and the
+"""Preparing a compaction (docs/how-it-works.md, "Compaction"): what is summarized, what is kept, and the
 summary's final shape. Pure: the service reads the entries, this decides.
 
 Only entries since the latest pivot are considered. System and developer

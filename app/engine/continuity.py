@@ -1,4 +1,4 @@
-"""The continuity gate (issue 14): before a summary is committed, does the context
+"""The continuity gate (docs/how-it-works.md): before a summary is committed, does the context
 it makes still name what the agent needs to go on? Pure: text and plain values in,
 plain values out.
 

@@ -1,4 +1,4 @@
-"""What a compaction drops (issue 16): an index of the specifics the entries it
+"""What a compaction drops (docs/how-it-works.md, "Compaction"): an index of the specifics the entries it
 summarizes held, so that a user or an agent can see what left the context.
 
 :func:`index` gives, for each kind, how many distinct values the entries hold and the

@@ -35,7 +35,7 @@ lines that hold them open Critical Context, after the instructions themselves
 ("Focus asked for: …"); in every list, the items that name a term come first,
 so they are the last to go when the summary is cut to size.
 
-Given ``context`` (extra lines a hook supplied, seed 001's ``session.compacting``),
+Given ``context`` (extra lines a hook supplied: docs/events.md, "Blocking hooks"),
 the summary quotes them, each on one line, in an ``## Additional Context`` section
 after Critical Context (there only when there are some), cut like the other
 sections only beyond its share of ``max_chars``.

@@ -1,5 +1,5 @@
-"""Which files the agent read and modified, for the summary (seed 001
-"File-operation context in summaries").
+"""Which files the agent read and modified, for the summary (docs/how-it-works.md,
+"Compaction").
 
 A summary ends with the files the agent has read and modified so far, so the
 model keeps track of them after the details are gone. :func:`collect` finds

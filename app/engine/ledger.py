@@ -3,7 +3,7 @@
 The ``session`` row carries totals that are kept, not recounted: how many
 entries the log holds and their tokens, what the model's context holds now
 (and how much of it is tool output), where the pivot stands, what pruning
-saved, and the usage accounting the estimate rests on (seed 003). Every write
+saved, and the usage accounting the estimate rests on (docs/how-it-works.md, "Accounting, verdicts and pruning"). Every write
 of the session advances them, and a total that drifts from the rows it sums
 makes every later verdict wrong. So each write is an event, and :func:`apply`
 is the one place that says what an event does to the totals: storage loads the

@@ -12,9 +12,9 @@ pivot on) back from the newest entry:
 - older tool outputs are candidates, except outputs of a protected tool (they
   act as instructions and do not count toward the budget either) and outputs
   no bigger than the placeholder (nothing to gain). ``protected_tools`` holds
-  names and fnmatch-style patterns, all case-insensitive: seed 000 protects
-  ``skill`` by name and every tool whose type starts with ``tool-`` by prefix,
-  which is ``["skill", "tool-*"]``;
+  names and fnmatch-style patterns, all case-insensitive: ``["skill", "tool-*"]``
+  protects ``skill`` by name and every tool whose type starts with ``tool-`` by
+  prefix;
 - the walk stops at a summary pivot and at the first entry already pruned: all
   that is older was settled by an earlier prune, which makes planning again
   after applying a plan a no-op.

@@ -201,7 +201,7 @@ ADDITIONAL_CONTEXT_TAG = "additional-context"
 
 
 def render_additional_context(lines: Sequence[str]) -> str:
-    """Extra context lines (a hook's, seed 001's ``context``) as the
+    """Extra context lines (a hook's ``context``: docs/events.md) as the
     ``<additional-context>`` list a prompt carries: one ``- `` item a line, a
     line's own line breaks indented under its item; blank lines left out; empty
     when there is none. A closing tag inside a line is made inert."""
@@ -232,7 +232,7 @@ def build_prompt(
     (``update.md`` around the strategy's own instructions). ``instructions``
     are the user's extra focus (``/compact <instructions>``).
 
-    ``prompt`` (a hook's, seed 001's ``session.compacting``), when not blank,
+    ``prompt`` (a hook's: docs/events.md, "Blocking hooks"), when not blank,
     replaces the strategy's instructions: the summary's format and what it must
     say. Everything else stays: the ``<previous-summary>`` and ``<conversation>``
     blocks, ``update.md``'s merge instructions around it on an update, the

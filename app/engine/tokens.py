@@ -28,8 +28,7 @@ REPLY_PRIMING_TOKENS = 3
 IMAGE_LOW_DETAIL_TOKENS = 85
 IMAGE_TILE_TOKENS = 170
 IMAGE_DEFAULT_TOKENS = 765  # a 1024x1024 image at high detail: 4 tiles + base
-# Seed 000's MAX_TOKENS_PER_PART: the most a part whose cost is estimated rather
-# than counted (an image, an opaque reasoning blob) may weigh, so that one odd
+# The most a part whose cost is estimated rather than counted (an image, an opaque reasoning blob) may weigh, so that one odd
 # part cannot make the verdict jump. Text counted with tiktoken is exact and is
 # never capped.
 MAX_TOKENS_PER_PART = 50_000

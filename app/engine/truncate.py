@@ -1,4 +1,5 @@
-"""Ingest truncation of tool results by output category (seed 002, layer 4).
+"""Ingest truncation of tool results by output category (docs/how-it-works.md,
+"Accounting, verdicts and pruning", ingest truncation).
 
 A tool result longer than a token cap is cut before it reaches the model's
 view. The cap uses the same ``chars / 4`` approximation as the seed, so the

@@ -833,8 +833,8 @@ def _with_view_ids(entry: Entry, view_ids: tuple[str, ...]) -> Entry:
 def _show(
     entry: Entry, encoding: tokens.EncodingName, category: truncate.Category | None, cap: int
 ) -> _Shown:
-    """Cut a long tool result's text to ``cap`` tokens by its category (seed 002,
-    layer 4), then render and count what is left. The stored parts keep it all."""
+    """Cut a long tool result's text to ``cap`` tokens by its category (ingest
+    truncation: docs/how-it-works.md), then render and count what is left. The stored parts keep it all."""
     omitted_lines = omitted_bytes = 0
     if category is not None:
         texts = [p for p in entry.parts if p["type"] == "text" and p["text"]]

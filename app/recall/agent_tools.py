@@ -1,5 +1,5 @@
-"""The agent's recall tools (seed 003's archive read, and search): their definitions
-in each provider's format, a model's call of one read as the model produced it,
+"""The agent's recall tools (search and read-back of the archive: docs/how-it-works.md,
+"Recall"): their definitions in each provider's format, a model's call of one read as the model produced it,
 and the result text kept within a token cap with a note of how to read on.
 
 Pure: no database. app.recall.tool_calls runs the calls.

@@ -1,4 +1,5 @@
-"""A remote summarization endpoint (seed 001's ``compaction.remoteEndpoint``).
+"""A remote summarization endpoint (the ``compaction.remote_endpoint``
+config: docs/configuration.md, "Per-session config").
 
 A session whose config sets ``compaction.remote_endpoint`` has every summarizer
 request of its compactions sent there instead of to the upstream LLM: ``POST
