@@ -177,6 +177,74 @@ def overhead_tokens(request: ProxyRequest, encoding: tokens.EncodingName) -> int
     return total
 
 
+# The most cache breakpoints Anthropic takes in one request (system and tools included).
+MAX_CACHE_MARKERS = 4
+# Blocks that cannot carry a cache breakpoint.
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def cache_markers(request: ProxyRequest) -> list[dict[str, Any]]:
+    """The ``cache_control`` objects an Anthropic request's history carries, in order
+    (the last :data:`MAX_CACHE_MARKERS`). Agents mark their last message or two, to
+    cache the prompt up to there: the context that goes upstream in place of that
+    history gets as many, on its own last messages (:func:`marked`)."""
+    if request.api != "anthropic":
+        return []
+    found: list[dict[str, Any]] = []
+    for message in request.messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            found += [
+                b["cache_control"]
+                for b in content
+                if isinstance(b, dict) and isinstance(b.get("cache_control"), dict)
+            ]
+    return found[-MAX_CACHE_MARKERS:]
+
+
+def _markable(message: dict[str, Any]) -> int | None:
+    """The index of the block of ``message`` a breakpoint goes on: its last one that
+    can carry one (not thinking, not empty text); None if none can."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return None
+    for i in range(len(content) - 1, -1, -1):
+        block = content[i]
+        if not isinstance(block, dict) or block.get("type") in _UNMARKABLE:
+            continue
+        if block.get("type") == "text" and not block.get("text"):
+            continue
+        return i
+    return None
+
+
+def marked(messages: list[Any], markers: list[dict[str, Any]]) -> list[Any]:
+    """The context's Anthropic ``messages`` with the agent's cache breakpoints
+    (:func:`cache_markers`) on its last messages, one each, the last marker on the last
+    message; system messages are passed over. ``messages`` is not changed."""
+    out = list(messages)
+    pending = list(markers)
+    for at in range(len(out) - 1, -1, -1):
+        if not pending:
+            break
+        message = out[at]
+        if not isinstance(message, dict) or message.get("role") == "system":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            if not content:
+                continue
+            content = [{"type": "text", "text": content}]
+            message = {**message, "content": content}
+        index = _markable(message)
+        if index is None:
+            continue
+        blocks = list(message["content"])
+        blocks[index] = {**blocks[index], "cache_control": pending.pop()}
+        out[at] = {**message, "content": blocks}
+    return out
+
+
 def upstream_body(
     request: ProxyRequest, messages: list[Any], system: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
@@ -193,7 +261,8 @@ def upstream_body(
                 "include_usage": True,
             }
         return body
-    body["messages"] = messages
+    markers = cache_markers(request)
+    body["messages"] = marked(messages, markers) if markers else messages
     if system:
         agent = request.system
         if isinstance(agent, str):
@@ -226,7 +295,12 @@ def upstream_bytes(request: ProxyRequest, messages: bytes, system: bytes | None)
                 "include_usage": True,
             }
         return orjson.dumps(body)
-    body["messages"] = orjson.Fragment(messages)
+    markers = cache_markers(request)
+    if markers:
+        # Parsed only then: the breakpoints go on the context's last messages.
+        body["messages"] = marked(orjson.loads(messages), markers)
+    else:
+        body["messages"] = orjson.Fragment(messages)
     if system is not None and system != b"[]":
         agent = request.system
         if isinstance(agent, str):

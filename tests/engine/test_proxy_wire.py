@@ -16,6 +16,8 @@ from app.engine.proxy_stream import AnthropicStream, OpenAIStream, SseEvents
 from app.engine.proxy_wire import (
     Api,
     UnreadableReply,
+    cache_markers,
+    marked,
     overhead_tokens,
     read_request,
     replayed_body,
@@ -297,3 +299,115 @@ def test_the_retry_must_lose_the_overshoot_the_error_states() -> None:
     assert retry_target(10_000, stated) == 10_000 - 889  # the 808 over, and a tenth more
     assert retry_target(10_000, OverflowMatch(overflow=True)) == 9_000
     assert retry_target(100, stated) == 0
+
+
+_BLOCK = st.sampled_from(
+    [
+        {"type": "text", "text": "words"},
+        {"type": "text", "text": ""},
+        {"type": "thinking", "thinking": "hm", "signature": "s"},
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+        {"type": "tool_result", "tool_use_id": "t", "content": "out"},
+    ]
+)
+_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant", "system"]),
+        "content": st.one_of(st.sampled_from(["", "text"]), st.lists(_BLOCK, max_size=3)),
+    }
+)
+
+
+@given(st.lists(_MESSAGE, max_size=8), st.integers(0, 4))
+def test_cache_breakpoints_go_on_the_last_messages_that_can_carry_them(
+    messages: list[dict[str, Any]], count: int
+) -> None:
+    markers = [{"type": "ephemeral", "n": i} for i in range(count)]
+    out = marked(messages, markers)
+    placed = [
+        (i, b["cache_control"])
+        for i, m in enumerate(out)
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if "cache_control" in b
+    ]
+    # One per message, in the agent's order, on the last messages able to carry one.
+    able = [
+        i
+        for i, m in enumerate(messages)
+        if m["role"] != "system"
+        and (
+            (isinstance(m["content"], str) and m["content"])
+            or (
+                isinstance(m["content"], list)
+                and any(
+                    b["type"] != "thinking" and (b["type"] != "text" or b["text"])
+                    for b in m["content"]
+                )
+            )
+        )
+    ]
+    wanted = able[len(able) - min(count, len(able)) :]
+    assert [i for i, _ in placed] == wanted
+    assert [m for _, m in placed] == markers[len(markers) - len(wanted) :]
+    for i, m in enumerate(out):
+        for b in m["content"] if isinstance(m["content"], list) else ():
+            if "cache_control" in b:
+                assert b["type"] != "thinking"
+                assert b["type"] != "text" or b["text"]
+        if i not in wanted:
+            assert m == messages[i]  # nothing else changes
+    assert all("cache_control" not in str(m) for m in messages)  # the input is not changed
+
+
+def test_the_agents_markers_are_collected_from_its_history() -> None:
+    request = read_request(
+        "anthropic",
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 10,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}
+                    ],
+                },
+                {"role": "assistant", "content": "b"},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "c",
+                            "cache_control": {"type": "ephemeral", "ttl": "1h"},
+                        }
+                    ],
+                },
+            ],
+        },
+    )
+    assert cache_markers(request) == [{"type": "ephemeral"}, {"type": "ephemeral", "ttl": "1h"}]
+    body = orjson.loads(
+        upstream_bytes(
+            request,
+            orjson.dumps(
+                [{"role": "user", "content": "summary"}, {"role": "user", "content": "c"}]
+            ),
+            None,
+        )
+    )
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "summary", "cache_control": {"type": "ephemeral"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+            ],
+        },
+    ]

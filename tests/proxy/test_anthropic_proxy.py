@@ -153,6 +153,17 @@ async def test_tool_use_parallel_and_streamed(
         assert session["overhead_tokens"] > 0  # the system prompt and the tools
 
 
+def markers_of(messages: list[Any]) -> list[tuple[int, Any]]:
+    """Each cache breakpoint in ``messages``: the index of its message, and the marker."""
+    return [
+        (i, block["cache_control"])
+        for i, message in enumerate(messages)
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if "cache_control" in block
+    ]
+
+
 async def test_resent_history_with_sdk_objects_and_moved_cache_markers_matches(
     db_url: str, settings: Settings, upstream: Upstream
 ) -> None:
@@ -191,6 +202,14 @@ async def test_resent_history_with_sdk_objects_and_moved_cache_markers_matches(
             await client.messages.create(model=MODEL, max_tokens=100, messages=history)
         for request in upstream.requests:
             assert_valid_upstream(request, "anthropic", budget=BUDGET)
+        # The agent's cache breakpoints reach the provider where it put them, on the
+        # context's last message, so its prompt cache keeps working through compactd.
+        first_sent, second_sent, third_sent = (r.json["messages"] for r in upstream.requests)
+        assert markers_of(first_sent) == [(0, {"type": "ephemeral"})]
+        assert markers_of(second_sent) == [(len(second_sent) - 1, {"type": "ephemeral"})]
+        # Its marker, left on an earlier message, goes on the context's last one: the
+        # context is cached as far as it reaches.
+        assert markers_of(third_sent) == [(len(third_sent) - 1, {"type": "ephemeral"})]
         async with api(base) as http:
             stored = await settled(http, "claude-resend", 6)
             assert stored["entry_count"] == 6  # each message once (and the last reply)
