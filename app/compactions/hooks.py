@@ -33,8 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection
 from app.core.outbound import Lane
-from app.store import events
-from app.store import webhooks as store
+from app.store import events, webhooks
 from app.upstream import signing
 
 log = logging.getLogger("compactd.hooks")
@@ -117,17 +116,17 @@ def _read(answer: Any, point: str, into: Answered) -> str:
 
 async def lookup(
     engine: AsyncEngine, tenant_id: str, session_id: str, point: str
-) -> list[store.WebhookRow]:
+) -> list[webhooks.WebhookRow]:
     """The hooks ``point`` calls for the session, oldest first (at most :data:`MAX_HOOKS`):
     looked up first, so that a caller with none builds no payload for them."""
     async with driver_connection(engine) as driver:
-        return (await store.hooks(driver, tenant_id, session_id, point))[:MAX_HOOKS]
+        return (await webhooks.hooks(driver, tenant_id, session_id, point))[:MAX_HOOKS]
 
 
 async def call(
     engine: AsyncEngine,
     lane: Lane,
-    found: list[store.WebhookRow],
+    found: list[webhooks.WebhookRow],
     tenant_id: str,
     session_id: str,
     point: str,

@@ -25,8 +25,7 @@ from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
 from app.core import metrics
 from app.core.driver import Driver
-from app.engine import catalog, pivot_rules, tree
-from app.engine import compaction as engine
+from app.engine import catalog, compaction, pivot_rules, tree
 from app.engine.model import Entry, Role
 from app.engine.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
 from app.engine.pivot_rules import CUT_OFF as CUT_OFF
@@ -119,7 +118,7 @@ def _instructions(configured: str | None, asked: str | None) -> str | None:
 # --- preparing and committing -------------------------------------------------
 
 
-def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[engine.Source]:
+def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[compaction.Source]:
     """The entries since the pivot in the engine's terms; a pruned output costs
     its placeholder, as in the view; a pinned entry says so."""
     out = []
@@ -134,7 +133,7 @@ def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[engine.Sour
             tokens=marks.get(r.seq, r.tokens),
         )
         out.append(
-            engine.Source(
+            compaction.Source(
                 seq=r.seq,
                 kind=r.kind,
                 entry=entry,
@@ -150,7 +149,7 @@ def sources_of(rows: list[SourceRow], marks: dict[int, int]) -> list[engine.Sour
 class Prepared:
     """A plan and what it was made against: the commit checks the pivot is unchanged."""
 
-    plan: engine.Plan
+    plan: compaction.Plan
     previous_summary: str | None
     context_start_seq: int
     summary_seq: int | None

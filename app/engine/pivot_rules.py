@@ -15,8 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine import budget, ledger
-from app.engine import compaction as engine
+from app.engine import budget, compaction, ledger
 from app.engine.model import Entry
 from app.engine.summary import render_context_message, sources_line, strip_user_requests
 from app.engine.tokens import EncodingName, count_entry
@@ -39,7 +38,7 @@ def keep_for(
     :func:`app.engine.compaction.keep_tokens`). After an overflow (the provider
     refused a prompt this session's estimate thought would fit) a share of what
     the context holds, whatever the window says."""
-    keep = engine.keep_tokens(
+    keep = compaction.keep_tokens(
         keep_recent_tokens, trigger_tokens, emergency=reason in URGENT_REASONS
     )
     if reason == "overflow":
@@ -48,7 +47,7 @@ def keep_for(
 
 
 def plan(
-    sources: Sequence[engine.Source],
+    sources: Sequence[compaction.Source],
     *,
     reason: str,
     start_seq: int,
@@ -59,10 +58,10 @@ def plan(
     keep_requests_tokens: int,
     previous_details: dict[str, Any] | None,
     encoding: EncodingName,
-) -> engine.Plan | None:
+) -> compaction.Plan | None:
     """The compaction's plan over ``sources`` (the entries since the pivot), with
     the session's settings; None when there is nothing to compact."""
-    return engine.plan(
+    return compaction.plan(
         sources,
         start_seq=start_seq,
         end_seq=end_seq,
@@ -160,14 +159,14 @@ def pivot_entries(
     return new
 
 
-def pinned_after(pinned_seqs: Iterable[int], plan: engine.Plan) -> tuple[int, ...]:
+def pinned_after(pinned_seqs: Iterable[int], plan: compaction.Plan) -> tuple[int, ...]:
     """The entries the context keeps before its window once the pivot moved: those
     it kept already, and those the plan keeps whole (system, pinned on append)."""
     return tuple(sorted(set(pinned_seqs) | set(plan.pinned)))
 
 
 def moved(
-    plan: engine.Plan,
+    plan: compaction.Plan,
     new: Sequence[PivotEntry],
     pinned: Sequence[int],
     *,

@@ -34,8 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.core.database import driver_connection, unavailable_cause
 from app.core.outbound import Lane
 from app.core.settings import Settings
-from app.store import events
-from app.store import webhooks as store
+from app.store import events, webhooks
 from app.upstream import signing
 from app.upstream.client import backoff_delay
 
@@ -106,9 +105,9 @@ class Dispatcher:
         busy = [t for t, n in self._tenants.items() if n >= per_tenant]
         lease = self.settings.webhook_timeout_seconds * 2 + 5
         async with driver_connection(self.engine) as driver, driver.transaction():
-            claimed = await store.claim(driver, room, lease, busy)
-        groups: dict[str, list[store.Claimed]] = defaultdict(list)
-        later: list[store.DeliveryRow] = []
+            claimed = await webhooks.claim(driver, room, lease, busy)
+        groups: dict[str, list[webhooks.Claimed]] = defaultdict(list)
+        later: list[webhooks.DeliveryRow] = []
         for c in claimed:
             tenant = c.delivery.tenant_id
             if self._tenants[tenant] + len(groups[tenant]) >= per_tenant:
@@ -119,7 +118,7 @@ class Dispatcher:
             del self._tenants[tenant]
         if later:
             async with driver_connection(self.engine) as driver:
-                await store.postponed(driver, later, POSTPONE_SECONDS)
+                await webhooks.postponed(driver, later, POSTPONE_SECONDS)
             self._later(POSTPONE_SECONDS)
         started = []
         for tenant, group in groups.items():
@@ -134,14 +133,14 @@ class Dispatcher:
             await asyncio.gather(*started)
         return len(claimed) - len(later)
 
-    async def _send_group(self, tenant: str, group: list[store.Claimed]) -> None:
+    async def _send_group(self, tenant: str, group: list[webhooks.Claimed]) -> None:
         """One tenant's deliveries of a claim; their successes recorded together."""
         try:
             answered = await asyncio.gather(*(self._send(c) for c in group))
             done = [a for a in answered if a is not None]
             if done:
                 async with driver_connection(self.engine) as driver, driver.transaction():
-                    await store.all_succeeded(driver, done)
+                    await webhooks.all_succeeded(driver, done)
         except Exception as exc:
             if unavailable_cause(exc) is not None:
                 log.warning("webhooks: the database is unavailable")
@@ -151,14 +150,14 @@ class Dispatcher:
             self._tenants[tenant] -= len(group)
             self.wake.set()  # room for more
 
-    async def _send(self, claimed: store.Claimed) -> tuple[store.DeliveryRow, int] | None:
+    async def _send(self, claimed: webhooks.Claimed) -> tuple[webhooks.DeliveryRow, int] | None:
         """Send one delivery. A success comes back, recorded with the pass's others; a
         failure is recorded here (it may disable the webhook)."""
         delivery = claimed.delivery
         if claimed.url is None or not claimed.enabled:
             why = "the webhook was deleted" if claimed.url is None else "the webhook is disabled"
             async with driver_connection(self.engine) as driver:
-                await store.skipped(driver, delivery, why)
+                await webhooks.skipped(driver, delivery, why)
             return None
         body = orjson.dumps(delivery.payload)
         # The place is taken before the delivery's own timeout starts (app.core.outbound).
@@ -187,7 +186,7 @@ class Dispatcher:
                 retry_after=None,
                 rand=random.random,
             )
-            await store.delivered(
+            await webhooks.delivered(
                 driver,
                 delivery,
                 status="failed" if last else "pending",
@@ -195,7 +194,7 @@ class Dispatcher:
                 error=error,
                 retry_in_seconds=0.0 if last else delay,
             )
-            disabled = await store.failed(
+            disabled = await webhooks.failed(
                 driver,
                 delivery.tenant_id,
                 delivery.webhook_id,
@@ -225,7 +224,7 @@ class Dispatcher:
         async with driver_connection(self.engine) as driver:
             while await events.expire(driver, retention) == 1000:
                 pass
-            while await store.expire(driver, retention) == 1000:
+            while await webhooks.expire(driver, retention) == 1000:
                 pass
 
 

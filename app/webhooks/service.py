@@ -12,8 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.core import cursors
 from app.core.database import driver_connection
 from app.core.errors import Conflict, NotFound, invalid
-from app.store import events
-from app.store import webhooks as store
+from app.store import events, webhooks
 from app.upstream import signing
 from app.webhooks.schemas import (
     DeliveryOut,
@@ -27,7 +26,7 @@ from app.webhooks.schemas import (
 MAX_WEBHOOKS = 100
 
 
-def _out(row: store.WebhookRow) -> WebhookOut:
+def _out(row: webhooks.WebhookRow) -> WebhookOut:
     return WebhookOut(
         id=row.id,
         url=row.url,
@@ -43,7 +42,7 @@ def _out(row: store.WebhookRow) -> WebhookOut:
     )
 
 
-def _delivery(row: store.DeliveryRow) -> DeliveryOut:
+def _delivery(row: webhooks.DeliveryRow) -> DeliveryOut:
     return DeliveryOut(
         id=row.id,
         event_id=row.event_id,
@@ -75,14 +74,14 @@ class WebhookService:
             await driver.execute(
                 "SELECT pg_advisory_xact_lock(hashtext('webhook:' || $1))", self.tenant_id
             )
-            if await store.count(driver, self.tenant_id) >= MAX_WEBHOOKS:
+            if await webhooks.count(driver, self.tenant_id) >= MAX_WEBHOOKS:
                 raise Conflict(
                     f"this tenant has {MAX_WEBHOOKS} webhooks, the most it may have; delete one"
                 )
             secret = signing.new_secret()
-            row = await store.create(
+            row = await webhooks.create(
                 driver,
-                store.WebhookRow(
+                webhooks.WebhookRow(
                     tenant_id=self.tenant_id,
                     id=uuid.uuid4(),
                     url=body.url,
@@ -102,24 +101,24 @@ class WebhookService:
 
     async def list(self) -> WebhookList:
         async with driver_connection(self.engine) as driver:
-            rows = await store.listed(driver, self.tenant_id, MAX_WEBHOOKS)
+            rows = await webhooks.listed(driver, self.tenant_id, MAX_WEBHOOKS)
         return WebhookList(webhooks=[_out(r) for r in rows])
 
     async def get(self, webhook_id: uuid.UUID) -> WebhookOut:
         async with driver_connection(self.engine) as driver:
-            row = await store.get(driver, self.tenant_id, webhook_id)
+            row = await webhooks.get(driver, self.tenant_id, webhook_id)
         if row is None:
             raise NotFound(f"webhook {webhook_id} does not exist")
         return _out(row)
 
     async def delete(self, webhook_id: uuid.UUID) -> None:
         async with driver_connection(self.engine) as driver, driver.transaction():
-            if not await store.delete(driver, self.tenant_id, webhook_id):
+            if not await webhooks.delete(driver, self.tenant_id, webhook_id):
                 raise NotFound(f"webhook {webhook_id} does not exist")
 
     async def set_enabled(self, webhook_id: uuid.UUID, enabled: bool) -> WebhookOut:
         async with driver_connection(self.engine) as driver:
-            row = await store.set_enabled(driver, self.tenant_id, webhook_id, enabled)
+            row = await webhooks.set_enabled(driver, self.tenant_id, webhook_id, enabled)
         if row is None:
             raise NotFound(f"webhook {webhook_id} does not exist")
         return _out(row)
@@ -127,7 +126,7 @@ class WebhookService:
     async def test(self, webhook_id: uuid.UUID) -> DeliveryOut:
         """Queue a ``webhook.test`` delivery (sent by the dispatcher like any other)."""
         async with driver_connection(self.engine) as driver, driver.transaction():
-            row = await store.get(driver, self.tenant_id, webhook_id)
+            row = await webhooks.get(driver, self.tenant_id, webhook_id)
             if row is None:
                 raise NotFound(f"webhook {webhook_id} does not exist")
             if not row.enabled:
@@ -140,7 +139,7 @@ class WebhookService:
                 "created_at": events.timestamp(now),
                 "data": {"webhook_id": str(webhook_id), "hook": row.hook},
             }
-            delivery = await store.test_delivery(driver, self.tenant_id, webhook_id, payload)
+            delivery = await webhooks.test_delivery(driver, self.tenant_id, webhook_id, payload)
         return _delivery(delivery)
 
     async def deliveries(
@@ -148,9 +147,9 @@ class WebhookService:
     ) -> DeliveryPage:
         before = cursors.decode(cursor) if cursor else None
         async with driver_connection(self.engine) as driver:
-            if await store.get(driver, self.tenant_id, webhook_id) is None:
+            if await webhooks.get(driver, self.tenant_id, webhook_id) is None:
                 raise NotFound(f"webhook {webhook_id} does not exist")
-            rows = await store.log(driver, self.tenant_id, webhook_id, limit + 1, before)
+            rows = await webhooks.log(driver, self.tenant_id, webhook_id, limit + 1, before)
         page = rows[:limit]
         return DeliveryPage(
             deliveries=[_delivery(r) for r in page],
