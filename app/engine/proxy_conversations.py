@@ -32,12 +32,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from app.engine.model import Entry
-from app.engine.proxy_history import ParseMessage, Stored
 
 # A child's id: the parent's id, cut to leave room, then ":" and this many hex digits
 # of the digest of (the parent's id, its creation, the first message's first entry).
@@ -97,30 +95,3 @@ def place(shared_messages: int, provisional: bool, declares_tools: bool) -> Plac
     if shared_messages >= 1:
         return "branch"
     return "takeover" if provisional and declares_tools else "side"
-
-
-@dataclass(frozen=True, slots=True)
-class Departure:
-    """Where the request's history leaves the stored one: its first ``messages``
-    messages are the stored history's first ``entries`` message entries, and the next
-    one (if any) is not what is stored after them."""
-
-    messages: int
-    entries: int
-
-
-def departure(
-    messages: Sequence[Any], parse: ParseMessage, stored: Sequence[Stored], offset: int = 0
-) -> Departure:
-    """The last whole message the request shares with the stored history (a message
-    whose entries run past the stored ones, or differ in part, is not shared). Raises
-    what ``parse`` raises."""
-    at = 0
-    for i, raw in enumerate(messages):
-        entries = parse(raw, f"messages[{i + offset}]")
-        if at + len(entries) > len(stored) or not all(
-            stored[at + j].matches(e) for j, e in enumerate(entries)
-        ):
-            return Departure(i, at)
-        at += len(entries)
-    return Departure(len(messages), at)

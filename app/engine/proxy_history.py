@@ -41,7 +41,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -262,9 +262,11 @@ def match(
     offset: int = 0,
     tail: Sequence[Stored] = (),
     begin: Start | None = None,
+    field: str = "messages",
 ) -> Matched | Diverged:
     """Where the stored history ends in ``messages`` (the request's history, its system
-    prompt left out: ``offset`` messages before it in the request), or that it does not.
+    prompt left out: ``offset`` messages before it in the request's ``field``), or that
+    it does not.
     The stored history is ``known``'s entries followed by ``tail``, entries read back
     whose chain is not known (one of them was erased before the proxy read it); the
     request's entries are compared with those one by one. Parses and hashes only what
@@ -280,7 +282,7 @@ def match(
         return Diverged(total)
     new_from = start_at if count == total else None
     for i in range(start_at, len(messages)):
-        entries = parse(messages[i], f"messages[{i + offset}]")
+        entries = parse(messages[i], f"{field}[{i + offset}]")
         for entry in entries:
             entry_digest = digest(entry)
             if known.entry_count <= count < total and not tail[count - known.entry_count].matches(
@@ -336,17 +338,33 @@ def raw_known(matched: Matched, messages: Sequence[Any], entry_count: int, chain
     )
 
 
+class Departure(NamedTuple):
+    """Where a request's history leaves the stored one: its first ``messages`` messages
+    are the stored history's first ``entries`` message entries, and the next message
+    (if any) is not what is stored after them."""
+
+    messages: int
+    entries: int
+
+
 def first_difference(
-    messages: Sequence[Any], parse: ParseMessage, stored: Sequence[Stored], offset: int = 0
-) -> tuple[int, int]:
-    """Where the request's history first differs from the stored one: the index of the
-    first request message whose entries are not the stored ones (``len(messages)`` when
-    the request is a strict prefix of the stored history), and the index of the stored
-    entry it differs at (``len(stored)`` when the request goes on past it)."""
+    messages: Sequence[Any],
+    parse: ParseMessage,
+    stored: Sequence[Stored],
+    offset: int = 0,
+    field: str = "messages",
+) -> Departure:
+    """Where the request's history first differs from the stored one, by whole
+    messages: a message whose entries run past the stored ones, or differ in part, is
+    not shared (``messages`` is ``len(messages)`` when the request is a prefix of the
+    stored history). ``field[offset + i]`` names message ``i`` to ``parse``, which
+    raises what it raises."""
     at = 0
     for i, raw in enumerate(messages):
-        for entry in parse(raw, f"messages[{i + offset}]"):
-            if at >= len(stored) or not stored[at].matches(entry):
-                return i, at
-            at += 1
-    return len(messages), at
+        entries = parse(raw, f"{field}[{i + offset}]")
+        if at + len(entries) > len(stored) or not all(
+            stored[at + j].matches(e) for j, e in enumerate(entries)
+        ):
+            return Departure(i, at)
+        at += len(entries)
+    return Departure(len(messages), at)

@@ -80,10 +80,6 @@ def _as_is(messages: list[Any]) -> list[Any]:
 
 
 def _responses_parse(raw: Any, path: str) -> list[Entry]:
-    # The history's matching names a message ``messages[i]``: a Responses request's is
-    # its item ``input[i]``.
-    if path.startswith("messages["):
-        path = "input" + path.removeprefix("messages")
     return [openai_format.parse_message(responses_format.to_message(raw, path), path)]
 
 

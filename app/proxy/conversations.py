@@ -43,7 +43,7 @@ from app.core.driver import Driver
 from app.core.errors import BadRequest, Conflict
 from app.engine import proxy_conversations as rules
 from app.engine.model import InvalidMessage
-from app.engine.proxy_history import Stored, digest
+from app.engine.proxy_history import Stored, digest, first_difference
 from app.engine.proxy_wire import ProxyRequest
 from app.engine.proxy_wires import wire_of
 from app.engine.tree import Path
@@ -102,11 +102,12 @@ class Conversations:
         if firsts and head and Stored.of(head[0].entry, head[0].erased).matches(firsts[0]):
             stored = await self._stored(driver, session_id, head)
             try:
-                found = rules.departure(
+                found = first_difference(
                     request.messages,
                     parse,
                     [Stored.of(r.entry, r.erased) for r in stored],
                     request.offset,
+                    request.field,
                 )
             except InvalidMessage as exc:
                 raise _invalid(exc) from None

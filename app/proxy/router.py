@@ -99,16 +99,20 @@ def _spec(provider: str, errors: str) -> dict[str, Any]:
     }
 
 
-async def _call(api: Wire, request: Request, tenant: str, engine: Any, settings: Any) -> Response:
+def _service(request: Request, tenant: str, engine: Any, settings: Any) -> ProxyService:
     client: ProxyClient = request.app.state.proxy
-    answer = await ProxyService(
+    return ProxyService(
         engine=engine,
         sessionmaker=request.app.state.sessionmaker,
         client=client,
         settings=settings,
         tenant_id=tenant,
         query=request.scope["query_string"],
-    ).call(
+    )
+
+
+async def _call(api: Wire, request: Request, tenant: str, engine: Any, settings: Any) -> Response:
+    answer = await _service(request, tenant, engine, settings).call(
         api,
         request.headers.get(SESSION_HEADER),
         await request.body(),
@@ -208,13 +212,9 @@ async def openai_responses_compact(
     compactd, never the upstream: the request's new input items are stored, the session
     is compacted on the spot (a readable extractive summary, stored and undoable), and
     the answer's ``output`` is the session's context now as Responses items."""
-    answer = await ProxyService(
-        engine=engine,
-        sessionmaker=request.app.state.sessionmaker,
-        client=request.app.state.proxy,
-        settings=settings,
-        tenant_id=tenant,
-    ).compact(request.headers.get(SESSION_HEADER), await request.body(), request.scope["headers"])
+    answer = await _service(request, tenant, engine, settings).compact(
+        request.headers.get(SESSION_HEADER), await request.body(), request.scope["headers"]
+    )
     return Response(answer.body, status_code=answer.status, headers=answer.headers)
 
 

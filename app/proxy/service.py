@@ -530,6 +530,7 @@ class ProxyService:
                     request.offset,
                     tail,
                     begin,
+                    request.field,
                 )
             except InvalidMessage as exc:
                 raise _invalid(exc) from None
@@ -550,11 +551,13 @@ class ProxyService:
             appended: Appended | None = None
             version = row.version
             if new:
-                self._check_storable(request, found.new_from, new)
+                # In the store's format (a Responses item as its chat message).
+                stored = wire.stored(new)
+                self._check_storable(request, found.new_from, new, stored)
                 try:
                     appended = await AppendService(self.engine, self.tenant_id).store(
                         session_id,
-                        AppendRequest(messages=wire.stored(new), format=wire.store),
+                        AppendRequest(messages=stored, format=wire.store),
                         idempotency_key=None,
                         if_match=str(row.version),
                         body_bytes=body_bytes * len(new) // max(1, len(request.messages)),
@@ -709,17 +712,19 @@ class ProxyService:
             driver, request, session_id, row, moves
         )
 
-    def _check_storable(self, request: ProxyRequest, start: int, new: list[Any]) -> None:
+    def _check_storable(
+        self, request: ProxyRequest, start: int, new: list[Any], stored: list[Any]
+    ) -> None:
         """The checks every append's body gets (the proxy's body is exempt from the
-        whole-body ones: only its new messages are stored)."""
+        whole-body ones: only its new messages are stored); ``stored``: the new messages
+        in the store's format."""
         max_items = self.settings.max_json_items
         for i, message in enumerate(new):
             found = find_unstorable(message, request.path(start + i), max_items)
             if found:
                 raise _bad(*found)
-        wire = wire_of(request)
-        if wire.store == "openai":
-            found = oversized_arguments(wire.stored(new), max_items)
+        if wire_of(request).store == "openai":
+            found = oversized_arguments(stored, max_items)
             if found:
                 raise _bad(_shift(found[0], request.offset + start, request.field), found[1])
 

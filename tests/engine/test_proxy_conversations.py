@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from app.engine import proxy_conversations as rules
 from app.engine.model import Entry
 from app.engine.openai_format import parse_message
-from app.engine.proxy_history import Stored, digest
+from app.engine.proxy_history import Departure, Stored, digest, first_difference
 from app.sessions.schemas import SESSION_ID_PATTERN
 
 WHEN = datetime(2027, 1, 5, 12, 0, tzinfo=UTC)
@@ -90,9 +90,9 @@ def test_where_a_departing_call_goes() -> None:
 
 def test_a_departure_is_after_the_last_whole_shared_message() -> None:
     history = [USER, CALL, RESULT, REPLY]
-    found = rules.departure([USER, CALL, {**RESULT, "content": "edited"}], parse, stored(history))
-    assert found == rules.Departure(messages=2, entries=2)
-    assert rules.departure([USER], parse, stored(history)) == rules.Departure(1, 1)
-    assert rules.departure([REPLY], parse, stored(history)) == rules.Departure(0, 0)
+    found = first_difference([USER, CALL, {**RESULT, "content": "edited"}], parse, stored(history))
+    assert found == Departure(messages=2, entries=2)
+    assert first_difference([USER], parse, stored(history)) == Departure(1, 1)
+    assert first_difference([REPLY], parse, stored(history)) == Departure(0, 0)
     # Past the stored history inside a message: that message is not shared.
-    assert rules.departure([USER, CALL], parse, stored([USER])) == rules.Departure(1, 1)
+    assert first_difference([USER, CALL], parse, stored([USER])) == Departure(1, 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import openai
 
 from app.core.settings import Settings
 from tests.proxy.support import (
@@ -57,6 +58,18 @@ SYSTEM: Any = {"role": "system", "content": "You are a coding agent."}
 
 def openai_result(call: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call["id"], "content": f"contents of {call['id']}"}
+
+
+async def agent_turns(client: openai.AsyncOpenAI, history: list[Any], turns: int) -> None:
+    """An agent's loop, ``turns`` calls with the tools: each reply, then its tool
+    calls' results, appended to ``history``."""
+    for _ in range(turns):
+        completion = await client.chat.completions.create(
+            model="gpt-4o", messages=[SYSTEM, *history], tools=OPENAI_TOOLS
+        )
+        message = completion.choices[0].message.model_dump(exclude_unset=True)
+        history.append(message)
+        history += [openai_result(c) for c in message.get("tool_calls") or []]
 
 
 def sent(messages: list[Any]) -> list[tuple[Any, ...]]:
@@ -187,13 +200,7 @@ async def test_the_real_call_first_then_the_title_request(
     with proxy(settings, db_url, upstream) as base:
         async with openai_client(base, sid) as client:
             history: list[Any] = [{"role": "user", "content": "Summarize the README."}]
-            for _ in range(2):
-                completion = await client.chat.completions.create(
-                    model="gpt-4o", messages=[SYSTEM, *history], tools=OPENAI_TOOLS
-                )
-                message = completion.choices[0].message.model_dump(exclude_unset=True)
-                history.append(message)
-                history += [openai_result(c) for c in message.get("tool_calls") or []]
+            await agent_turns(client, history, 2)
             title_history: list[Any] = [
                 {"role": "user", "content": "Generate a title for: Summarize the README."}
             ]
@@ -280,13 +287,7 @@ async def test_an_edited_history_continues_on_a_branch(
     with proxy(settings, db_url, upstream) as base:
         async with openai_client(base, sid) as client:
             history: list[Any] = [{"role": "user", "content": "What does big.log say?"}]
-            for _ in range(2):
-                completion = await client.chat.completions.create(
-                    model="gpt-4o", messages=[SYSTEM, *history], tools=OPENAI_TOOLS
-                )
-                message = completion.choices[0].message.model_dump(exclude_unset=True)
-                history.append(message)
-                history += [openai_result(c) for c in message.get("tool_calls") or []]
+            await agent_turns(client, history, 2)
             # Stored: user, assistant (call), tool, assistant. The agent rewinds to the
             # tool result (its user edited the last turn) and asks something else.
             edited = [*history[:3], {"role": "user", "content": "Only the errors, please."}]
