@@ -56,9 +56,22 @@ async def test_many_clients_share_a_few_server_connections(pooled_url: str) -> N
         assert 1 <= len(set(pids)) <= POOL_SIZE < len(clients)
         # A session setting outlives its transaction, on a server that serves the next
         # client: why compactd never SETs, and behind the pooler sends no startup settings.
-        first, second = clients[0], clients[1]
-        await first.execute("SET work_mem = '7MB'")
-        assert await second.fetchval("SHOW work_mem") == "7MB"
+        # The setting and the server it landed on come from one statement; the pooler
+        # hands servers out as it likes, so the others ask until one reaches that server.
+        setter = await clients[0].fetchval(
+            "SELECT pg_backend_pid() FROM (SELECT set_config('work_mem', '7MB', false)) s"
+        )
+        found = []
+        for attempt in range(40 * len(clients)):
+            other = clients[1 + attempt % (len(clients) - 1)]
+            pid, work_mem = await other.fetchrow(
+                "SELECT pg_backend_pid(), current_setting('work_mem')"
+            )
+            found.append((pid, work_mem))
+            if pid == setter:
+                break
+        assert found[-1] == (setter, "7MB"), found
+        assert all(mem != "7MB" for pid, mem in found if pid != setter), found
     finally:
         for c in clients:
             await c.close()
