@@ -279,7 +279,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from app.core.database import create_engine, resolve_database_url, worker_settings
     from app.core.outbound import Outbound
     from app.core.tokenizer import load_encodings
-    from app.engine.tokens import register_encodings
+    from app.engine.accounting.tokens import register_encodings
     from app.webhooks.dispatcher import Dispatcher
 
     settings = get_settings()

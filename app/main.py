@@ -33,8 +33,8 @@ from app.core.openapi import install_problem_openapi
 from app.core.outbound import Outbound
 from app.core.settings import Settings, get_settings
 from app.core.tokenizer import load_encodings
-from app.engine.storable import find_unstorable
-from app.engine.tokens import register_encodings
+from app.engine.accounting.tokens import register_encodings
+from app.engine.formats.storable import find_unstorable
 from app.events.hub import EventHub
 from app.events.router import router as events_router
 from app.health.router import router as health_router

@@ -55,7 +55,8 @@ from app.core.database import create_engine
 from app.core.settings import Settings
 from app.core.tenancy import DEFAULT_TENANT
 from app.core.tokenizer import load_encodings
-from app.engine import openai_format, tokens
+from app.engine.accounting import tokens
+from app.engine.formats import openai_format
 from app.history.service import entry_from_row
 from bench import bounds, continuity, cpu, events, load, proxy, recall, scale, tree, upstream
 from bench.http import Connection
@@ -335,7 +336,7 @@ async def bench_budget(host: str, port: int) -> None:
         )
         line("prune again, nothing left to do", again, "(target p50 <= 10 ms)")
 
-    from app.engine.truncate import CATEGORIES, truncate
+    from app.engine.window.truncate import CATEGORIES, truncate
 
     output = "".join(
         f"[{i:06d}] tests/test_mod_{i % 97}.py::test_case_{i} PASSED\n" for i in range(20_000)
@@ -362,7 +363,7 @@ async def bench_compaction(host: str, port: int, dsn: str, worker_env: dict[str,
     1,000 queued compactions drained by a separate `compactd worker --count 2`."""
     print("\nCompaction")
     from app.compactions.summarizer import extractive
-    from app.engine import compaction as engine
+    from app.engine.compaction import prepare as engine
 
     # The extractive summarizer, in-process, on ~200k tokens of real history.
     entries = []

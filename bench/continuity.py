@@ -36,7 +36,7 @@ tests/bench/test_continuity_replay.py runs a trace through both and compares eve
 context, the totals and every summary. The compaction's decisions (what to keep, the
 plan's arguments, the previous summary as the summarizer reads it, the entries
 appended, the pinned entries, whether it is committed and whether its yield holds the
-next one) are :mod:`app.engine.pivot_rules`, which ``app.compactions.pivot.prepare``
+next one) are :mod:`app.engine.compaction.pivot_rules`, which ``app.compactions.pivot.prepare``
 and ``commit_pivot`` call too: :meth:`Session.compact` does only the reads the service
 does in SQL (the entries since the pivot, the kept window's totals, the log's tail).
 Reused tool call ids (renamed in the view by the service) do not occur in these traces
@@ -58,13 +58,15 @@ from typing import Any
 from app.budget.prune import _TYPICAL_CALL_ID_TOKENS
 from app.compactions.summarizer import extractive
 from app.core.tokenizer import load_encodings
-from app.engine import budget, catalog, ledger, pivot_rules, relief, tokens, truncate
-from app.engine import compaction as engine
-from app.engine.context import check_openai_pairing, pair_tool_calls
+from app.engine.accounting import budget, catalog, ledger, relief, tokens
+from app.engine.compaction import pivot_rules
+from app.engine.compaction import prepare as engine
+from app.engine.formats.openai_format import parse_message, render_message
 from app.engine.model import Entry
-from app.engine.openai_format import parse_message, render_message
-from app.engine.prune import Item, PruneSettings, plan_prune
-from app.engine.view import placeholder_entry
+from app.engine.window import truncate
+from app.engine.window.context import check_openai_pairing, pair_tool_calls
+from app.engine.window.prune import Item, PruneSettings, plan_prune
+from app.engine.window.view import placeholder_entry
 from app.sessions.schemas import SessionConfig
 from bench import continuity_rules as rules
 from tests import traces
@@ -298,7 +300,7 @@ class Session:
         return saved
 
     # Compaction: app.compactions.pivot.prepare and commit_pivot, the worker's rules.
-    # Every decision is app.engine.pivot_rules', as there; only the reads differ
+    # Every decision is app.engine.compaction.pivot_rules', as there; only the reads differ
     # (the log in memory, where the service reads its rows).
 
     def _by_seq(self, seq: int) -> Stored:

@@ -3,7 +3,7 @@
 What an agent needs after a compaction, read from the trace itself: the task's
 distinctive terms, every file modified so far, and the last failure before the cut;
 and whether a context (the list of messages the agent would be sent) still holds each.
-Nothing here imports the summarizer's extraction code (``app.engine.extractive``,
+Nothing here imports the summarizer's extraction code (``app.engine.compaction.extractive``,
 ``fileops``, ``summary``): the measure must not share the blind spots of what it
 measures. Every rule is a few regular expressions or a small parser, stated here and
 checked on hand-written cases in ``tests/bench/test_continuity_rules.py``.

@@ -46,7 +46,8 @@ from typing import Any
 import orjson
 import psutil
 
-from app.engine import openai_format, tokens
+from app.engine.accounting import tokens
+from app.engine.formats import openai_format
 from bench.http import Connection
 from tests import traces
 

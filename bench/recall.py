@@ -46,7 +46,7 @@ import orjson
 
 from app.core import migrations
 from app.core.tenancy import DEFAULT_TENANT
-from app.engine import openai_format
+from app.engine.formats import openai_format
 from app.engine.search_text import search_text
 from bench import recall_data
 from bench.http import Connection

@@ -20,9 +20,10 @@ from typing import Any
 import asyncpg
 import orjson
 
-from app.engine import openai_format, tokens
+from app.engine.accounting import tokens
+from app.engine.formats import openai_format
 from app.engine.search_text import search_text
-from app.engine.view import render_view
+from app.engine.window.view import render_view
 from tests import traces
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from app.core.settings import Settings
 from app.core.tokenizer import install_offline_encodings, load_encodings
-from app.engine.tokens import register_encodings
+from app.engine.accounting.tokens import register_encodings
 from app.main import create_app
 from tests import parallel, postgres
 from tests.upstream_server import upstream_fixture, upstream_server_fixture  # noqa: F401

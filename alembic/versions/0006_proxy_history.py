@@ -1,6 +1,6 @@
 """The proxy's record of each session's stored history: the chain of its message
 entries' canonical digests, and the raw digest of the agent's last request, so that a
-proxied call finds its new messages without reading the history (app.engine.proxy_history).
+proxied call finds its new messages without reading the history (app.engine.proxy.history).
 
 Revision ID: 0006
 Revises: 0005

@@ -1,6 +1,6 @@
 """Pinned entries: a message the agent marked ``pinned`` on append is never
 summarized; like a system entry, the context keeps it verbatim wherever a
-compaction cuts (app.engine.compaction). A column of the entry, not a key of its
+compaction cuts (app.engine.compaction.prepare). A column of the entry, not a key of its
 ``extra`` (the client's keys the service does not interpret): the compaction's
 read takes it with the entry's other columns. ``NOT NULL DEFAULT false`` is a
 catalog change on Postgres 11 and later, no table rewrite; no index, as the flag

@@ -14,8 +14,9 @@ import orjson
 
 from app.budget.schemas import PruneRequest, PruneResult
 from app.core import metrics
-from app.engine import catalog, ledger, tokens, view
-from app.engine.prune import PruneSettings, plan_prune
+from app.engine.accounting import catalog, ledger, tokens
+from app.engine.window import view
+from app.engine.window.prune import PruneSettings, plan_prune
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store import events

@@ -1,4 +1,4 @@
-"""Running the relief policy (:mod:`app.engine.relief`) in a session's unit of work.
+"""Running the relief policy (:mod:`app.engine.accounting.relief`) in a session's unit of work.
 
 Every path that can raise the verdict calls :func:`relieve` with the session
 locked: an append, a usage report, a provider's overflow error. It prunes when
@@ -15,8 +15,8 @@ from app.budget.prune import prune_locked
 from app.budget.schemas import PruneResult
 from app.compactions import pivot
 from app.compactions.schemas import CompactionStarted
-from app.engine import relief
-from app.engine.budget import Action, Verdict
+from app.engine.accounting import relief
+from app.engine.accounting.budget import Action, Verdict
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store.session_row import SessionState, Unit

@@ -16,8 +16,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from app.compactions.schemas import CompactionStarted
-from app.engine import provider_usage
-from app.engine.provider_usage import UsageFormat
+from app.engine.accounting import provider_usage
+from app.engine.accounting.provider_usage import UsageFormat
 from app.history.schemas import Format
 from app.sessions.schemas import Strict
 
@@ -221,7 +221,7 @@ class UsageReport(Strict):
         cls, data: Any, handler: ModelWrapValidatorHandler[UsageReport]
     ) -> UsageReport:
         """A provider's usage object or whole response, read as the native figures
-        (:func:`app.engine.provider_usage.read_usage`)."""
+        (:func:`app.engine.accounting.provider_usage.read_usage`)."""
         if not isinstance(data, Mapping):
             return handler(data)
         try:

@@ -28,7 +28,7 @@ from app.budget.schemas import (
 )
 from app.core import metrics
 from app.core.errors import invalid
-from app.engine import budget, catalog, ledger, overflow_errors, tokens
+from app.engine.accounting import budget, catalog, ledger, overflow_errors, tokens
 from app.history.schemas import Format
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig

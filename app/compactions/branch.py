@@ -1,7 +1,7 @@
 """The branch-summary job's reads and its commit (a job of reason
 ``branch_summary``, queued by a navigation that asked for one: app.tree.service).
 
-The worker summarizes the abandoned branch (app.engine.branch_summary plans it, the
+The worker summarizes the abandoned branch (app.engine.compaction.branch_summary plans it, the
 compaction's summarizers write it) and then, in one transaction with the session
 locked, moves the leaf to the navigation's target and appends the summary entry
 after it. If the session moved meanwhile (an append, another navigation), the
@@ -18,8 +18,9 @@ from app.compactions.pivot import cancel_active, sources_of, stored_entry
 from app.compactions.repository import CompactionRepository, JobRow, Outcome
 from app.compactions.summarizer import Summarized
 from app.core.driver import Driver
-from app.engine import branch_summary, catalog, ledger, pivot_rules
-from app.engine.compaction import Plan
+from app.engine.accounting import catalog, ledger
+from app.engine.compaction import branch_summary, pivot_rules
+from app.engine.compaction.prepare import Plan
 from app.engine.tree import Path, Prefix
 from app.sessions import service as sessions
 from app.store import branches, events

@@ -25,14 +25,17 @@ from app.compactions.schemas import CompactionRequest, CompactionStarted, Reason
 from app.compactions.summarizer import Summarized, extractive
 from app.core import metrics
 from app.core.driver import Driver
-from app.engine import catalog, compaction, pivot_rules, tree
+from app.engine import tree
+from app.engine.accounting import catalog
+from app.engine.accounting.relief import FAILURE_LIMIT
+from app.engine.compaction import pivot_rules
+from app.engine.compaction import prepare as compaction
+from app.engine.compaction.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
+from app.engine.compaction.pivot_rules import CUT_OFF as CUT_OFF
+from app.engine.compaction.pivot_rules import LOW_YIELD_SHARE as LOW_YIELD_SHARE
 from app.engine.model import Entry, Role
-from app.engine.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
-from app.engine.pivot_rules import CUT_OFF as CUT_OFF
-from app.engine.pivot_rules import LOW_YIELD_SHARE as LOW_YIELD_SHARE
-from app.engine.relief import FAILURE_LIMIT
 from app.engine.search_text import search_text
-from app.engine.view import render_view
+from app.engine.window.view import render_view
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store.log import LogRepository, NewEntry, OnPath, SourceRow
@@ -269,7 +272,7 @@ def _stored(new: pivot_rules.PivotEntry) -> NewEntry:
 
 async def _should_continue(driver: Driver, repo: LogRepository, at: OnPath, seq: int) -> bool:
     """Whether a synthetic "continue" should follow an automatic compaction whose
-    log ends at ``seq``: :func:`app.engine.pivot_rules.continues` on the log's tail
+    log ends at ``seq``: :func:`app.engine.compaction.pivot_rules.continues` on the log's tail
     (whether calls are pending is read for a tool result only)."""
     tail = await repo.tail(driver, at, seq)
     if tail is None:
@@ -295,10 +298,10 @@ async def commit_pivot(
     caller's unit of work (the session row locked); its state is updated and saved.
 
     The entries, the move and whether it is committed are
-    :mod:`app.engine.pivot_rules`' (shared with bench/continuity.py's replay).
+    :mod:`app.engine.compaction.pivot_rules`' (shared with bench/continuity.py's replay).
     A summary that would leave the context no smaller is not committed
     (:class:`NoGain`): nothing is written (judged on counted tokens, see
-    :func:`~app.engine.pivot_rules.judge`).
+    :func:`~app.engine.compaction.pivot_rules.judge`).
     """
     state, driver = unit.state, unit.driver
     at = OnPath.of(unit.session_id, state)

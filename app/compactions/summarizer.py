@@ -8,7 +8,7 @@ summarized in chunks, each chunk updating the summary of the ones before (the
 update prompt with ``<previous-summary>``). A provider's "too long" reply
 shrinks the budget and goes the same way.
 
-Every summary passes the continuity gate (:mod:`app.engine.continuity`) before it
+Every summary passes the continuity gate (:mod:`app.engine.compaction.continuity`) before it
 is handed back: what it and the kept window do not name of the task's key terms,
 the modified files and the latest unresolved error is completed from those
 anchors in a ``<continuity-anchors>`` block. A model's summary is first asked for
@@ -46,12 +46,17 @@ import anyio.to_thread
 
 from app.core import model_catalog
 from app.core.outbound import Lane
-from app.engine import continuity, tokens
-from app.engine.compaction import Draft, Plan, check_draft, complete_draft
-from app.engine.extractive import FOCUS_LABEL, QUOTED_NOTE, extractive_summary, focus_terms
-from app.engine.extractive import NOTE as EXTRACTIVE_NOTE
-from app.engine.model import Entry
-from app.engine.summary import (
+from app.engine.accounting import tokens
+from app.engine.compaction import continuity
+from app.engine.compaction.extractive import (
+    FOCUS_LABEL,
+    QUOTED_NOTE,
+    extractive_summary,
+    focus_terms,
+)
+from app.engine.compaction.extractive import NOTE as EXTRACTIVE_NOTE
+from app.engine.compaction.prepare import Draft, Plan, check_draft, complete_draft
+from app.engine.compaction.summary import (
     PromptRequest,
     add_must_name,
     build_prompt,
@@ -61,6 +66,7 @@ from app.engine.summary import (
     clean_short_reply,
     serialize_conversation,
 )
+from app.engine.model import Entry
 from app.upstream.client import (
     Completion,
     UpstreamConfig,
@@ -156,7 +162,7 @@ def extractive(
     context: Sequence[str] = (),
 ) -> Summarized:
     """The summary without a model; ``instructions`` are its focus (see
-    :mod:`app.engine.extractive`), and the job's notes say what became of them;
+    :mod:`app.engine.compaction.extractive`), and the job's notes say what became of them;
     ``context`` lines are quoted in their own section."""
     entries = [*plan.history, *plan.turn_prefix]
     body = extractive_summary(
@@ -485,7 +491,7 @@ async def summarize(
     summarizer, and says why in ``notes``.
 
     ``prompt``, when given, replaces the strategy's instructions in the history
-    summary's prompt (see :func:`app.engine.summary.build_prompt`); ``context``
+    summary's prompt (see :func:`app.engine.compaction.summary.build_prompt`); ``context``
     lines are added to it as an ``<additional-context>`` list, and quoted by the
     extractive summary in their own section. The defaults change nothing."""
     context = tuple(context)

@@ -14,7 +14,7 @@ in the same process), and poll as the fallback. The recall indexer
 (app.store.search_index) and the webhook dispatcher run beside them, each woken by
 its own channel.
 
-The continuity gate (:mod:`app.engine.continuity`) has completed the summary
+The continuity gate (:mod:`app.engine.compaction.continuity`) has completed the summary
 before the commit; the job's details record what it found (``gate``), whether the
 summary is committed or not. Its block never makes a compaction that would save
 tokens without it into one that does not: when the commit finds the context would
@@ -63,10 +63,11 @@ from app.core.database import (
 from app.core.driver import Driver
 from app.core.outbound import Outbound
 from app.core.settings import Settings
-from app.engine import branch_summary, catalog, continuity, tokens
-from app.engine.compaction import summary_entry_tokens
-from app.engine.relief import FAILURE_LIMIT
-from app.engine.summary import serialize_conversation
+from app.engine.accounting import catalog, tokens
+from app.engine.accounting.relief import FAILURE_LIMIT
+from app.engine.compaction import branch_summary, continuity
+from app.engine.compaction.prepare import summary_entry_tokens
+from app.engine.compaction.summary import serialize_conversation
 from app.sessions import service as sessions
 from app.store.search_index import Indexer
 from app.store.session_row import Unit, lock, read_state

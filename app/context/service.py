@@ -12,7 +12,7 @@ from app.context.schemas import ContextTokens, TokenBreakdown
 from app.core.database import driver_connection
 from app.core.driver import Record
 from app.core.errors import NotFound
-from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
+from app.engine.window.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.history.schemas import Format
 from app.sessions import service as sessions
 from app.store.log import OnPath, read_state_and_marks, read_window

@@ -1,5 +1,5 @@
 """The model catalog this process uses: the engine's built-in one
-(:mod:`app.engine.catalog`) with the operator's overrides and default window
+(:mod:`app.engine.accounting.catalog`) with the operator's overrides and default window
 (``COMPACTD_MODEL_CATALOG``, ``COMPACTD_DEFAULT_CONTEXT_WINDOW``).
 
 The settings read and check the override file (:func:`load_overrides`; a bad file
@@ -17,7 +17,7 @@ import threading
 import tomllib
 from pathlib import Path
 
-from app.engine import catalog
+from app.engine.accounting import catalog
 
 log = logging.getLogger("compactd.catalog")
 

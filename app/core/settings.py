@@ -30,7 +30,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.allowlist import parse_allow
 from app.core.model_catalog import load_overrides
-from app.engine.catalog import MAX_WINDOW, UNKNOWN_CONTEXT_WINDOW, Catalog, Override
+from app.engine.accounting.catalog import MAX_WINDOW, UNKNOWN_CONTEXT_WINDOW, Catalog, Override
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

@@ -36,7 +36,7 @@ from tiktoken.load import check_hash
 from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # no py.typed
 
 _BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
-# The encodings the service counts with (app.engine.tokens.EncodingName).
+# The encodings the service counts with (app.engine.accounting.tokens.EncodingName).
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
 _lock = threading.Lock()

@@ -11,7 +11,7 @@ dicts (they go to Postgres as they are):
 - ``{"type": "tool_call", "id": str, "name": str, "arguments": str}``
 - ``{"type": "opaque", "format": "anthropic" | "openai", "block": dict}``: a block or
   part of one format that compactd keeps as sent without modelling it (server tool
-  blocks, documents, audio...; see :mod:`app.engine.opaque`)
+  blocks, documents, audio...; see :mod:`app.engine.formats.opaque`)
 
 A tool result is an entry of role ``tool`` with ``tool_call_id`` set; its parts
 are its content (text and images). Anthropic's user messages that carry

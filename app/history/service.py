@@ -6,7 +6,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.engine import anthropic_format, openai_format, tree
+from app.engine import tree
+from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import Entry
 from app.history.schemas import Format, HistoryEntry, HistoryPage
 from app.sessions.service import SessionService

@@ -18,7 +18,7 @@ from app.core.http import OFF_LOOP_BYTES, run_sized
 from app.core.openapi import problems
 from app.core.settings import Settings, SettingsDep
 from app.core.tenancy import TenantDep
-from app.engine.storable import find_unstorable
+from app.engine.formats.storable import find_unstorable
 from app.history.schemas import FORMAT_DESCRIPTION, FORMATS, Format, FormatQuery, HistoryPage
 from app.history.service import HistoryService
 from app.messages.schemas import AppendRequest, AppendResponse

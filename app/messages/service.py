@@ -22,19 +22,12 @@ from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.core.http import run_sized
-from app.engine import (
-    anthropic_format,
-    catalog,
-    ledger,
-    openai_format,
-    provider_usage,
-    search_text,
-    tokens,
-    truncate,
-    view,
-)
+from app.engine import search_text
+from app.engine.accounting import catalog, ledger, provider_usage, tokens
+from app.engine.formats import anthropic_format, openai_format
+from app.engine.formats.storable import MAX_JSON_DEPTH, find_oversized
 from app.engine.model import Entry, InvalidMessage
-from app.engine.storable import MAX_JSON_DEPTH, find_oversized
+from app.engine.window import truncate, view
 from app.history.schemas import Format
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest, StoredEntry
 from app.sessions import service as sessions
@@ -348,7 +341,7 @@ def link_batch(
 def _cut_off_results(linking: Linking, session: SessionState) -> set[int]:
     """The seqs of the batch's results whose call a compaction already cut off: the
     call is before the window and not kept with it, so the view's pairing leaves the
-    result out (app.engine.context). They are stored, hidden behind a zero-token mark,
+    result out (app.engine.window.context). They are stored, hidden behind a zero-token mark,
     and add nothing to the context (ledger.Added.hidden)."""
     start, kept = session.context_start_seq, set(session.pinned_seqs)
     answered: list[tuple[int, int | None]] = [(a.call_seq, a.result_seq) for a in linking.answers]

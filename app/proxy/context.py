@@ -35,8 +35,8 @@ import orjson
 
 from app.core.driver import Driver
 from app.core.errors import NotFound
-from app.engine.proxy_wire import Api
-from app.engine.view import PlaceholderViews, assemble_anthropic, assemble_openai
+from app.engine.proxy.wire import Api
+from app.engine.window.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.messages.service import Appended
 from app.sessions import service as sessions
 from app.store.log import EntryRow, OnPath, read_state_and_marks, read_window

@@ -1,5 +1,5 @@
 """Conversations an agent did not plan as one: where a proxied call goes on when its
-history departs from the stored one (the rules: :mod:`app.engine.proxy_conversations`).
+history departs from the stored one (the rules: :mod:`app.engine.proxy.conversations`).
 
 Called by the proxy's pipeline (:meth:`app.proxy.service.ProxyService._prepare`) after
 matching found the request's history is not the stored one followed by new messages,
@@ -41,11 +41,11 @@ from app.core import metrics
 from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import BadRequest, Conflict
-from app.engine import proxy_conversations as rules
 from app.engine.model import InvalidMessage
-from app.engine.proxy_history import Stored, digest, first_difference
-from app.engine.proxy_wire import ProxyRequest
-from app.engine.proxy_wires import wire_of
+from app.engine.proxy import conversations as rules
+from app.engine.proxy.history import Stored, digest, first_difference
+from app.engine.proxy.wire import ProxyRequest
+from app.engine.proxy.wires import wire_of
 from app.engine.tree import Path
 from app.proxy.repository import KnownRow, ProxyRepository, StoredMessage
 from app.store import branches, events

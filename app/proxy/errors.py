@@ -19,7 +19,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import PROBLEM_JSON, ProblemError
-from app.engine.proxy_wire import Api
+from app.engine.proxy.wire import Api
 
 PREFIXES: dict[str, Api] = {"/proxy/openai/": "openai", "/proxy/anthropic/": "anthropic"}
 

@@ -27,7 +27,7 @@ import httpx
 from app.core.allowlist import Allowance
 from app.core.outbound import guarded_client
 from app.core.settings import Settings
-from app.engine.proxy_wire import Wire
+from app.engine.proxy.wire import Wire
 from app.proxy.context import Contexts
 
 log = logging.getLogger("compactd.proxy")

@@ -11,7 +11,7 @@ import orjson
 
 from app.core.driver import Driver
 from app.engine.model import Entry
-from app.engine.proxy_history import EMPTY_CHAIN, Known
+from app.engine.proxy.history import EMPTY_CHAIN, Known
 from app.store.log import on_session_path
 
 # With whether a message entry was stored since (by the /v1 API, or another process):
@@ -86,7 +86,7 @@ ON CONFLICT (session_id, tenant_id) DO UPDATE SET
 WHERE p.last_seq <= EXCLUDED.last_seq
 """
 
-# A call on the session declared tools (app.engine.proxy_conversations): kept through
+# A call on the session declared tools (app.engine.proxy.conversations): kept through
 # the record's resets (a navigation), set once. A new row is an empty record.
 _TOOLS_SQL = """
 INSERT INTO proxy_history AS p (session_id, tenant_id, entry_count, last_seq, chain, raw_count,
@@ -111,7 +111,7 @@ class KnownRow:
     behind: bool
     created_at: datetime
     path: tuple[tuple[int, ...], tuple[int, ...]] = ((0,), ())  # the session's (app.engine.tree)
-    recall_tools: bool = False  # config recall.proxy_tools (app.engine.proxy_recall)
+    recall_tools: bool = False  # config recall.proxy_tools (app.engine.proxy.recall)
     tools_declared: bool = False  # a proxied call on the session declared tools
 
 

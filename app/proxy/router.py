@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 from app.core.database import EngineDep
 from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
-from app.engine.proxy_wire import Wire
+from app.engine.proxy.wire import Wire
 from app.keys.auth import OPEN_PROXY_BASES
 from app.proxy.forward import ProxyClient
 from app.proxy.service import SESSION_HEADER, Delivery, EventStream, ProxyService

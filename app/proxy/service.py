@@ -6,7 +6,7 @@ One call, in order:
 1. The session named by ``X-Compactd-Session`` (created on first use with the request's
    model) and what the proxy knows of its stored history (:mod:`app.proxy.repository`),
    read on the pooled connection the call keeps until its request is upstream.
-2. Matching (:mod:`app.engine.proxy_history`): the request's history must be the stored
+2. Matching (:mod:`app.engine.proxy.history`): the request's history must be the stored
    one followed by new messages. A request that is the stored history less its last
    message, an assistant reply, is the call that reply answered sent again (an SDK's
    retry of an answer sent but not read): it gets that reply again, from the store, with
@@ -22,7 +22,7 @@ One call, in order:
    appends moved the session since the last call, the context that call sent extended by
    them; it is recorded as served, as ``GET /context`` records it.
 4. The agent's request goes upstream with the context in place of its history and with
-   everything else as sent (:mod:`app.engine.proxy_wire`). The context's version served
+   everything else as sent (:mod:`app.engine.proxy.wire`). The context's version served
    is recorded, and the connection given back, while the request is on its way: none is
    held while the upstream answers.
 5. The reply comes back whole, or as the provider streams it, event for event. A
@@ -87,11 +87,15 @@ from app.core.errors import (
 from app.core.http import run_sized
 from app.core.outbound import redact_url
 from app.core.settings import Settings
-from app.engine import catalog, overflow_errors, provider_usage, proxy_recall, responses_format
-from app.engine.anthropic_format import system_messages_allowed
+from app.engine.accounting import catalog, overflow_errors, provider_usage
+from app.engine.accounting.tokens import EncodingName
+from app.engine.formats.anthropic_format import system_messages_allowed
+from app.engine.formats.storable import find_unstorable
 from app.engine.model import Entry, InvalidMessage
-from app.engine.proxy_conversations import declares_tools
-from app.engine.proxy_history import (
+from app.engine.proxy import recall as proxy_recall
+from app.engine.proxy import responses_format
+from app.engine.proxy.conversations import declares_tools
+from app.engine.proxy.history import (
     Diverged,
     Known,
     Matched,
@@ -104,11 +108,11 @@ from app.engine.proxy_history import (
     replays,
     start,
 )
-from app.engine.proxy_stream import (
+from app.engine.proxy.stream import (
     EventTooLarge,
     SseEvents,
 )
-from app.engine.proxy_wire import (
+from app.engine.proxy.wire import (
     PARSERS,
     ProxyRequest,
     Reply,
@@ -121,9 +125,7 @@ from app.engine.proxy_wire import (
     stored_reply,
     upstream_bytes,
 )
-from app.engine.proxy_wires import WIRES, StreamReader, wire_of
-from app.engine.storable import find_unstorable
-from app.engine.tokens import EncodingName
+from app.engine.proxy.wires import WIRES, StreamReader, wire_of
 from app.messages.schemas import AppendRequest
 from app.messages.service import Appended, AppendService, oversized_arguments
 from app.proxy.context import Built
@@ -853,7 +855,7 @@ class ProxyService:
         """:meth:`_exchange` for a session that offers the recall tools: the model's
         calls of them answered and the model asked again, for up to
         ``proxy_recall.ROUNDS`` requests; the agent gets the last reply, without those
-        calls (app.engine.proxy_recall)."""
+        calls (app.engine.proxy.recall)."""
         offered = call.offered
         assert offered is not None
         assert call.sent is not None

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.compactions.service import CompactionService
 from app.core.database import driver_connection
 from app.core.errors import NotFound, ProblemError, invalid
-from app.engine import catalog, tokens
+from app.engine.accounting import catalog, tokens
 from app.history.schemas import HistoryEntry
 from app.history.service import HistoryService
 from app.recall import agent_tools as tools

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.engine.view import SENTINEL
+from app.engine.window.view import SENTINEL
 from app.upstream.remote import MAX_URL_CHARS, url_problem
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"

@@ -16,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core import model_catalog
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
-from app.engine import budget, catalog, ledger, relief, tree
-from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine import tree
+from app.engine.accounting import budget, catalog, ledger, relief
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
     SessionConfig,

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from app.core.driver import Driver
-from app.engine import budget
+from app.engine.accounting import budget
 
 # Written with every event (the payload: its tenant and session, tab-separated),
 # listened to by the streams' hub and the webhook dispatcher.

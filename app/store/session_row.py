@@ -26,7 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.core.database import driver_connection
 from app.core.driver import Driver, Record, column_names, record_of
 from app.core.errors import NotFound
-from app.engine import ledger, tree
+from app.engine import tree
+from app.engine.accounting import ledger
 from app.store.tables import Branch, Entry, Event, PruneMark, Session, ToolCall
 
 
@@ -98,7 +99,7 @@ def state_of(row: Record) -> SessionState:
 
 def advance(state: object, event: ledger.Event) -> None:
     """Apply ``event`` to the running totals of ``state`` (a :class:`SessionState`
-    or the ORM row), in place: the arithmetic is :func:`app.engine.ledger.apply`'s."""
+    or the ORM row), in place: the arithmetic is :func:`app.engine.accounting.ledger.apply`'s."""
     values = {name: getattr(state, name) for name in ledger.TOTALS_FIELDS}
     values["pinned_seqs"] = tuple(values["pinned_seqs"] or ())
     before = ledger.Totals(**values)

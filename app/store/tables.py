@@ -191,7 +191,7 @@ class Entry(Base):
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     source_format: Mapped[str] = mapped_column(String(16))
     tokens: Mapped[int] = mapped_column(Integer)
-    # Rendered once on write (see app.engine.view): a context read splices these.
+    # Rendered once on write (see app.engine.window.view): a context read splices these.
     call_ids: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     view_openai: Mapped[str] = mapped_column(Text)
     view_anthropic: Mapped[str] = mapped_column(Text)

@@ -1,7 +1,7 @@
 """Moving in a session's tree: the tree as a page, navigation (at once, or once a
 branch summary is written), forks. The path arithmetic is app.engine.tree's; the
 SQL is app.store.branches' and app.store.log's. A move recounts the new path's
-context from its window (app.engine.ledger.PathMoved): never a walk of the history.
+context from its window (app.engine.accounting.ledger.PathMoved): never a walk of the history.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ malformed      yes        200 whose body is not JSON or not the API's shape
    minute does not cure it.
 
 An error whose body says the prompt overflowed the model's context window (see
-:func:`app.engine.overflow_errors.classify`) is ``client``, not retryable as is, and
+:func:`app.engine.accounting.overflow_errors.classify`) is ``client``, not retryable as is, and
 carries ``overflow`` so the caller can shrink its input and try again in chunks. This
 holds whatever the status: some servers answer an overflow with a 500 or inside a 200,
 and sending the same prompt again cannot succeed.
@@ -57,7 +57,7 @@ import httpx
 import orjson
 
 from app.core import metrics
-from app.engine.overflow_errors import OverflowMatch, classify
+from app.engine.accounting.overflow_errors import OverflowMatch, classify
 
 Api = Literal["openai", "anthropic"]
 ErrorKind = Literal[

@@ -48,7 +48,7 @@ import orjson
 
 from app.core import metrics
 from app.core.outbound import refused_cause
-from app.engine.overflow_errors import OverflowMatch, classify
+from app.engine.accounting.overflow_errors import OverflowMatch, classify
 from app.upstream.client import (
     MAX_EXCERPT_CHARS,
     Completion,

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from app.engine.context import check_openai_pairing
+from app.engine.window.context import check_openai_pairing
 from tests.agents.agents import PROVIDER_KEY
 from tests.proxy.support import assert_valid_upstream
 from tests.upstream_server import RecordedRequest, prompt_tokens

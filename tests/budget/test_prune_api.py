@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, history, tool_call
 
@@ -296,7 +296,7 @@ async def test_long_sessions_prune_as_the_engine_plans_over_every_entry(
     """Pruning reads the view newest first, in chunks, only as far back as it can
     walk; over thousands of entries it must prune exactly what the planner would
     over all of them."""
-    from app.engine.prune import Item, PruneSettings, plan_prune
+    from app.engine.window.prune import Item, PruneSettings, plan_prune
 
     await make_session(client, id="long", config=MANUAL)
 

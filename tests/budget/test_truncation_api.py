@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from tests.conftest import make_session
 from tests.helpers import append_ok, history, tool_call
 

@@ -8,13 +8,13 @@ from typing import Any
 import httpx
 import pytest
 
-from app.engine.budget import (
+from app.engine.accounting.budget import (
     CALIBRATION_ALPHA,
     CALIBRATION_MAX,
     CALIBRATION_MIN,
     CALIBRATION_MIN_COUNTED,
 )
-from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session
 

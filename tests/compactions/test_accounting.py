@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.engine.budget import CALIBRATION_ALPHA
-from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine.accounting.budget import CALIBRATION_ALPHA
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
 from tests.compactions.helpers import compaction, drain, overflow_error
 from tests.conftest import make_session
 from tests.helpers import append_ok, get_session, history

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from app.core.settings import Settings
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
 from tests.compactions.helpers import (
     FOCUS,

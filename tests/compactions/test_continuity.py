@@ -71,7 +71,7 @@ def summary_message(ctx: dict[str, Any]) -> str:
 
 
 def assert_valid(ctx: dict[str, Any], fmt: str) -> None:
-    from app.engine.context import check_anthropic_pairing, check_openai_pairing
+    from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 
     check = check_openai_pairing if fmt == "openai" else check_anthropic_pairing
     assert check(ctx["messages"]) == []

@@ -12,8 +12,8 @@ import httpx
 from app.compactions.repository import CHANNEL
 from app.compactions.worker import WorkerPool
 from app.core.outbound import Outbound
-from app.engine.compaction import capped_files
-from app.engine.fileops import FileOps
+from app.engine.compaction.fileops import FileOps
+from app.engine.compaction.prepare import capped_files
 from tests import postgres
 from tests.compactions.helpers import (
     compaction,

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from app.engine.continuity import BLOCK_CLOSE, BLOCK_OPEN, ERROR_LABEL, TERMS_LABEL
+from app.engine.compaction.continuity import BLOCK_CLOSE, BLOCK_OPEN, ERROR_LABEL, TERMS_LABEL
 from app.prompts import load_prompt
 from tests.compactions.helpers import compaction, drain, worker_config
 from tests.compactions.worker_support import SHORT, SUMMARY, keep_from, prompt_of

@@ -17,8 +17,8 @@ from app.compactions.summarizer import Backoff, Llm, Summarized, summarize
 from app.core.database import driver_connection
 from app.core.outbound import Outbound
 from app.core.tenancy import DEFAULT_TENANT
-from app.engine.extractive import CONTEXT_HEADING, HEADINGS
-from app.engine.summary import SPLIT_TURN_SEPARATOR
+from app.engine.compaction.extractive import CONTEXT_HEADING, HEADINGS
+from app.engine.compaction.summary import SPLIT_TURN_SEPARATOR
 from app.prompts import load_prompt
 from app.sessions import service as sessions
 from app.store.session_row import read_state

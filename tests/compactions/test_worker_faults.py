@@ -18,7 +18,7 @@ import pytest
 from app.compactions.repository import CompactionRepository
 from app.compactions.worker import CRASH_SLACK
 from app.core.database import driver_connection
-from app.engine.summary import SPLIT_TURN_SEPARATOR
+from app.engine.compaction.summary import SPLIT_TURN_SEPARATOR
 from app.prompts import load_prompt
 from tests.compactions.helpers import compaction, conversation, drain, worker_config
 from tests.compactions.worker_support import (

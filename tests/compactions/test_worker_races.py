@@ -25,7 +25,7 @@ from app.compactions.worker import LeaseLost, Worker
 from app.core.database import driver_connection
 from app.core.outbound import Outbound
 from app.core.settings import Settings
-from app.engine.summary import SPLIT_TURN_SEPARATOR, strip_file_tags, strip_user_requests
+from app.engine.compaction.summary import SPLIT_TURN_SEPARATOR, strip_file_tags, strip_user_requests
 from tests.compactions.helpers import compaction, conversation, drain, worker_config
 from tests.compactions.worker_support import (
     SHORT,

@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
-from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from tests.conftest import make_session
 from tests.helpers import append_ok, assert_problem, get_session, tool_call
 

@@ -30,15 +30,15 @@ import pytest
 
 from app.compactions.pivot import CONTINUE_TEXT
 from app.core.settings import Settings
-from app.engine.budget import (
+from app.engine.accounting.budget import (
     CALIBRATION_ALPHA,
     CALIBRATION_MAX,
     CALIBRATION_MIN_COUNTED,
     CALIBRATION_RATIO_MAX,
 )
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
-from app.engine.summary import summary_from_context_message
-from app.engine.tokens import MAX_TOKENS_PER_PART, REPLY_PRIMING_TOKENS, count_text
+from app.engine.accounting.tokens import MAX_TOKENS_PER_PART, REPLY_PRIMING_TOKENS, count_text
+from app.engine.compaction.summary import summary_from_context_message
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
 from tests import postgres
 from tests.compactions.helpers import (

@@ -24,9 +24,9 @@ import pytest
 
 from app.compactions.pivot import CONTINUE_TEXT
 from app.core.settings import Settings
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
-from app.engine.summary import summary_from_context_message
-from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
+from app.engine.compaction.summary import summary_from_context_message
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
 from tests import traces
 from tests.e2e.server import running

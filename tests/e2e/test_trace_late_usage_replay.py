@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from app.core.settings import Settings
-from app.engine.tokens import REPLY_PRIMING_TOKENS
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
 from app.main import create_app
 from tests import traces
 from tests.e2e.server import running

@@ -1,5 +1,5 @@
 """What a compaction must not make the agent forget: failures and task terms
-(app/engine/anchors.py)."""
+(app/engine/compaction/anchors.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import anchors
-from app.engine.anchors import (
+from app.engine.compaction import anchors
+from app.engine.compaction.anchors import (
     clip_keeping_anchors,
     exit_code,
     failures,
@@ -22,8 +22,8 @@ from app.engine.anchors import (
     outcome,
     task_terms,
 )
+from app.engine.formats.openai_format import parse_message
 from app.engine.model import Entry
-from app.engine.openai_format import parse_message
 from tests.traces import load, trace_files
 
 PROPERTY = settings(max_examples=300, deadline=None)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import budget
-from app.engine.budget import Accounting, Thresholds, Window, estimate, verdict
+from app.engine.accounting import budget
+from app.engine.accounting.budget import Accounting, Thresholds, Window, estimate, verdict
 
 
 @pytest.mark.parametrize(

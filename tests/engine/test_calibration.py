@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.budget import (
+from app.engine.accounting.budget import (
     CALIBRATION_ALPHA,
     CALIBRATION_MAX,
     CALIBRATION_MIN,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.catalog import (
+from app.engine.accounting.catalog import (
     UNKNOWN_CONTEXT_WINDOW,
     Catalog,
     lookup,

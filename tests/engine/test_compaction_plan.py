@@ -12,16 +12,16 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from app.engine import anthropic_format, openai_format
-from app.engine import compaction as engine
-from app.engine.context import (
+from app.engine.compaction import prepare as engine
+from app.engine.compaction.summary import render_context_message
+from app.engine.formats import anthropic_format, openai_format
+from app.engine.model import Entry
+from app.engine.window.context import (
     check_anthropic_pairing,
     check_openai_pairing,
     pair_tool_calls,
     plan_pairing,
 )
-from app.engine.model import Entry
-from app.engine.summary import render_context_message
 from tests.engine.strategies import messy_histories, text_part
 
 PROPERTY = settings(max_examples=400, deadline=None)

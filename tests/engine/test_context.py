@@ -6,9 +6,9 @@ from typing import Any
 
 from hypothesis import given, settings
 
-from app.engine import anthropic_format, openai_format
-from app.engine.context import check_anthropic_pairing, check_openai_pairing, pair_tool_calls
+from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import Entry
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing, pair_tool_calls
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
 
 PROPERTY = settings(max_examples=200, deadline=None)

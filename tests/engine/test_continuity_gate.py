@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.compactions.summarizer import extractive
-from app.engine import compaction as engine
-from app.engine import continuity, tokens
-from app.engine.continuity import (
+from app.engine.accounting import tokens
+from app.engine.compaction import continuity
+from app.engine.compaction import prepare as engine
+from app.engine.compaction.continuity import (
     Anchors,
     Completion,
     GateRecord,
@@ -32,7 +33,7 @@ from app.engine.continuity import (
     stated_workdir,
     strip_block,
 )
-from app.engine.fileops import FileOps
+from app.engine.compaction.fileops import FileOps
 from app.engine.model import Entry
 
 ERROR = UnresolvedError(

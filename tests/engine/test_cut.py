@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.cut import Cut, CutItem, Cuttable, find_cut
+from app.engine.compaction.cut import Cut, CutItem, Cuttable, find_cut
 from app.engine.model import Entry
 from tests.engine.strategies import Ids, call_part, messy_histories, text_part, tool_entry
 

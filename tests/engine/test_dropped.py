@@ -1,5 +1,5 @@
 """What a compaction's details index of the entries it summarized (issue 16, "What was
-dropped"): app.engine.dropped, by kind, bounded, on generated input and on the traces."""
+dropped"): app.engine.compaction.dropped, by kind, bounded, on generated input and on the traces."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import branch_summary, dropped
-from app.engine import compaction as engine
-from app.engine.anchors import FALLBACK, command_of, outcome
-from app.engine.dropped import KINDS, command_lines, index
-from app.engine.fileops import collect
+from app.engine.compaction import branch_summary, dropped
+from app.engine.compaction import prepare as engine
+from app.engine.compaction.anchors import FALLBACK, command_of, outcome
+from app.engine.compaction.dropped import KINDS, command_lines, index
+from app.engine.compaction.fileops import collect
+from app.engine.formats.openai_format import parse_message
 from app.engine.model import Entry, Part
-from app.engine.openai_format import parse_message
 from tests.engine.strategies import JSON_OBJECTS
 from tests.traces import load, trace_files
 

@@ -1,4 +1,4 @@
-"""The extractive summary, built without a model (app/engine/extractive.py)."""
+"""The extractive summary, built without a model (app/engine/compaction/extractive.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.engine import openai_format
-from app.engine.anchors import latest_unresolved_error
-from app.engine.extractive import (
+from app.engine.compaction.anchors import latest_unresolved_error
+from app.engine.compaction.extractive import (
     ERROR_CHARS,
     NONE_RECORDED,
     SummaryFacts,
@@ -22,8 +21,9 @@ from app.engine.extractive import (
     focus_terms,
     parse_summary,
 )
+from app.engine.compaction.summary import merge_split_turn, render_context_message, with_file_tags
+from app.engine.formats import openai_format
 from app.engine.model import Entry
-from app.engine.summary import merge_split_turn, render_context_message, with_file_tags
 from tests import traces
 from tests.engine.test_summary import STRUCTURED_HEADINGS
 

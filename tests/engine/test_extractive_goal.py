@@ -3,7 +3,7 @@ the first request (issue 14): said in short, not quoted a second time."""
 
 from __future__ import annotations
 
-from app.engine.extractive import (
+from app.engine.compaction.extractive import (
     GOAL_CHARS,
     GOAL_SHORT_CHARS,
     QUOTED_NOTE,
@@ -74,7 +74,7 @@ def test_without_the_block_the_note_is_dropped_not_left_pointing_at_nothing() ->
 def test_the_note_never_reads_as_the_block_it_points_at() -> None:
     """The next compaction strips the summary's <user-requests> block: a note naming
     the tag would be taken for the block's start and take the sections with it."""
-    from app.engine.summary import KeptRequest, render_user_requests, with_user_requests
+    from app.engine.compaction.summary import KeptRequest, render_user_requests, with_user_requests
 
     body = extractive_summary([user(LONG)], first_request_quoted=True)
     block = render_user_requests([KeptRequest(1, LONG, first=True)])

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.fileops import FileOps, collect, patch_paths, shell_ops
+from app.engine.compaction.fileops import FileOps, collect, patch_paths, shell_ops
+from app.engine.formats.openai_format import parse_message
 from app.engine.model import Entry
-from app.engine.openai_format import parse_message
 from tests.traces import load, trace_files
 
 PROPERTY = settings(max_examples=300, deadline=None)

@@ -1,5 +1,5 @@
 """Files written by the scripts and commands an agent runs count as modified
-(app/engine/shell.py, app/engine/fileops.py; issue 14)."""
+(app/engine/compaction/shell.py, app/engine/compaction/fileops.py; issue 14)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.fileops import FileOps, collect, shell_ops
+from app.engine.compaction.fileops import FileOps, collect, shell_ops
+from app.engine.compaction.shell import python_writes
+from app.engine.formats.openai_format import parse_message
 from app.engine.model import Entry
-from app.engine.openai_format import parse_message
-from app.engine.shell import python_writes
 from tests.traces import load, trace_files
 
 PROPERTY = settings(max_examples=300, deadline=None)

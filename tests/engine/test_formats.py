@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import anthropic_format, openai_format
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import Entry
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from tests.engine.strategies import (
     PNG_1x1,
     anthropic_conversations,

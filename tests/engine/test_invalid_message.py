@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.engine import anthropic_format, openai_format
+from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import InvalidMessage
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}

@@ -15,12 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.compactions.summarizer import extractive
-from app.engine import compaction as engine
-from app.engine import ledger, tokens
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
-from app.engine.fileops import FileOps
-from app.engine.model import Entry
-from app.engine.summary import (
+from app.engine.accounting import ledger, tokens
+from app.engine.compaction import prepare as engine
+from app.engine.compaction.fileops import FileOps
+from app.engine.compaction.summary import (
     KeptRequest,
     clip_request,
     render_context_message,
@@ -28,7 +26,9 @@ from app.engine.summary import (
     strip_user_requests,
     with_user_requests,
 )
-from app.engine.view import assemble_anthropic, assemble_openai, render_view
+from app.engine.model import Entry
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.window.view import assemble_anthropic, assemble_openai, render_view
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
 
 CONTINUE = "Continue if you have next steps."
@@ -378,7 +378,7 @@ LINES = st.one_of(
     st.sampled_from(
         [
             "ValueError: bad input",
-            "see app/engine/cut.py",
+            "see app/engine/compaction/cut.py",
             "call `find_cut()` first",
             "pytest FAILED tests/test_x.py::test_y",
             "",
@@ -416,11 +416,11 @@ def test_clip_request_stays_within_the_budget_by_whole_lines_in_order(
 def test_clip_request_prefers_errors_and_identifiers_to_plain_lines() -> None:
     lines = ["Fix this please."] + ["just some plain words here"] * 50
     lines[25] = "TypeError: unsupported operand"
-    lines[30] = "look at app/engine/summary.py"
+    lines[30] = "look at app/engine/compaction/summary.py"
     clipped = clip_request("\n".join(lines), 60, count).split("\n")
     assert clipped[0] == "Fix this please."
     assert "TypeError: unsupported operand" in clipped
-    assert "look at app/engine/summary.py" in clipped
+    assert "look at app/engine/compaction/summary.py" in clipped
     assert clipped.count("just some plain words here") < 50
 
 

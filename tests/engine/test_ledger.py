@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.ledger import (
+from app.engine.accounting.ledger import (
     TOTALS_FIELDS,
     Added,
     Appended,
@@ -84,7 +84,7 @@ class Store:
         ]
 
     def prunable(self) -> list[Row]:
-        """Tool outputs of the window not pruned yet: what ``app.engine.prune`` walks."""
+        """Tool outputs of the window not pruned yet: what ``app.engine.window.prune`` walks."""
         return [
             e
             for e in self.entries

@@ -1,4 +1,4 @@
-"""Blocks and parts kept as sent (app.engine.opaque): Anthropic's server tool blocks,
+"""Blocks and parts kept as sent (app.engine.formats.opaque): Anthropic's server tool blocks,
 documents and search results, OpenAI's files, audio and refusals.
 
 They come back unchanged in their own format, as a short text in the other, are counted
@@ -24,13 +24,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from app.engine import anthropic_format, opaque, openai_format, tokens
-from app.engine.context import check_anthropic_pairing, check_openai_pairing, pair_tool_calls
-from app.engine.cut import find_cut
-from app.engine.extractive import extractive_summary
+from app.engine.accounting import tokens
+from app.engine.compaction.cut import find_cut
+from app.engine.compaction.extractive import extractive_summary
+from app.engine.compaction.summary import serialize_conversation
+from app.engine.formats import anthropic_format, opaque, openai_format
 from app.engine.model import Entry
-from app.engine.summary import serialize_conversation
-from app.engine.view import assemble_anthropic, assemble_openai, placeholder_entry, render_view
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing, pair_tool_calls
+from app.engine.window.view import (
+    assemble_anthropic,
+    assemble_openai,
+    placeholder_entry,
+    render_view,
+)
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
 from tests.engine.test_view import stored
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.overflow_errors import (
+from app.engine.accounting.overflow_errors import (
     MAX_SCAN_CHARS,
     NOT_OVERFLOW,
     OverflowMatch,

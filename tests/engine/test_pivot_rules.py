@@ -1,15 +1,16 @@
-"""The pivot's rules (app/engine/pivot_rules.py), shared by the service's commit
+"""The pivot's rules (app/engine/compaction/pivot_rules.py), shared by the service's commit
 (app/compactions/pivot.py) and the continuity replay (bench/continuity.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.engine import budget, ledger, pivot_rules
-from app.engine import compaction as engine
-from app.engine.fileops import FileOps
+from app.engine.accounting import budget, ledger
+from app.engine.compaction import pivot_rules
+from app.engine.compaction import prepare as engine
+from app.engine.compaction.fileops import FileOps
+from app.engine.compaction.summary import KeptRequest, render_user_requests
 from app.engine.model import Entry, Role
-from app.engine.summary import KeptRequest, render_user_requests
 
 
 def _accounting(context: int, *, overhead: int = 0, factor: float = 1.0) -> budget.Accounting:

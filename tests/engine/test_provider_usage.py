@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.provider_usage import (
+from app.engine.accounting.provider_usage import (
     FIELDS,
     MARKERS,
     MAX_TOKENS,

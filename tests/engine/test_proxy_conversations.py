@@ -1,4 +1,4 @@
-"""The rules of conversations an agent did not plan as one (app.engine.proxy_conversations)."""
+"""The rules of conversations an agent did not plan as one (app.engine.proxy.conversations)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine import proxy_conversations as rules
+from app.engine.formats.openai_format import parse_message
 from app.engine.model import Entry
-from app.engine.openai_format import parse_message
-from app.engine.proxy_history import Departure, Stored, digest, first_difference
+from app.engine.proxy import conversations as rules
+from app.engine.proxy.history import Departure, Stored, digest, first_difference
 from app.sessions.schemas import SESSION_ID_PATTERN
 
 WHEN = datetime(2027, 1, 5, 12, 0, tzinfo=UTC)

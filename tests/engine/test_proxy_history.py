@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.model import Entry
-from app.engine.proxy_history import (
+from app.engine.proxy.history import (
     EMPTY_CHAIN,
     RAW_TAIL_MESSAGES,
     Diverged,
@@ -26,7 +26,7 @@ from app.engine.proxy_history import (
     replays,
     start,
 )
-from app.engine.proxy_wire import PARSERS
+from app.engine.proxy.wire import PARSERS
 from tests.engine.strategies import anthropic_conversations, openai_conversations
 
 OPENAI = PARSERS["openai"]

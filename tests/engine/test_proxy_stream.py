@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.proxy_stream import (
+from app.engine.proxy.stream import (
     AnthropicStream,
     EventTooLarge,
     OpenAIStream,

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine import tokens
+from app.engine.accounting import tokens
+from app.engine.accounting.overflow_errors import OverflowMatch, classify
 from app.engine.model import InvalidMessage
-from app.engine.overflow_errors import OverflowMatch, classify
-from app.engine.proxy_stream import AnthropicStream, OpenAIStream, SseEvents
-from app.engine.proxy_wire import (
+from app.engine.proxy.stream import AnthropicStream, OpenAIStream, SseEvents
+from app.engine.proxy.wire import (
     Api,
     UnreadableReply,
     cache_markers,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.prune import Item, PrunePlan, PruneSettings, apply, plan_prune
+from app.engine.window.prune import Item, PrunePlan, PruneSettings, apply, plan_prune
 
 # --- Generated sessions ------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.budget import Action, should_auto_prune, urgent
-from app.engine.relief import (
+from app.engine.accounting.budget import Action, should_auto_prune, urgent
+from app.engine.accounting.relief import (
     FAILURE_LIMIT,
     Guards,
     PruneStep,

@@ -9,13 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import openai_format
-from app.engine.context import pair_tool_calls
+from app.engine.formats import openai_format
 from app.engine.model import InvalidMessage
-from app.engine.proxy_history import digest
-from app.engine.proxy_stream import SseEvents
-from app.engine.proxy_wires import wire_of
-from app.engine.responses_format import (
+from app.engine.proxy.history import digest
+from app.engine.proxy.responses_format import (
     ResponsesStream,
     custom_tools,
     read_request,
@@ -23,6 +20,9 @@ from app.engine.responses_format import (
     to_items,
     to_message,
 )
+from app.engine.proxy.stream import SseEvents
+from app.engine.proxy.wires import wire_of
+from app.engine.window.context import pair_tool_calls
 
 TOOLS = [
     {"type": "function", "name": "shell", "parameters": {"type": "object"}},

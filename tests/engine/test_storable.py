@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.storable import find_oversized, find_unstorable
+from app.engine.formats.storable import find_oversized, find_unstorable
 
 
 def test_nul_is_found_with_its_path() -> None:

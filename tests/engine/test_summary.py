@@ -1,4 +1,4 @@
-"""The summarizer's transcript, prompts and reply handling (app/engine/summary.py)."""
+"""The summarizer's transcript, prompts and reply handling (app/engine/compaction/summary.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine import openai_format
-from app.engine.model import Entry
-from app.engine.summary import (
+from app.engine.compaction.summary import (
     PromptRequest,
     build_prompt,
     build_short_prompt,
@@ -28,6 +26,8 @@ from app.engine.summary import (
     summary_from_context_message,
     with_file_tags,
 )
+from app.engine.formats import openai_format
+from app.engine.model import Entry
 from app.prompts import load_prompt
 from tests import traces
 from tests.engine.strategies import openai_conversations

@@ -11,11 +11,15 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import anthropic_format
-from app.engine.context import check_anthropic_pairing, check_anthropic_roles, pair_tool_calls
+from app.engine.formats import anthropic_format
 from app.engine.model import Entry, Role
-from app.engine.proxy_history import digest
-from app.engine.view import assemble_anthropic
+from app.engine.proxy.history import digest
+from app.engine.window.context import (
+    check_anthropic_pairing,
+    check_anthropic_roles,
+    pair_tool_calls,
+)
+from app.engine.window.view import assemble_anthropic
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
 from tests.engine.test_view import stored
 

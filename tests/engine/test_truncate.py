@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.truncate import (
+from app.engine.window.truncate import (
     CATEGORIES,
     DEFAULT_CATEGORIES,
     Category,

@@ -8,10 +8,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine import anthropic_format, openai_format
-from app.engine.context import check_anthropic_pairing, pair_tool_calls
+from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import Entry
-from app.engine.view import assemble_anthropic, assemble_openai, render_view
+from app.engine.window.context import check_anthropic_pairing, pair_tool_calls
+from app.engine.window.view import assemble_anthropic, assemble_openai, render_view
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
 
 
@@ -88,7 +88,7 @@ def test_abandoned_call_is_dropped_from_the_stored_fragment() -> None:
 def test_placeholder_template_renders_as_the_engine_does(
     call_id: str, text: str, is_error: bool
 ) -> None:
-    from app.engine.view import PlaceholderViews, placeholder_entry
+    from app.engine.window.view import PlaceholderViews, placeholder_entry
 
     expected = render_view(placeholder_entry(call_id, "bash", is_error, text))
     assert PlaceholderViews(text).render(call_id, is_error) == expected

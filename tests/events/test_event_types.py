@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from app.core.settings import Settings
-from app.engine.budget import Action
+from app.engine.accounting.budget import Action
 from app.main import create_app
 from tests.budget.test_prune_api import work
 from tests.compactions.helpers import compaction, conversation, drain, worker_config

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from app.engine.tokens import MAX_TOKENS_PER_PART, count_text
+from app.engine.accounting.tokens import MAX_TOKENS_PER_PART, count_text
 from tests.conftest import make_session
 from tests.helpers import append, append_ok, assert_problem, get_session, history, tool_call
 

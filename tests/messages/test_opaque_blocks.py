@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 from anthropic.types import Message
 
-from app.engine import anthropic_format, tokens
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.accounting import tokens
+from app.engine.formats import anthropic_format
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from tests.compactions.helpers import drain
 from tests.conftest import make_session
 from tests.engine.test_opaque_format import (

@@ -22,7 +22,7 @@ from openai.types.chat import completion_create_params as openai_params
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 
 from app.core.tenancy import DEFAULT_TENANT
-from app.engine.tokens import REPLY_PRIMING_TOKENS, count_tools
+from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS, count_tools
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest
 from app.messages.service import AppendService
 from tests.compactions.helpers import conversation, drain

@@ -64,9 +64,9 @@ async def test_many_clients_share_a_few_server_connections(pooled_url: str) -> N
         found = []
         for attempt in range(40 * len(clients)):
             other = clients[1 + attempt % (len(clients) - 1)]
-            pid, work_mem = await other.fetchrow(
-                "SELECT pg_backend_pid(), current_setting('work_mem')"
-            )
+            row = await other.fetchrow("SELECT pg_backend_pid(), current_setting('work_mem')")
+            assert row is not None
+            pid, work_mem = row[0], row[1]
             found.append((pid, work_mem))
             if pid == setter:
                 break

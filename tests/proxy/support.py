@@ -14,8 +14,9 @@ import httpx
 import openai
 
 from app.core.settings import Settings
-from app.engine import anthropic_format, openai_format, tokens
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.accounting import tokens
+from app.engine.formats import anthropic_format, openai_format
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from app.main import create_app
 from tests.e2e.server import running
 from tests.upstream_server import RecordedRequest, Upstream

@@ -25,7 +25,7 @@ import pytest
 from app.context.service import ContextService
 from app.core.database import driver_connection
 from app.core.tenancy import DEFAULT_TENANT
-from app.engine.proxy_wire import Api
+from app.engine.proxy.wire import Api
 from app.messages.schemas import AppendRequest
 from app.messages.service import AppendService
 from app.proxy.context import Built, Contexts

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.core.settings import Settings
-from app.engine.proxy_recall import LAST_ROUND_NOTE, ROUNDS
+from app.engine.proxy.recall import LAST_ROUND_NOTE, ROUNDS
 from app.recall.agent_tools import definitions
 from tests.proxy import test_anthropic_proxy as claude
 from tests.proxy import test_openai_proxy as gpt

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from app.core.settings import Settings
-from app.engine.context import check_anthropic_pairing
+from app.engine.window.context import check_anthropic_pairing
 from tests.ops.conftest import create_key
 from tests.proxy.support import (
     PROVIDER_KEY,

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from app.engine import openai_format
+from app.engine.formats import openai_format
 from app.engine.search_text import search_text
 from tests.helpers import history
 

@@ -14,7 +14,7 @@ import openai.types.chat
 import pydantic
 import pytest
 
-from app.engine import tokens
+from app.engine.accounting import tokens
 from tests.compactions.helpers import drain
 from tests.conftest import make_session
 from tests.helpers import append_ok

@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from app.engine.context import check_anthropic_pairing, check_openai_pairing
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from tests import postgres
 from tests.helpers import tool_call
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.engine.branch_summary import PREAMBLE
+from app.engine.compaction.branch_summary import PREAMBLE
 from tests.compactions.helpers import drain, worker_config
 from tests.conftest import make_session
 from tests.helpers import append_ok

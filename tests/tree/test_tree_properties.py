@@ -19,7 +19,7 @@ step that ran them). After every step, for every live session:
 (b) ``GET …/context`` is valid in both formats (every result behind its call,
     Anthropic's roles alternating), and is the context computed from scratch for
     that path: the latest compaction on it, its pinned entries, its summary and
-    the window after it, paired (app.engine.context.plan_pairing), the session's
+    the window after it, paired (app.engine.window.context.plan_pairing), the session's
     own prune marks shown as placeholders; its tokens are the session's, less
     what pairing leaves out (a result whose call a compaction cut off is hidden on
     append behind a zero-token mark: the test at the end); a fork has the source's marks of
@@ -27,7 +27,7 @@ step that ran them). After every step, for every live session:
 (c) the session's O(1) totals equal a recount of its path: entry_count is the
     leaf seq and the number of entries, stored_tokens their sum (and each
     entry's path_tokens the sum up to it), the context totals and the pivot a
-    recount from the stored rows (app.engine.ledger.recount);
+    recount from the stored rows (app.engine.accounting.ledger.recount);
 (d) no stored entry ever changes, and none disappears while a live session's
     tree holds it (a deleted session takes only what no other one reaches).
 """
@@ -46,8 +46,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from app.engine.context import check_anthropic_pairing, check_openai_pairing, plan_pairing
-from app.engine.ledger import recount
+from app.engine.accounting.ledger import recount
+from app.engine.window.context import check_anthropic_pairing, check_openai_pairing, plan_pairing
 from tests import postgres
 from tests.compactions.helpers import drain
 from tests.conftest import make_session

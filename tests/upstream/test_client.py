@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.storable import find_unstorable
+from app.engine.formats.storable import find_unstorable
 from app.upstream import (
     Completion,
     UpstreamConfig,

@@ -17,7 +17,7 @@ import pytest
 
 from app.compactions.worker import Worker
 from app.core.outbound import Outbound
-from app.engine.branch_summary import PREAMBLE
+from app.engine.compaction.branch_summary import PREAMBLE
 from app.prompts import load_prompt
 from tests.compactions.helpers import compaction, drain, worker_config
 from tests.compactions.worker_support import (

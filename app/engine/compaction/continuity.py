@@ -3,18 +3,18 @@ it makes still name what the agent needs to go on? Pure: text and plain values i
 plain values out.
 
 What must be named (:class:`Anchors`, worked out by
-:func:`app.engine.compaction.plan`):
+:func:`app.engine.compaction.prepare.plan`):
 
-- **the task's key terms**: :func:`app.engine.anchors.task_terms` of the user's
+- **the task's key terms**: :func:`app.engine.compaction.anchors.task_terms` of the user's
   requests the plan knows: the session's first request (its whole text when this
   compaction summarizes it, then carried in the job's details as ``task_terms``),
   and the later requests the summary quotes (their whole text when this history
   holds them); at most :data:`MAX_TERMS`, first seen first;
 - **every modified file**, cumulative across compactions;
-- **the latest unresolved error**: :func:`app.engine.anchors.latest_unresolved_error`
+- **the latest unresolved error**: :func:`app.engine.compaction.anchors.latest_unresolved_error`
   of the summarized history, or, when it has none, the one a previous compaction
   carried (``unresolved_error`` in its details) unless this history resolves it
-  (:func:`app.engine.anchors.is_resolved`, the rule the extractive summary uses for
+  (:func:`app.engine.compaction.anchors.is_resolved`, the rule the extractive summary uses for
   the errors it pins).
 
 Where they may be named: the summary, or the *kept window*: the entries the

@@ -4,19 +4,19 @@ summarizes held, so that a user or an agent can see what left the context.
 :func:`index` gives, for each kind, how many distinct values the entries hold and the
 first of them in the order they first appear:
 
-- ``paths``: the files the tool calls read and modified (:func:`app.engine.fileops.collect`),
+- ``paths``: the files the tool calls read and modified (:func:`app.engine.compaction.fileops.collect`),
   wherever the entries name them as written, and the tokens that look like paths:
   absolute or ``./``, ``../``, ``~/`` ones, ``a/b.py`` (a last part with an extension),
   ``a/b/c``, a file name with a known extension (``temperature.py``; not ``np.log(``,
   nor ``self.json``), a dotfile (``.gitignore``) and the usual names (``Makefile``);
 - ``commands``: the command lines of the shell tool calls (the arguments' ``command``,
-  ``cmd`` or ``script``, as :func:`app.engine.anchors.command_of` finds them; an argv
+  ``cmd`` or ``script``, as :func:`app.engine.compaction.anchors.command_of` finds them; an argv
   list is its words joined with spaces), split as a shell splits lines: by unquoted
   newlines, a line ending with ``\\``, ``&&``, ``||`` or ``|`` going on to the next, the
   bodies of here-documents left out, comments and bare keywords (``fi``) skipped; a line
-  counts when :func:`app.engine.shell.simple_commands` finds a program in it;
+  counts when :func:`app.engine.compaction.shell.simple_commands` finds a program in it;
 - ``errors``: the lines that say what went wrong in the tool results that failed and in
-  the user's messages (an error pasted), as :func:`app.engine.anchors.outcome` finds
+  the user's messages (an error pasted), as :func:`app.engine.compaction.anchors.outcome` finds
   them, in the order they are written (a command's last line, picked only for want of
   an error line, is not one; a tool error's first line is);
 - ``identifiers``: snake_case, camelCase and PascalCase names with an inner capital
@@ -42,7 +42,7 @@ and then the counts are those of what was read. The patterns that search a text 
 bounded repetitions only, or a run of one class that ends the match; the word pattern
 is tried once per word (it starts after a separator) and reads it to its end and back
 at most: the work is linear in what is read. The file operations are those the caller
-collected (the plan has), or :func:`~app.engine.fileops.collect`'s, which reads every
+collected (the plan has), or :func:`~app.engine.compaction.fileops.collect`'s, which reads every
 call. Pure and deterministic: the same entries give the same index.
 """
 
@@ -56,10 +56,10 @@ from typing import Any
 
 import orjson
 
-from app.engine.anchors import FALLBACK, command_of, outcome
-from app.engine.fileops import PATH_KEYS, FileOps, collect
+from app.engine.compaction.anchors import FALLBACK, command_of, outcome
+from app.engine.compaction.fileops import PATH_KEYS, FileOps, collect
+from app.engine.compaction.shell import program_argv, simple_commands
 from app.engine.model import Entry
-from app.engine.shell import program_argv, simple_commands
 
 __all__ = ["FIRST", "KINDS", "command_lines", "index"]
 
@@ -557,7 +557,7 @@ def index(
     the order they appear}``; and ``truncated``, when some text was left unread.
 
     ``files``: the file operations of ``entries`` when the caller collected them already
-    (:func:`app.engine.fileops.collect`; with those of earlier compactions is fine: a
+    (:func:`app.engine.compaction.fileops.collect`; with those of earlier compactions is fine: a
     path counts only where ``entries`` name it)."""
     found = _Found(max(0, first))
     ops = files if files is not None else collect(entries)

@@ -14,7 +14,7 @@ the same shape whichever way its history was compacted.
   don't, always, only, avoid, prefer, make sure or should not.
 - **Progress**: *Done* lists the commands run (marked when they failed),
   *In Progress* the agent's last statement, *Blocked* the latest errors: the lines
-  that say what went wrong, of any shape (:mod:`app.engine.anchors` tells a failure
+  that say what went wrong, of any shape (:mod:`app.engine.compaction.anchors` tells a failure
   and its lines: exceptions of any name, a traceback's last frame, test runners'
   failure lines, non-zero exit codes, tool errors). The latest unresolved error
   (by anchors' rule) opens it, marked ``Unresolved:``, quoted exactly (clipped only
@@ -61,14 +61,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from app.engine import anchors
-from app.engine.model import Entry, Part
-from app.engine.summary import (
+from app.engine.compaction import anchors
+from app.engine.compaction.summary import (
     SPLIT_TURN_SEPARATOR,
     render_call,
     strip_file_tags,
     summary_from_context_message,
 )
+from app.engine.model import Entry, Part
 
 DEFAULT_MAX_CHARS = 12_000
 
@@ -998,14 +998,14 @@ def extractive_summary(
 
     ``previous_summary`` (the summary of the history before ``entries``) is
     carried forward; when it is None and the entries open with a compaction
-    summary message (:func:`app.engine.summary.render_context_message`), that
+    summary message (:func:`app.engine.compaction.summary.render_context_message`), that
     one is. ``read_files`` and ``modified_files`` are the cumulative file lists.
     ``instructions`` are the focus asked for (see the module's docstring).
     ``first_request_quoted``: the summary's ``<user-requests>`` block quotes the
     first request, so Goal only names it in short. ``context`` lines are quoted
     in their own section (see the module's docstring).
     The result has no file tags; add them with
-    :func:`app.engine.summary.with_file_tags` like any other summary.
+    :func:`app.engine.compaction.summary.with_file_tags` like any other summary.
     """
     history = _read(entries)
     facts = _extract(history, read_files, modified_files)

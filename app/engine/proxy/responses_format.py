@@ -4,7 +4,7 @@ Codex (and any client of ``client.responses.create``) sends its whole history as
 ``input``, a list of *items*: messages, ``function_call`` and ``function_call_output``,
 ``custom_tool_call`` and its output, ``reasoning`` (with ``encrypted_content``, opaque),
 and item types compactd does not model. The proxy stores and matches the history in one
-shape whatever the wire (:mod:`app.engine.proxy_wire`), so each item is read as one OpenAI
+shape whatever the wire (:mod:`app.engine.proxy.wire`), so each item is read as one OpenAI
 chat message, and the managed context, rendered as chat messages, is written back as
 items. One item is one message, both ways, so that a reply's output items, stored, are
 exactly the messages its next request's input items read as:
@@ -46,11 +46,11 @@ from typing import Any
 
 import orjson
 
+from app.engine.formats.opaque import RESPONSE_ITEM, RESPONSE_PART
+from app.engine.formats.openai_format import _type_name
 from app.engine.model import InvalidMessage
-from app.engine.opaque import RESPONSE_ITEM, RESPONSE_PART
-from app.engine.openai_format import _type_name
-from app.engine.proxy_stream import Event, _json
-from app.engine.proxy_wire import ProxyRequest, Reply, UnreadableReply, read_head
+from app.engine.proxy.stream import Event, _json
+from app.engine.proxy.wire import ProxyRequest, Reply, UnreadableReply, read_head
 
 _ROLES = ("user", "assistant", "system", "developer")
 _PROMPT_ROLES = ("system", "developer")

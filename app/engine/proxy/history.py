@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from app.engine import opaque
+from app.engine.formats import opaque
 from app.engine.model import Entry
 
 DIGEST_BYTES = 32

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
-from app.engine.anchors import clip_keeping_anchors
+from app.engine.compaction.anchors import clip_keeping_anchors
 from app.engine.model import Entry, Part
 from app.prompts import load_prompt
 
@@ -408,7 +408,7 @@ def with_user_requests(summary: str, block: str) -> str:
 def clip_request(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
     """``text`` within ``max_tokens`` (as ``count`` counts them), unchanged when it fits.
 
-    Otherwise cut by :func:`app.engine.anchors.clip_keeping_anchors`, the one
+    Otherwise cut by :func:`app.engine.compaction.anchors.clip_keeping_anchors`, the one
     rule that keeps a request's anchors: whole lines, chosen by priority (the
     opening line; error lines; lines naming a task term first, or a path; other
     lines naming a term; then the rest from the head and the tail inwards), in

@@ -5,10 +5,10 @@ path knows it.
 The abandoned branch is the old path's entries after the common ancestor. The
 summarizer reads its newest entries up to a token budget (the model's window less
 ``branch_summary.reserve_tokens``), newest first, so recent work is kept (the details
-index what those entries name: :func:`app.engine.dropped.index`); the file
+index what those entries name: :func:`app.engine.compaction.dropped.index`); the file
 operations are collected over the whole branch and carried on from the latest
 compaction before it. The summary is then given the preamble that tells the model
-what it is. The plan is a :class:`~app.engine.compaction.Plan` so the compaction's
+what it is. The plan is a :class:`~app.engine.compaction.prepare.Plan` so the compaction's
 summarizers (model or extractive) write it.
 
 Pure: no database, no clock.
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.engine import dropped
-from app.engine.compaction import Plan, Source, summary_chars
-from app.engine.fileops import FileOps, collect
-from app.engine.tokens import EncodingName
+from app.engine.accounting.tokens import EncodingName
+from app.engine.compaction import dropped
+from app.engine.compaction.fileops import FileOps, collect
+from app.engine.compaction.prepare import Plan, Source, summary_chars
 
 KIND = "branch_summary"
 

@@ -22,15 +22,16 @@ from typing import Any, Literal
 
 import orjson
 
-from app.engine import anthropic_format, openai_format, tokens
+from app.engine.accounting import tokens
+from app.engine.accounting.overflow_errors import OverflowMatch
+from app.engine.formats import anthropic_format, openai_format
+from app.engine.formats.openai_format import _type_name
 from app.engine.model import Entry, InvalidMessage
-from app.engine.openai_format import _type_name
-from app.engine.overflow_errors import OverflowMatch
-from app.engine.proxy_history import ParseMessage
+from app.engine.proxy.history import ParseMessage
 
 Api = Literal["openai", "anthropic"]
 # The proxy's routes: an API, or OpenAI's Responses, stored as "openai" (its items read as
-# chat messages: app.engine.responses_format).
+# chat messages: app.engine.proxy.responses_format).
 Wire = Literal["openai", "anthropic", "responses"]
 
 
@@ -62,7 +63,7 @@ class ProxyRequest:
     system: Any
     stream: bool
     wants_usage: bool  # OpenAI: the agent asked for the usage chunk of a stream
-    # The route it came by (app.engine.proxy_wires): ``api``, or "responses" for OpenAI's
+    # The route it came by (app.engine.proxy.wires): ``api``, or "responses" for OpenAI's
     # Responses API, whose ``input`` items are its ``messages``, stored as chat messages
     # (``api`` "openai").
     wire: Wire
@@ -407,7 +408,7 @@ def replayed_body(
     """A whole response carrying ``message``, a reply already stored (OpenAI's assistant
     message; Anthropic's ``{"role": "assistant", "content": [blocks]}``), for a call sent
     again: its finish reason as the message shows it, its usage none (or ``usage``, the
-    provider's, for a reply compactd reshaped: app.engine.proxy_recall)."""
+    provider's, for a reply compactd reshaped: app.engine.proxy.recall)."""
     reason = _finish_reason(api, message)
     usage = dict(usage) if usage is not None else dict(_NO_USAGE[api])
     if api == "openai":

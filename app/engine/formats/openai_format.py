@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from app.engine import opaque
+from app.engine.formats import opaque
 from app.engine.model import ContentForm, Entry, InvalidMessage, Part
 
 _MESSAGE_KEYS = frozenset(
@@ -67,7 +67,7 @@ def parse_arguments(arguments: str, path: str) -> dict[str, Any]:
 
 # The content parts each role takes: text always; images from users and tools (as
 # before: OpenAI-compatible servers take them in tool results); a user's file and
-# audio, an assistant's refusal kept opaquely (app.engine.opaque).
+# audio, an assistant's refusal kept opaquely (app.engine.formats.opaque).
 _PARTS_BY_ROLE: dict[str, tuple[str, ...]] = {
     "user": ("text", "image_url", *sorted(opaque.OPENAI_USER_PARTS)),
     "tool": ("text", "image_url", *sorted(opaque.OPENAI_TOOL_PARTS)),
@@ -218,7 +218,7 @@ def _render_content(entry: Entry, *, for_history: bool) -> Any:
             if p["format"] == "openai":
                 rendered.append(opaque.native(p, for_history=for_history))
             else:
-                # Another format's block: a short text in its place (app.engine.opaque).
+                # Another format's block: a short text in its place (app.engine.formats.opaque).
                 rendered.append({"type": "text", "text": opaque.placeholder(p)})
             continue
         if p["type"] == "text":

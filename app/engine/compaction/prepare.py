@@ -17,17 +17,17 @@ The task survives whole. The summary ends with the user's requests quoted
 verbatim (:func:`keep_requests`, a ``<user-requests>`` block): the session's
 first request, then the latest ones, within a token budget
 (:func:`requests_tokens`), clipped beyond it by a rule that keeps identifiers
-and error lines (:func:`app.engine.summary.clip_request`). What one compaction
+and error lines (:func:`app.engine.compaction.summary.clip_request`). What one compaction
 quotes is kept in its details and carried by the next, like the file lists, so
 the tenth compaction still quotes the first request as it was written.
 
-What the context after the cut must still name (:mod:`app.engine.continuity`: the
+What the context after the cut must still name (:mod:`app.engine.compaction.continuity`: the
 task's key terms, every modified file, the latest unresolved error) is worked out
 with the plan (:attr:`Plan.anchors`, and the kept window the gate reads,
 :attr:`Plan.kept`); the first request's terms, the working directory the history
 states and the unresolved error are carried in the details to the next compaction.
 
-The details also index what the summarized entries named (:func:`app.engine.dropped.index`:
+The details also index what the summarized entries named (:func:`app.engine.compaction.dropped.index`:
 paths, commands, error lines, identifiers, numbers, URLs), so that what left the
 context can be seen.
 
@@ -43,13 +43,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.engine import anchors as anchor_rules
-from app.engine import continuity, dropped
-from app.engine import cut as cuts
-from app.engine import tokens as token_counts
-from app.engine.fileops import FileOps, collect
-from app.engine.model import Entry
-from app.engine.summary import (
+from app.engine.accounting import tokens as token_counts
+from app.engine.compaction import anchors as anchor_rules
+from app.engine.compaction import continuity, dropped
+from app.engine.compaction import cut as cuts
+from app.engine.compaction.fileops import FileOps, collect
+from app.engine.compaction.summary import (
     KeptRequest,
     clip_request,
     merge_split_turn,
@@ -60,6 +59,7 @@ from app.engine.summary import (
     with_file_tags,
     with_user_requests,
 )
+from app.engine.model import Entry
 
 PINNED_ROLES = frozenset({"system", "developer"})
 # Entries the service wrote as user prompts of its own, never the agent's words.
@@ -264,7 +264,7 @@ def keep_requests(
     entries since the pivot) and always comes first; then the newest requests,
     as many as fit, quoted oldest first. Priority: the first request may take
     the budget but for a quarter kept for the newest one; a request that does
-    not fit whole is clipped by :func:`~app.engine.summary.clip_request` (the
+    not fit whole is clipped by :func:`~app.engine.compaction.summary.clip_request` (the
     first, or the newest when nothing newer was quoted, and only if
     ``MIN_CLIPPED_TOKENS`` of it fit); the older ones are counted as omitted.
     The block, as counted, never exceeds ``budget``.
@@ -448,7 +448,7 @@ def plan(
 
 def _workdir(sources: Sequence[Source], previous: Mapping[str, Any] | None) -> str | None:
     """The working directory the history states (carried once found; see
-    :func:`app.engine.continuity.stated_workdir`)."""
+    :func:`app.engine.compaction.continuity.stated_workdir`)."""
     carried = previous.get("working_directory") if previous is not None else None
     if isinstance(carried, str) and carried.startswith("/"):
         return carried
@@ -660,7 +660,7 @@ def complete_draft(
     kept: str | None = None,
 ) -> tuple[str, continuity.GateRecord]:
     """The summary of ``draft`` completed with a block naming ``missing`` (within
-    :func:`app.engine.continuity.block_chars` of the summary's size), and ``record``
+    :func:`app.engine.compaction.continuity.block_chars` of the summary's size), and ``record``
     saying what the block names and what is still missing.
 
     The block never turns a compaction that would be committed into one that is

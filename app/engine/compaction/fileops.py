@@ -22,7 +22,7 @@ Tools are recognized by name, case-insensitive (an MCP prefix such as
 - patch tools (``apply_patch``, ``patch``) modify every file their patch names,
   in the ``*** Update/Add/Delete File:`` form or as unified-diff ``+++`` headers;
 - shell tools (``bash``, ``shell``, ``run_terminal_cmd``, ``execute_command``,
-  ...) run a command line (or an argv): :mod:`app.engine.shell` reads it the way a
+  ...) run a command line (or an argv): :mod:`app.engine.compaction.shell` reads it the way a
   shell splits it and says which of its files count (plain cases only: ``cat``,
   ``sed -i``, redirections, ``tee``, ``mv``, a patch fed to ``git apply`` or
   ``patch``, ``git checkout -- f``, and the files Python code opens for writing, be it
@@ -47,8 +47,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.engine.compaction.shell import Found, add_argv, add_script, patch_paths
 from app.engine.model import Entry
-from app.engine.shell import Found, add_argv, add_script, patch_paths
 
 __all__ = ["FileOps", "collect", "patch_paths", "shell_ops"]
 
@@ -102,7 +102,7 @@ def collect(entries: Iterable[Entry], previous: FileOps | None = None) -> FileOp
 
 
 def shell_ops(command: str) -> FileOps:
-    """What one shell command line reads and modifies (see :mod:`app.engine.shell`)."""
+    """What one shell command line reads and modifies (see :mod:`app.engine.compaction.shell`)."""
     found = Found()
     add_script(command, found)
     return FileOps.of(found.read, found.modified)

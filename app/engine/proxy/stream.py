@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from app.engine.proxy_wire import Reply
+from app.engine.proxy.wire import Reply
 
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n|\r\r")
 

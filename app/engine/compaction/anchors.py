@@ -98,8 +98,8 @@ from typing import Any
 
 import orjson
 
+from app.engine.compaction.shell import program_argv, simple_commands
 from app.engine.model import Entry, Part
-from app.engine.shell import program_argv, simple_commands
 
 __all__ = [
     "ErrorAnchor",

@@ -15,10 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine import budget, compaction, ledger
+from app.engine.accounting import budget, ledger
+from app.engine.accounting.tokens import EncodingName, count_entry
+from app.engine.compaction import prepare as compaction
+from app.engine.compaction.summary import render_context_message, sources_line, strip_user_requests
 from app.engine.model import Entry
-from app.engine.summary import render_context_message, sources_line, strip_user_requests
-from app.engine.tokens import EncodingName, count_entry
 
 LOW_YIELD_SHARE = 0.05  # a compaction saving less holds the next automatic one
 CONTINUE_TEXT = "Continue if you have next steps."
@@ -35,7 +36,7 @@ def keep_for(
     reason: str, *, keep_recent_tokens: int, trigger_tokens: int, context_tokens: int
 ) -> int:
     """How much recent history the compaction keeps verbatim (see
-    :func:`app.engine.compaction.keep_tokens`). After an overflow (the provider
+    :func:`app.engine.compaction.prepare.keep_tokens`). After an overflow (the provider
     refused a prompt this session's estimate thought would fit) a share of what
     the context holds, whatever the window says."""
     keep = compaction.keep_tokens(
@@ -174,7 +175,7 @@ def moved(
     window_tool_tokens: int,
 ) -> ledger.PivotMoved:
     """The ledger's event: ``window_tokens``/``window_tool_tokens`` are the kept
-    window's totals (:func:`app.engine.ledger.recount` over the stored rows, with
+    window's totals (:func:`app.engine.accounting.ledger.recount` over the stored rows, with
     the summary's seq), read before the new entries exist."""
     return ledger.PivotMoved(
         added=tuple(e.entry.tokens for e in new),

@@ -91,7 +91,7 @@ def pair_tool_calls(entries: Sequence[Entry]) -> list[Entry]:
         if step.drop:
             kept = [p for p in entry.parts if p["type"] != "tool_call" or p["id"] not in step.drop]
             # Nothing left to say: no words, no calls and no opaque blocks (a server
-            # tool's use and result, app.engine.opaque); reasoning alone means nothing.
+            # tool's use and result, app.engine.formats.opaque); reasoning alone means nothing.
             if not any(
                 p["type"] in ("tool_call", "opaque") or (p["type"] == "text" and p["text"])
                 for p in kept

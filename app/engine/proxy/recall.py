@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from app.engine.proxy_wire import Api, ProxyRequest
+from app.engine.proxy.wire import Api, ProxyRequest
 
 # Upstream requests of one call at most (the first and the rounds after it).
 ROUNDS = 4

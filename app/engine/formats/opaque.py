@@ -27,9 +27,9 @@ message stays valid there: neither API takes the other's blocks.
 
 Server tool blocks are not client tool calls: the API runs the tool and puts its result
 in the same assistant message, so nothing here pairs them, and the pairing of client
-tool calls and results (:mod:`app.engine.context`) does not see them. They count as
+tool calls and results (:mod:`app.engine.window.context`) does not see them. They count as
 content: an assistant message that keeps them after its abandoned calls are dropped is
-kept. Their tokens are an estimate, see :func:`app.engine.tokens.count_opaque_block`.
+kept. Their tokens are an estimate, see :func:`app.engine.accounting.tokens.count_opaque_block`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ ANTHROPIC_OPAQUE_IMAGE_SOURCES = frozenset({"file"})
 # OpenAI chat content parts taken as opaque, by role. ``response_item`` and
 # ``response_part`` carry what the Responses API sends that chat has no form for (a
 # reasoning item with its ``encrypted_content``, an ``input_file`` part...), under their
-# own names, as the proxy's Responses route translates it (app.engine.responses_format).
+# own names, as the proxy's Responses route translates it (app.engine.proxy.responses_format).
 RESPONSE_ITEM = "response_item"
 RESPONSE_PART = "response_part"
 OPENAI_USER_PARTS = frozenset({"file", "input_audio", RESPONSE_PART})
@@ -179,5 +179,5 @@ def comparable(part: Part) -> dict[str, Any]:
     Anthropic SDK's ``model_dump()`` writes ``caller: null`` and ``page_age: null``,
     ``model_dump(exclude_none=True)`` leaves them out, and agents do either); the
     ``cache_control`` an agent moves is in ``extra``, not in the block. For matching a
-    re-sent history (:mod:`app.engine.proxy_history`); the stored block keeps its nulls."""
+    re-sent history (:mod:`app.engine.proxy.history`); the stored block keeps its nulls."""
     return {"format": part["format"], "block": _without_nulls(part["block"])}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from app.engine.budget import Action, should_auto_prune, urgent
+from app.engine.accounting.budget import Action, should_auto_prune, urgent
 
 Trigger = Literal["append", "usage", "overflow"]
 CompactionReason = Literal["threshold", "emergency", "overflow"]

@@ -1,5 +1,5 @@
 """What a shell command line reads and modifies: the shell tools' part of
-:mod:`app.engine.fileops`, and the files a patch names.
+:mod:`app.engine.compaction.fileops`, and the files a patch names.
 
 The command line is parsed the way a shell splits it, with its quotes, operators
 (``&&``, ``;``, ``||``, ``|``, newlines) and here-documents. Only plain cases count:
@@ -36,7 +36,7 @@ A ``cd`` earlier in the same command line resolves relative paths; after a ``cd`
 cannot be followed, relative paths are dropped. The script of ``bash -c`` (or ``sh -c``,
 ...) is read as well, three levels deep at most. Everything else (``find``, ``xargs``,
 ``python -m``, ...) is ignored. The texts written by here-documents (and by the write
-tools, see :mod:`app.engine.fileops`) are remembered in :attr:`Found.contents` for the
+tools, see :mod:`app.engine.compaction.fileops`) are remembered in :attr:`Found.contents` for the
 commands that run or apply them later; they are not kept across compactions.
 
 Being wrong is worse than missing a file, so a word is taken as a path only when it is

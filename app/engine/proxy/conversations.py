@@ -8,7 +8,7 @@ first call; OpenCode asks its small model for one; a subagent (Claude Code's Tas
 is a conversation with another first message; and agents compact or edit their own
 history. Such a call's history is not the stored one followed by new messages. Once
 the "sent again" rule has had its say (a request that is the stored history less its
-last reply gets that reply: :func:`app.engine.proxy_history.replays`), the call goes
+last reply gets that reply: :func:`app.engine.proxy.history.replays`), the call goes
 on as one of three (:func:`place`):
 
 - ``branch``: the request shares its first ``k >= 1`` messages with the stored history
@@ -48,7 +48,7 @@ Placement = Literal["branch", "side", "takeover"]
 
 def child_id(parent_id: str, parent_created_at: datetime, first: bytes) -> str:
     """The id of the named session's child whose first message's first entry has the
-    digest ``first`` (:func:`app.engine.proxy_history.digest`):
+    digest ``first`` (:func:`app.engine.proxy.history.digest`):
     ``<parent id, at most 115 characters>:<12 hex digits>``, a valid session id (the
     parent's starts with a letter or digit, the rest are letters, digits and ``:``).
     The parent's creation time is in the digest, so that a session deleted and made

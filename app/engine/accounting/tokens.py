@@ -34,7 +34,7 @@ IMAGE_DEFAULT_TOKENS = 765  # a 1024x1024 image at high detail: 4 tiles + base
 MAX_TOKENS_PER_PART = 50_000
 # Opaque text is counted in slices of this many characters, stopping at the cap.
 _OPAQUE_SLICE_CHARS = 65_536
-# Inline binary data in a block kept opaquely (app.engine.opaque) is not text the model
+# Inline binary data in a block kept opaquely (app.engine.formats.opaque) is not text the model
 # reads: it is estimated from its decoded size, never tokenized. A document (a PDF; a
 # file): Anthropic bills a page at 1,500-3,000 tokens of text plus its image, a page of
 # PDF is some tens of kilobytes: one token per 8 bytes, at least one page's worth.
@@ -167,7 +167,7 @@ def _data_url_tokens(value: str) -> int:
 
 
 def count_opaque_block(block: Any, encoding: EncodingName = "o200k_base") -> int:
-    """An estimate for a block kept as sent (:mod:`app.engine.opaque`): the tokens of
+    """An estimate for a block kept as sent (:mod:`app.engine.formats.opaque`): the tokens of
     its compact JSON (the words of a search result, a tool's output, ids and keys: what
     the provider renders into the prompt, in its own wrapping), counted as
     :func:`count_opaque` does, with each inline binary payload left out of the text and

@@ -5,7 +5,7 @@ read the agent's request, match its history against the stored one, store what i
 build the context, send the request upstream with the context in place of the history,
 pass the reply back, store it. What differs from one API to another is only this table:
 
-- ``read``: the request body to a :class:`~app.engine.proxy_wire.ProxyRequest` (its
+- ``read``: the request body to a :class:`~app.engine.proxy.wire.ProxyRequest` (its
   history, its prompt, whether it streams), or ``InvalidMessage`` naming the field;
 - ``parse``: one message of the request's history to the entries it is stored as;
 - ``stored``: the request's new messages as the store takes them (in ``store``'s
@@ -15,10 +15,10 @@ pass the reply back, store it. What differs from one API to another is only this
   event; ``stream_error``: the error event that ends a broken stream for the agent;
 - ``replays``: a call sent again is answered with its stored reply (the reply is one
   message: see :meth:`app.proxy.service.ProxyService._replay`);
-- ``recall``: the recall tools can be offered on it (:mod:`app.engine.proxy_recall`).
+- ``recall``: the recall tools can be offered on it (:mod:`app.engine.proxy.recall`).
 
 Three wires: OpenAI chat completions, Anthropic Messages, and the OpenAI Responses API,
-whose items are stored as chat messages (:mod:`app.engine.responses_format`).
+whose items are stored as chat messages (:mod:`app.engine.proxy.responses_format`).
 
 Pure: no HTTP, no database.
 """
@@ -29,11 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.engine import openai_format, responses_format
+from app.engine.formats import openai_format
 from app.engine.model import Entry
-from app.engine.proxy_history import ParseMessage
-from app.engine.proxy_stream import AnthropicStream, Event, OpenAIStream, stream_error
-from app.engine.proxy_wire import (
+from app.engine.proxy import responses_format
+from app.engine.proxy.history import ParseMessage
+from app.engine.proxy.stream import AnthropicStream, Event, OpenAIStream, stream_error
+from app.engine.proxy.wire import (
     PARSERS,
     Api,
     ProxyRequest,

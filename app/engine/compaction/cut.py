@@ -17,7 +17,7 @@ when:
   answers it and it belongs to the newest entry that is not a tool result (the
   agent is executing its tools). A call left unanswered by an older entry was
   abandoned when the conversation moved on; the view drops it anyway (see
-  :mod:`app.engine.context`), so it does not hold the cut back. Otherwise a single
+  :mod:`app.engine.window.context`), so it does not hold the cut back. Otherwise a single
   abandoned call would forbid compacting anything after it, forever.
 
 A result answers the latest call with its id made before it (ids may be reused
@@ -64,7 +64,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.engine.context import Linked
+from app.engine.window.context import Linked
 
 
 class Cuttable(Linked, Protocol):

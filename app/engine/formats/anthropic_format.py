@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from app.engine import opaque
+from app.engine.formats import opaque
+from app.engine.formats.openai_format import _split_extra, _string, _type_name
 from app.engine.model import ContentForm, Entry, InvalidMessage, Part
-from app.engine.openai_format import _split_extra, _string, _type_name
 
 _DATA_URL_PREFIX = "data:"
 
@@ -199,7 +199,7 @@ def parse_message(raw: Any, path: str) -> list[Entry]:
         elif kind == "image" and role == "user":
             parts.append(_image(block, bpath))
         elif opaque.anthropic_opaque(kind, role):
-            # Server tool blocks, documents and the like: kept as sent (app.engine.opaque).
+            # Server tool blocks, documents and the like: kept as sent (app.engine.formats.opaque).
             opaque.check_anthropic(block, bpath)
             parts.append(opaque.opaque_part("anthropic", block))
         elif kind == "thinking" and role == "assistant":
@@ -295,7 +295,7 @@ def _render_block(part: Part, *, for_history: bool) -> dict[str, Any] | None:
     if kind == opaque.OPAQUE:
         if part["format"] == "anthropic":
             return opaque.native(part, for_history=for_history)
-        # Another format's part: a short text in its place (app.engine.opaque).
+        # Another format's part: a short text in its place (app.engine.formats.opaque).
         return {"type": "text", "text": opaque.placeholder(part)}
     if kind == "text":
         if not part["text"] and not for_history:
@@ -355,7 +355,7 @@ def _tool_result_block(entry: Entry, *, for_history: bool) -> dict[str, Any]:
 
 # The pseudo-block that ends a system entry's stored view when its message had keys of
 # its own (Claude Code's per-turn ``output_config``): a view of a system entry is always
-# read back (app.engine.view), never spliced as it is, and this is not a block of the API.
+# read back (app.engine.window.view), never spliced as it is, and this is not a block of the API.
 MESSAGE_KEYS = "message_keys"
 
 
@@ -522,7 +522,7 @@ def alternate_runs(
     opening: _Block,
 ) -> list[tuple[str, list[_Block]]]:
     """The rule of :func:`alternate` over ``(role, blocks)`` pairs, whatever a block
-    is (a dict here, a JSON fragment in :func:`app.engine.view.assemble_anthropic`):
+    is (a dict here, a JSON fragment in :func:`app.engine.window.view.assemble_anthropic`):
     one message per run of a role, its tool results first (a stable partition),
     and ``opening`` as a user turn before an assistant's first message. A system
     message is never merged (its one block is the whole message)."""

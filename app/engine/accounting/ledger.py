@@ -135,7 +135,7 @@ class Appended:
 class Pruned:
     """A prune marked outputs in the window; ``tokens_saved`` is the sum, over
     them, of the output's tokens less its placeholder's. ``urgent``: the prune
-    no longer protected the last user turns (see ``app.engine.budget.urgent``)."""
+    no longer protected the last user turns (see ``app.engine.accounting.budget.urgent``)."""
 
     tokens_saved: int
     urgent: bool

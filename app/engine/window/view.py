@@ -3,14 +3,14 @@
 Each entry is rendered when it is stored: its OpenAI message and its Anthropic
 blocks, as JSON text. Reading a context then costs no JSON parsing and no
 rendering: :func:`assemble_openai` and :func:`assemble_anthropic` splice the
-stored fragments in the order :func:`~app.engine.context.plan_pairing` gives.
+stored fragments in the order :func:`~app.engine.window.context.plan_pairing` gives.
 The only fragments parsed on read are the rare ones that must change: an
 assistant whose abandoned calls are dropped, and a system message that arrives
 mid-conversation (Anthropic's ``role: "system"`` message where the request allows
 one, else user text in the user's turn).
 
 The result is, byte for byte, the JSON of the engine's own renderers over
-:func:`~app.engine.context.pair_tool_calls`; the tests hold it to that.
+:func:`~app.engine.window.context.pair_tool_calls`; the tests hold it to that.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.engine import anthropic_format, openai_format
-from app.engine.context import Linked, plan_pairing
+from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import Entry
+from app.engine.window.context import Linked, plan_pairing
 
 
 class Viewable(Linked, Protocol):
@@ -88,7 +88,7 @@ class PlaceholderViews:
 
 
 def _has_text_or_call(content: Any, calls: list[Any]) -> bool:
-    """As :func:`~app.engine.context.pair_tool_calls` decides: words, calls, or a part
+    """As :func:`~app.engine.window.context.pair_tool_calls` decides: words, calls, or a part
     kept opaquely (an assistant's refusal; another format's block is a text here)."""
     if calls:
         return True
@@ -134,11 +134,11 @@ def assemble_anthropic(
 ) -> tuple[bytes, bytes, list[int]]:
     """The Anthropic ``system`` and ``messages`` arrays as JSON, and the indices used.
 
-    Mirrors :func:`~app.engine.anthropic_format.render_messages`: leading system
+    Mirrors :func:`~app.engine.formats.anthropic_format.render_messages`: leading system
     entries make the top-level system, later ones ``<system>`` user text or, with
     ``system_messages``, ``role: "system"`` messages in place; the messages then
-    alternate by :func:`~app.engine.anthropic_format.alternate_runs`, the rule
-    :func:`~app.engine.anthropic_format.alternate` applies (one message per run
+    alternate by :func:`~app.engine.formats.anthropic_format.alternate_runs`, the rule
+    :func:`~app.engine.formats.anthropic_format.alternate` applies (one message per run
     of a role, tool results first in it, the user's turn first).
     """
     system: list[str] = []

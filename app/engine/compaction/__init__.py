@@ -1,0 +1,1 @@
+"""Compaction: where to cut, what the summary keeps (anchors, files, errors, continuity) and how it is written."""

@@ -1,0 +1,1 @@
+"""The model's view: pairing tool calls, pruning, ingest truncation and rendering."""
