@@ -137,7 +137,3 @@ class Prefix:
         """The prefix with its last branch open again (writing on after its last
         entry, as when the leaf goes back to the tip of a branch)."""
         return Path(self.branches, self.ends[:-1])
-
-    def truncate_to(self, seq: int) -> Prefix:
-        """The prefix up to its entry ``seq``."""
-        return self.reopen().prefix(seq)

@@ -149,6 +149,12 @@ def check_segments(family: Family, snap: Snapshot, lo: int, hi: int) -> None:
     assert len({seq for _, seq in selected}) == len(selected)
 
 
+def truncate_to(prefix: Prefix, seq: int) -> Prefix:
+    """The prefix up to its entry ``seq``: cut shorter, a prefix is the prefix of
+    the path it was cut from (the service never shortens one, so this lives here)."""
+    return prefix.reopen().prefix(seq)
+
+
 def check_prefixes(family: Family, snap: Snapshot) -> None:
     path, leaf, entries = snap.path, snap.leaf, snap.entries
     with pytest.raises(ValueError, match="at least the first"):
@@ -169,7 +175,7 @@ def check_prefixes(family: Family, snap: Snapshot) -> None:
         b = entries[k - 1][0]
         assert family.branches[b].path.prefix(k) == prefix
         for j in {1, (k + 1) // 2, k}:
-            assert prefix.truncate_to(j) == path.prefix(j)
+            assert truncate_to(prefix, j) == path.prefix(j)
         # The depth it shares with the path it was cut from: all of it.
         assert min(prefix.reopen().common_depth(path), k, leaf) == k
 
