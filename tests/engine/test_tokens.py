@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core import tokenizer
-from app.core.tokenizer import install_offline_encodings
 from app.engine.accounting import tokens
 from app.engine.accounting.tokens import count_entry, count_image, count_text
 from app.engine.model import Entry
+from tests.tiktoken_cache import install_offline_encodings
 
 # The files tiktoken downloads and the sha256 it insists on (tiktoken_ext/openai_public.py).
 FILES = {
