@@ -24,11 +24,11 @@ from typing import Any
 
 import httpx
 
+from app.context.assembly import Contexts
 from app.core.allowlist import Allowance
 from app.core.outbound import guarded_client
 from app.core.settings import Settings
 from app.engine.proxy.wire import Wire
-from app.proxy.context import Contexts
 
 log = logging.getLogger("compactd.proxy")
 # How long shutting down waits for replies still being stored.
@@ -160,7 +160,7 @@ class ProxyClient:
             for api in ("openai", "anthropic", "responses")
         }
         self._pending: set[asyncio.Task[None]] = set()
-        # The last context sent on each session lately called (app.proxy.context).
+        # The last context sent on each session lately called (app.context.assembly).
         self.contexts = Contexts()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

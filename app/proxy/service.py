@@ -74,6 +74,7 @@ from app.budget.schemas import ProviderError, UsageReport
 from app.budget.service import BudgetService
 from app.compactions import pivot
 from app.compactions.service import CompactionService
+from app.context.assembly import Built
 from app.core import metrics
 from app.core.database import driver_connection
 from app.core.driver import Driver
@@ -128,7 +129,6 @@ from app.engine.proxy.wire import (
 from app.engine.proxy.wires import WIRES, StreamReader, wire_of
 from app.messages.schemas import AppendRequest
 from app.messages.service import Appended, AppendService, oversized_arguments
-from app.proxy.context import Built
 from app.proxy.conversations import MOVES, Conversations, Placed
 from app.proxy.errors import BadGateway, GatewayTimeout
 from app.proxy.forward import ProxyClient, agent_headers, upstream_headers, with_query
@@ -221,7 +221,7 @@ class _Call:
 
     request: ProxyRequest
     session_id: str
-    created_at: datetime  # the session's (app.proxy.context tells sessions apart by it)
+    created_at: datetime  # the session's (app.context.assembly.Contexts tells sessions apart by it)
     headers: list[tuple[str, str]]
     matched: Matched
     overhead: int

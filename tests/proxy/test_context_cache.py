@@ -1,5 +1,5 @@
-"""The proxy's context (app.proxy.context) is GET /context's, byte for byte, whether it
-was read fresh or extended from the last one sent.
+"""The proxy's context (app.context.assembly.Contexts) is GET /context's, byte for byte,
+whether it was read fresh or extended from the last one sent.
 
 Real agent sessions from tests/data/traces are replayed as the proxy replays them (each
 call's new messages stored on its connection, then the context built; each reply stored
@@ -22,13 +22,13 @@ import httpx
 import orjson
 import pytest
 
+from app.context.assembly import Built, Contexts
 from app.context.service import ContextService
 from app.core.database import driver_connection
 from app.core.tenancy import DEFAULT_TENANT
 from app.engine.proxy.wire import Api
 from app.messages.schemas import AppendRequest
 from app.messages.service import AppendService
-from app.proxy.context import Built, Contexts
 from app.proxy.repository import ProxyRepository
 from tests import traces
 from tests.compactions.helpers import drain
