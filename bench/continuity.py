@@ -70,6 +70,7 @@ from app.engine.window.view import placeholder_entry
 from app.sessions.schemas import SessionConfig
 from bench import continuity_rules as rules
 from tests import traces
+from tests.recount import recount
 
 MODEL = "deepseek-chat"
 # As the e2e compaction replay: usable 12,288 tokens, compaction at 8,192.
@@ -381,7 +382,7 @@ class Session:
             replaced=(plan.start_seq, plan.first_kept_seq - 1),
         )
         pinned = pivot_rules.pinned_after(t.pinned_seqs, plan)
-        kept, tool = ledger.recount(self.log, self.marks, plan.first_kept_seq, seq, pinned)
+        kept, tool = recount(self.log, self.marks, plan.first_kept_seq, seq, pinned)
         moved = pivot_rules.moved(plan, new, pinned, window_tokens=kept, window_tool_tokens=tool)
         judged = pivot_rules.judge(self.accounting(), moved)
         if not judged.gain:  # NoGain: not committed, held

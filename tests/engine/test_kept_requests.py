@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.compactions.summarizer import extractive
-from app.engine.accounting import ledger, tokens
+from app.engine.accounting import tokens
 from app.engine.compaction import prepare as engine
 from app.engine.compaction.fileops import FileOps
 from app.engine.compaction.summary import (
@@ -30,6 +30,7 @@ from app.engine.model import Entry
 from app.engine.window.context import check_anthropic_pairing, check_openai_pairing
 from app.engine.window.view import assemble_anthropic, assemble_openai, render_view
 from tests.engine.strategies import call_part, messy_histories, text_part, tool_entry
+from tests.recount import recount
 
 CONTINUE = "Continue if you have next steps."
 FIRST = (
@@ -532,7 +533,7 @@ def test_a_context_with_pinned_entries_is_valid_and_fully_counted(
 
     # The verdict's count (the recount the pivot commits) holds the pinned entries,
     # the summary and the window: never less than what is sent.
-    counted, _ = ledger.recount(rows, {}, plan.first_kept_seq, summary_seq, plan.pinned)
+    counted, _ = recount(rows, {}, plan.first_kept_seq, summary_seq, plan.pinned)
     assert counted == sum(r.tokens for r in context)
     assert counted >= sum(context[i].tokens for i in used)
     assert counted >= sum(context[i].tokens for i in used_anthropic)

@@ -25,9 +25,9 @@ from app.engine.accounting.ledger import (
     UsageReported,
     apply,
     changed,
-    recount,
     totals_of,
 )
+from tests.recount import recount
 
 ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool", "tool", "tool"])
 TOKENS = st.integers(0, 30) | st.integers(0, 5_000)

@@ -27,7 +27,7 @@ step that ran them). After every step, for every live session:
 (c) the session's O(1) totals equal a recount of its path: entry_count is the
     leaf seq and the number of entries, stored_tokens their sum (and each
     entry's path_tokens the sum up to it), the context totals and the pivot a
-    recount from the stored rows (app.engine.accounting.ledger.recount);
+    recount from the stored rows (tests/recount.py);
 (d) no stored entry ever changes, and none disappears while a live session's
     tree holds it (a deleted session takes only what no other one reaches).
 """
@@ -46,12 +46,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from app.engine.accounting.ledger import recount
 from app.engine.window.context import check_anthropic_pairing, check_openai_pairing, plan_pairing
 from tests import postgres
 from tests.compactions.helpers import drain
 from tests.conftest import make_session
 from tests.helpers import tool_call
+from tests.recount import recount
 
 # --- programs -------------------------------------------------------------------
 

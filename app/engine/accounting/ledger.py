@@ -3,16 +3,17 @@
 The ``session`` row carries totals that are kept, not recounted: how many
 entries the log holds and their tokens, what the model's context holds now
 (and how much of it is tool output), where the pivot stands, what pruning
-saved, and the usage accounting the estimate rests on (docs/how-it-works.md, "Accounting, verdicts and pruning"). Every write
-of the session advances them, and a total that drifts from the rows it sums
-makes every later verdict wrong. So each write is an event, and :func:`apply`
-is the one place that says what an event does to the totals: storage loads the
-totals, applies the event and writes the result, and the property tests check
-the result against a recount of the stored rows after every step.
+saved, and the usage accounting the estimate rests on (docs/how-it-works.md,
+"Accounting, verdicts and pruning"). Every write of the session advances them,
+and a total that drifts from the rows it sums makes every later verdict wrong.
+So each write is an event, and :func:`apply` is the one place that says what an
+event does to the totals: storage loads the totals, applies the event and writes
+the result, and the property tests check the result against a recount of the
+stored rows (tests/recount.py) after every step.
 
-:func:`recount` is that recount for the context after a pivot moves: the one
-total that is recounted rather than advanced, because a pivot changes which
-entries the context holds, not just how many.
+The context after a pivot moves is the one total recounted rather than advanced
+(a pivot changes which entries the context holds, not just how many): storage
+sums the stored rows and hands the sums to :class:`PivotMoved`.
 
 Pure: no database, no clock, no settings. The figures an event carries (token
 counts, the calibration factor) are computed elsewhere in the engine and only
@@ -22,13 +23,8 @@ recorded here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-TOOL_ROLE = "tool"
-# The kind of a compaction's summary entry: only the latest one is in the context.
-COMPACTION_KIND = "compaction"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +188,9 @@ class PivotMoved:
     entries ``pinned_seqs`` kept.
 
     ``window_tokens`` and ``window_tool_tokens`` are the new context recounted
-    from the stored rows (:func:`recount`) before the new entries are written;
-    the new entries are user messages, so they add to the context and never to
-    its tool output (:attr:`context_tokens` is the sum).
+    from the stored rows (the store's ``_CONTEXT_TOTALS_SQL``) before the new
+    entries are written; the new entries are user messages, so they add to the
+    context and never to its tool output (:attr:`context_tokens` is the sum).
     """
 
     added: tuple[int, ...]  # the tokens of each new entry, in seq order
@@ -374,59 +370,3 @@ def apply(totals: Totals, event: Event) -> Totals:
                 version=version,
                 prune_checked_tool_tokens=None if config else totals.prune_checked_tool_tokens,
             )
-
-
-# --- the recount ------------------------------------------------------------------
-
-
-class CountedEntry(Protocol):
-    """What the recount needs of a stored entry."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def role(self) -> str: ...
-    @property
-    def kind(self) -> str: ...  # "message", "compaction" (a summary), "continue"
-    @property
-    def tokens(self) -> int: ...  # as stored: before any prune
-
-
-def recount(
-    entries: Iterable[CountedEntry],
-    marks: Mapping[int, int],
-    start_seq: int,
-    summary_seq: int | None,
-    pinned_seqs: Iterable[int],
-) -> tuple[int, int]:
-    """The context's tokens, and its tool-output tokens, from the stored rows.
-
-    The context is the window (``seq >= start_seq``) without the summaries
-    but the latest (``summary_seq``; earlier ones the window may still reach
-    are replaced by it), plus the pinned system entries. A pruned output
-    counts its placeholder (``marks``: seq to the placeholder's tokens); marks
-    before the window are not read (pinned entries are system entries, which
-    pruning never marks). ``entries`` may hold any of the session's rows; the
-    others are skipped.
-
-    The same sums as ``_CONTEXT_TOTALS_SQL`` in the compaction repository, to
-    its corners: a pinned seq inside the window would count twice there, and
-    does here (there is none: the pinned entries are those before the window).
-    """
-    pinned = frozenset(pinned_seqs)
-    context = tool = 0
-    for entry in entries:
-        seq = entry.seq
-        in_window = seq >= start_seq and (entry.kind != COMPACTION_KIND or seq == summary_seq)
-        # How often the entry counts: as the SQL's UNION ALL of the window and
-        # the pinned entries would count it.
-        times = int(in_window) + int(seq in pinned)
-        if not times:
-            continue
-        tokens = entry.tokens
-        if seq >= start_seq and seq in marks:
-            tokens = marks[seq]
-        context += tokens * times
-        if entry.role == TOOL_ROLE:
-            tool += tokens * times
-    return context, tool
