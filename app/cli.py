@@ -34,7 +34,7 @@ def _openapi_document() -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from app.core.startup import StartupError
+    from app.serving.startup import StartupError
 
     try:
         return _serve(args)
@@ -49,9 +49,11 @@ def _serve(args: argparse.Namespace) -> int:
     from app import __version__
     from app.core import migrations
     from app.core.database import resolve_database_url
-    from app.core.server import serve
     from app.core.settings import redacted_url, unknown_variable_lines
-    from app.core.startup import (
+    from app.keys.auth import is_loopback, open_bind_refusal
+    from app.main import create_app
+    from app.serving.server import serve
+    from app.serving.startup import (
         StartupError,
         StartupFacts,
         banner,
@@ -64,8 +66,6 @@ def _serve(args: argparse.Namespace) -> int:
         quiet_uvicorn_startup,
         step,
     )
-    from app.keys.auth import is_loopback, open_bind_refusal
-    from app.main import create_app
 
     settings = get_settings()
     host = args.host or settings.host
@@ -186,9 +186,9 @@ class _ServeChild:
     port: int
 
     def __call__(self, index: int, sock: socket.socket, started: Callable[[], None]) -> None:
-        from app.core.server import serve
-        from app.core.startup import is_terminal, quiet_uvicorn_startup
         from app.main import create_app
+        from app.serving.server import serve
+        from app.serving.startup import is_terminal, quiet_uvicorn_startup
 
         settings = self.settings
         configure_logging(settings.log_level, settings.log_format)
@@ -204,10 +204,10 @@ def _serve_processes(
     child: _ServeChild, workers: int, sock: socket.socket, started: Callable[[], None]
 ) -> int:
     """Run ``workers`` server processes on ``sock`` until a signal stops them (see
-    app.core.supervisor); their metrics are shared (app.core.metrics)."""
+    app.serving.supervisor); their metrics are shared (app.core.metrics)."""
     from app.core import metrics
-    from app.core.server import GRACEFUL_SHUTDOWN_SECONDS
-    from app.core.supervisor import ServerProcesses
+    from app.serving.server import GRACEFUL_SHUTDOWN_SECONDS
+    from app.serving.supervisor import ServerProcesses
 
     # A child stops as one server does: its requests, then its compaction jobs.
     stop_seconds = GRACEFUL_SHUTDOWN_SECONDS + child.settings.compaction_shutdown_grace_seconds

@@ -23,7 +23,6 @@ from app.core.database import (
     worker_settings,
 )
 from app.core.direct import DirectRoutes
-from app.core.docs import install_docs
 from app.core.errors import BadRequest, invalid
 from app.core.http import install_error_handlers, run_sized
 from app.core.limits import LimitMiddleware, Limits
@@ -46,6 +45,7 @@ from app.proxy.forward import ProxyClient
 from app.proxy.router import router as proxy_router
 from app.recall.router import router as recall_router
 from app.recall.tools_router import router as recall_tools_router
+from app.serving.docs import install_docs
 from app.sessions.router import router as sessions_router
 from app.tree.router import router as tree_router
 from app.webhooks.dispatcher import Dispatcher
@@ -133,7 +133,7 @@ def create_app(
         app.state.event_hub = hub = EventHub(listen_dsn(engine), driver_bounds(engine))
         hub.start()
         # The served process then freezes the collector's view of the heap
-        # (app.core.server.serve): serve-only work, which test apps do not pay.
+        # (app.serving.server.serve): serve-only work, which test apps do not pay.
         workers.start()
         try:
             yield

@@ -12,7 +12,7 @@ from typing import Any
 
 import uvicorn
 
-from app.core.server import uvicorn_options
+from app.serving.server import uvicorn_options
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""Targets for app.core.supervisor's children in tests (module-level, so that a spawned
+"""Targets for app.serving.supervisor's children in tests (module-level, so that a spawned
 child finds them by name)."""
 
 from __future__ import annotations

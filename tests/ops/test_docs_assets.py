@@ -12,7 +12,7 @@ import re
 import httpx
 import pytest
 
-from app.core.docs import ASSETS, STATIC_DIR
+from app.serving.docs import ASSETS, STATIC_DIR
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
@@ -81,7 +81,7 @@ async def test_the_spec_does_not_list_the_docs_routes(client: httpx.AsyncClient)
 
 
 def test_gzip_is_deterministic() -> None:
-    from app.core.docs import gzipped, load_asset
+    from app.serving.docs import gzipped, load_asset
 
     body = gzipped("swagger-ui.css")
     assert gzip.decompress(body) == load_asset("swagger-ui.css").body

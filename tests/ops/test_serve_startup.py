@@ -28,7 +28,7 @@ import httpx
 
 from app import __version__
 from app.core.observability import JsonFormatter, TextFormatter, resolve_log_format
-from app.core.startup import StartupFacts, banner, database_place
+from app.serving.startup import StartupFacts, banner, database_place
 from tests.conftest import TEST_SETTINGS
 from tests.e2e.server import free_port
 

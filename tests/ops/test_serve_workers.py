@@ -196,7 +196,7 @@ async def test_compaction_workers_run_in_the_first_process_only(
 def test_a_server_process_that_cannot_start_stops_serve_with_status_3() -> None:
     script = (
         "import socket, sys\n"
-        "from app.core.supervisor import ServerProcesses\n"
+        "from app.serving.supervisor import ServerProcesses\n"
         "from tests.ops.supervised import exits_at_once\n"
         "sock = socket.socket()\n"
         "sock.bind(('127.0.0.1', 0))\n"

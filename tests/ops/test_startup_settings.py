@@ -12,8 +12,8 @@ import pytest
 
 from app.cli import build_parser
 from app.core.settings import Settings, redacted_url, unknown_variables
-from app.core.startup import StartupFacts, banner
 from app.engine.accounting.catalog import lookup
+from app.serving.startup import StartupFacts, banner
 from tests.e2e.server import free_port
 from tests.ops.test_serve_startup import (
     ROOT,

@@ -27,7 +27,7 @@ The body itself, once the head is in, is the app's to bound: see :mod:`app.core.
 :func:`serve` runs the app as ``uvicorn.run`` would, and once it has started moves what the
 start-up built out of the garbage collector's way: work for the served process only, so
 the tests' apps (and their servers) do not pay it. ``compactd serve --workers N`` runs it
-in each of N processes (see :mod:`app.core.supervisor`).
+in each of N processes (see :mod:`app.serving.supervisor`).
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def serve(
     """Serve ``app`` until a signal stops it, as ``uvicorn.run(app, ...)`` with
     :func:`uvicorn_options` would (exit status 3 if it failed to start), and freeze the
     collector's view of the heap once the app's start-up is done. ``sock``: a socket
-    bound to ``host:port`` already (see :func:`app.core.startup.listening_socket`);
+    bound to ``host:port`` already (see :func:`app.serving.startup.listening_socket`);
     ``on_started`` is called once the server listens."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=settings.log_level, **uvicorn_options(settings)

@@ -26,7 +26,7 @@ at the same moment; and each watches a pipe from the parent: if the parent dies
 (SIGKILL), the pipe closes and the child stops itself gracefully.
 
 Why not uvicorn's ``Multiprocess`` supervisor: it runs uvicorn's own ``Server`` in
-each child (not :class:`app.core.server._ServeServer`, which freezes the collector's
+each child (not :class:`app.serving.server._ServeServer`, which freezes the collector's
 heap and ends event streams before waiting on connections), pickles the app with its
 config, and restarts a child that keeps dying without a pause.
 """
