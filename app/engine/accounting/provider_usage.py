@@ -4,66 +4,12 @@ native usage figures: the one mapping both ``POST …/usage`` and the proxy use.
 An agent sends what its SDK handed it (``resp.usage.model_dump()``, or the
 whole ``resp.model_dump()``) and renames nothing. What the native report calls
 the prompt is ``input_tokens + cache_read_tokens + cache_write_tokens``
-(Anthropic's figures as they come); each provider counts it its own way:
+(Anthropic's figures as they come); each provider counts it its own way.
 
-=================  ==========================================================
-shape              read as
-=================  ==========================================================
-native             ``input_tokens`` (uncached), ``output_tokens``,
-                   ``cache_read_tokens``, ``cache_write_tokens``
-openai_chat        prompt = ``prompt_tokens`` (cached tokens included):
-                   cache_read = ``prompt_tokens_details.cached_tokens``,
-                   cache_write = ``prompt_tokens_details.cache_write_tokens``,
-                   input = the rest; output = ``completion_tokens``
-openai_responses   prompt = ``input_tokens`` (cached tokens *included*,
-                   unlike Anthropic): cache_read / cache_write from
-                   ``input_tokens_details``, input = the rest
-anthropic          input = ``input_tokens``, cache_read =
-                   ``cache_read_input_tokens``, cache_write =
-                   ``cache_creation_input_tokens`` (prompt = their sum)
-gemini             prompt = ``promptTokenCount`` (cached content included):
-                   cache_read = ``cachedContentTokenCount``, input = the
-                   rest; output = ``candidatesTokenCount`` +
-                   ``thoughtsTokenCount``. ``toolUsePromptTokenCount`` (the
-                   results of Google-run tools fed back to the model) is
-                   not part of ``promptTokenCount`` nor of the context the
-                   session sent: checked, not counted. The google-genai
-                   SDK's snake_case names are read alike.
-=================  ==========================================================
-
-Which shape a body is comes from the fields only its shape has (its
-*markers*): ``prompt_tokens``, ``completion_tokens`` or
-``completion_tokens_details`` for OpenAI chat; ``input_tokens_details`` (else
-``total_tokens`` beside ``input_tokens``) for Responses;
-``cache_creation_input_tokens``, ``cache_read_input_tokens``,
-``cache_creation``, ``server_tool_use``, ``service_tier``, ``inference_geo`` or
-``speed`` for Anthropic (an SDK dump or an API body always has some); any
-Gemini field but ``prompt_tokens_details`` (OpenAI chat's name too);
-``cache_read_tokens`` or ``cache_write_tokens`` for native. None of them: the
-native body (Anthropic's bare ``input_tokens``/``output_tokens`` mean the same).
-
-A whole response is read too, its usage and its stop reason only: an OpenAI
-``ChatCompletion`` (``usage``, ``choices[0].finish_reason``), a Responses
-``Response`` (``usage``, ``status`` and ``incomplete_details``), an Anthropic
-``Message`` (``usage``, ``stop_reason``), a Gemini ``GenerateContentResponse``
-(``usageMetadata``, ``candidates[0].finishReason``). Its other fields are the
-response's, and are not read.
-
-Unknown fields. The native body is closed: a field it does not have is an
-error naming it (a typo must not pass for a figure). A provider's usage
-object is open, so that a field a newer SDK or API adds never breaks an
-agent: its documented fields are read (their nested ``*_details`` objects
-free-form, except the figures read from them), and a field it does not
-document is ignored, unless its name is a near miss of one this module knows
-(``cache_read_input_token``, ``cacheReadInputTokens``, a nested figure at the
-top level), which is refused naming what it looks like. Two shapes mixed,
-a negative or non-integer figure, cached tokens beyond the prompt, and two
-different stop reasons are refused too, naming the fields.
-
-Bounds. Every figure is at most ``MAX_TOKENS``, and so is every figure read as a sum
-of others: the prompt of the native and Anthropic shapes (input + cache read + cache
-write), Gemini's output (candidates + thoughts). An over-large sum is refused naming
-its first part, the detail naming the sum; it never reaches the accounting.
+The mapping of each shape (OpenAI chat, Responses, Anthropic, Gemini, native),
+the fields that tell the shapes apart, what of a whole response is read, which
+unknown fields are refused and the bounds on every figure are written in
+docs/api.md, "Provider-native payloads".
 
 Pure: no I/O. :func:`read_usage` is the entry point.
 """
