@@ -2,42 +2,14 @@
 
 :func:`complete` sends a system prompt and one user prompt, offers no tools, and
 returns the text with its usage normalised. Every failure is an
-:class:`UpstreamError` whose ``kind`` tells the worker what to do next:
+:class:`UpstreamError` whose ``kind`` tells the worker what to do next (retried or
+not), and an overflow of the model's window carries ``overflow`` so the caller can
+shrink its input. The HTTP client is the caller's; each call has its own total
+deadline; the API key never appears in an error; every string taken from the
+upstream is made storable (:func:`storable`) at one boundary.
 
-=============  =========  ====================================================
-kind           retryable  when
-=============  =========  ====================================================
-timeout        yes        the call took longer than ``timeout_seconds``; 408
-connection     yes        refused, reset, or closed before the response ended
-rate_limited   yes [1]_   429
-server         yes        5xx, Anthropic's 529, an error object inside a 200
-client         no         any other 4xx, a redirect, a misconfigured base URL
-empty          yes        200 without usable text (blank, no choices, refused,
-                          ``content_filter``)
-malformed      yes        200 whose body is not JSON or not the API's shape
-=============  =========  ====================================================
-
-.. [1] Except a 429 that says the account is out of money (OpenAI's
-   ``insufficient_quota``, Anthropic's ``enforced_spend_limit_reached``): waiting a
-   minute does not cure it.
-
-An error whose body says the prompt overflowed the model's context window (see
-:func:`app.engine.accounting.overflow_errors.classify`) is ``client``, not retryable as is, and
-carries ``overflow`` so the caller can shrink its input and try again in chunks. This
-holds whatever the status: some servers answer an overflow with a 500 or inside a 200,
-and sending the same prompt again cannot succeed.
-
-The HTTP client is shared and owned by the caller (one per process, see STYLE.md);
-this module only borrows it. Each call has its own total deadline, enforced around the
-whole exchange, because httpx's timeouts are per read and a server that trickles bytes
-would never trip them. The API key never appears in an error message: it is sent only
-in a header, and any text quoted from the server is scrubbed of it.
-
-Every string taken from the upstream ends up stored (the summary, the model's name,
-the reason a job was retried), and Postgres stores neither NUL nor a lone UTF-16
-surrogate. So :class:`Completion` and :class:`UpstreamError` clean each string they
-are given (:func:`storable`): one boundary, so that no field can be missed. A reply
-that carries a lone surrogate (``\\ud800``, which orjson refuses) is still read.
+The kinds, when each is retried, and why are written in docs/how-it-works.md,
+"The upstream call".
 """
 
 from __future__ import annotations

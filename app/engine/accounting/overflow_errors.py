@@ -2,70 +2,12 @@
 
 compactd answers such a refusal by compacting and retrying, so it has to tell a
 context-window overflow apart from every other 4xx and 5xx. Providers say it in their
-own words; :func:`classify` knows the wordings they really send. Each one is cited
-beside its test case in ``tests/engine/test_overflow_errors.py``.
+own words; :func:`classify` knows the wordings they really send, each cited beside its
+test case in ``tests/engine/test_overflow_errors.py``.
 
-How it decides
---------------
-1. The input is bounded. At most ``MAX_SCAN_CHARS`` of the raw text are scanned. A
-   body is parsed as JSON only when it is at most ``MAX_JSON_CHARS`` long (also when
-   it follows a prefix such as ``Error: 400 {...}``); its string values, JSON strings
-   nested in them (Gemini CLI's double encoding, OpenRouter's ``metadata.raw``) and
-   llama.cpp's ``n_prompt_tokens``/``n_ctx`` are read. Everything is lower-cased
-   once; each pattern is anchored on a literal phrase, is tried only after a cheap
-   substring check, and repeats only boundedly, so the scan is linear in the capped
-   input and never backtracks catastrophically.
-2. Vetoes come first. Status 429, or rate-limit wording anywhere (tokens per minute,
-   TPM, ``rate_limit_exceeded``...), is never an overflow: OpenAI's "Request too large
-   for gpt-4o ... on tokens per min (TPM)" and Groq's 413 twin read like overflows,
-   but shrinking the history is the wrong cure for a rate limit.
-3. Provider rules are tried in order and the first that answers wins: a match, or
-   a definite refusal (:data:`NOT_OVERFLOW`). They are specific wordings, so an output
-   cap ("max_tokens is too large: 5000. This model supports at most 4096 completion
-   tokens", Anthropic's "maximum allowed number of output tokens", TGI's
-   "`max_new_tokens` must be <= N") matches none of them: lowering ``max_tokens`` fixes
-   those, not compaction. An error that counts the reserved output against the window
-   ("you requested 9000 tokens (8000 in the messages, 1000 in the completion)", TGI's
-   "`inputs` tokens + `max_new_tokens` must be <= N") is an overflow: a smaller input
-   fits. Unless the reserved output alone fills the window: then no compaction can
-   help, and the rule refuses it.
-4. Generic rules ("context length exceeded", "exceeds the context window", any HTTP
-   413) come last and are skipped when the text names an output cap. A 413 is the
-   request refused for its size whatever its body says (empty, an HTML page, "Payload
-   Too Large"): shrinking the history is the cure. Groq's rate-limit 413 was vetoed in
-   step 2.
-
-Token counts
-------------
-``limit_tokens`` is the window the error states. ``requested_tokens`` is the size the
-error compares against it, so ``requested_tokens - limit_tokens`` is the overshoot.
-Where input and reserved output are stated apart (Anthropic's "197000 + 8192 >
-200000", vLLM's "'max_tokens' ... is too large: 64000 ... 24235 input tokens") they are
-added. Either is ``None`` when the error does not state it.
-
-Providers
----------
-Attribution is heuristic, by distinctive wording. "This model's maximum context length
-is N tokens" is shared by OpenAI, Azure OpenAI, DeepSeek, vLLM and most
-OpenAI-compatible servers. It is attributed to ``azure_openai`` when the text mentions
-Azure or carries the Azure SDK's ``(context_length_exceeded)`` / ``model_error``
-markers; ``deepseek`` when it names DeepSeek or carries DeepSeek's ``"code":
-"invalid_request_error"``; ``vllm`` for vLLM's ``BadRequestError`` type or its "your
-request has N input tokens"; ``openai`` for OpenAI's ``context_length_exceeded`` code
-(an Azure body identical to OpenAI's lands here); ``openai_compatible`` otherwise.
-Anthropic's wording relayed by Bedrock (``ValidationException``, "The model returned
-the following errors", or Bedrock named) is ``bedrock``, as is Bedrock Mantle's "prompt
-tokens (N) exceed model maximum (M)". Ollama's "input length exceeds maximum context
-length" is also sent by other servers (Kimi) and is still ``ollama``. "Please reduce the
-length of the messages or completion" alone is ``groq``; with "Current length is N
-while limit is M" it is ``cerebras``. "The input (N tokens) is longer than the model's
-context length (M tokens)" and "Requested token count exceeds the model's maximum
-context length of M tokens" are SGLang's sentences (Together AI and LiteLLM relay them):
-``sglang``. "Input length N exceeds the maximum allowed input length of M tokens" is
-``openrouter`` when OpenRouter's "Provider returned error" wraps it. MiniMax's "context
-window exceeds limit (2013)" carries its error code in the parentheses, never a token
-count. "Prompt has N tokens, but the configured context size is M tokens" is antirez's
-DS4 server (``ds4``), a llama.cpp-style server.
+The rules (a bounded scan, rate-limit vetoes first, provider rules in order, generic
+rules last; how the token counts are read and a provider attributed) are written in
+docs/how-it-works.md, "Recognising a context overflow". Pure: no I/O.
 """
 
 from __future__ import annotations
