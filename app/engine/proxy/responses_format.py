@@ -49,7 +49,7 @@ import orjson
 from app.engine.formats.opaque import RESPONSE_ITEM, RESPONSE_PART
 from app.engine.formats.openai_format import _type_name
 from app.engine.model import InvalidMessage
-from app.engine.proxy.stream import Event, _json
+from app.engine.proxy.stream import ServerSentEvent, _json
 from app.engine.proxy.wire import ProxyRequest, Reply, UnreadableReply, read_head
 
 _ROLES = ("user", "assistant", "system", "developer")
@@ -423,7 +423,7 @@ class ResponsesStream:
         self._response: dict[str, Any] | None = None
         self._items: dict[int, Any] = {}
 
-    def feed(self, event: Event) -> bool:
+    def feed(self, event: ServerSentEvent) -> bool:
         """Take the event in; whether to pass it on to the agent (always)."""
         data = _json(event.data)
         if not isinstance(data, dict):

@@ -39,7 +39,7 @@ _BLANK_LINE = re.compile(rb"\r?\n\r?\n|\r\r")
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class ServerSentEvent:
     """One server-sent event: its bytes as received (blank line included), its ``event``
     name and its ``data`` (lines joined), either None when absent."""
 
@@ -48,7 +48,7 @@ class Event:
     data: str | None
 
 
-def parse_event(raw: bytes) -> Event:
+def parse_event(raw: bytes) -> ServerSentEvent:
     name: str | None = None
     data: list[str] = []
     for line in raw.decode("utf-8", "replace").splitlines():
@@ -60,7 +60,7 @@ def parse_event(raw: bytes) -> Event:
             name = value
         elif key == "data":
             data.append(value)
-    return Event(raw, name, "\n".join(data) if data else None)
+    return ServerSentEvent(raw, name, "\n".join(data) if data else None)
 
 
 class EventTooLarge(ValueError):
@@ -75,9 +75,9 @@ class SseEvents:
         self._buffer = b""
         self.max_event_bytes = max_event_bytes
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def feed(self, chunk: bytes) -> list[ServerSentEvent]:
         buffer = self._buffer + chunk if self._buffer else chunk
-        events: list[Event] = []
+        events: list[ServerSentEvent] = []
         start = 0
         while True:
             found = _BLANK_LINE.search(buffer, start)
@@ -127,10 +127,10 @@ class OpenAIStream:
         self._calls: dict[int, _Call] = {}
 
     @staticmethod
-    def terminal(event: Event) -> bool:
+    def terminal(event: ServerSentEvent) -> bool:
         return event.data is not None and event.data.strip() == "[DONE]"
 
-    def feed(self, event: Event) -> bool:
+    def feed(self, event: ServerSentEvent) -> bool:
         """Take the event in; whether to pass it on to the agent."""
         if event.data is None:
             return True
@@ -239,10 +239,10 @@ class AnthropicStream:
         self._json: dict[int, list[str]] = {}
 
     @staticmethod
-    def terminal(event: Event) -> bool:
+    def terminal(event: ServerSentEvent) -> bool:
         return event.name == "message_stop"
 
-    def feed(self, event: Event) -> bool:
+    def feed(self, event: ServerSentEvent) -> bool:
         """Take the event in; whether to pass it on to the agent (always)."""
         data = _json(event.data)
         if not isinstance(data, dict):

@@ -33,7 +33,7 @@ from app.engine.formats import openai_format
 from app.engine.model import Entry
 from app.engine.proxy import responses_format
 from app.engine.proxy.history import ParseMessage
-from app.engine.proxy.stream import AnthropicStream, Event, OpenAIStream, stream_error
+from app.engine.proxy.stream import AnthropicStream, OpenAIStream, ServerSentEvent, stream_error
 from app.engine.proxy.wire import (
     PARSERS,
     Api,
@@ -51,7 +51,7 @@ class StreamReader(Protocol):
 
     failed: str | None
 
-    def feed(self, event: Event) -> bool: ...
+    def feed(self, event: ServerSentEvent) -> bool: ...
     @property
     def complete(self) -> bool: ...
     @property
