@@ -97,7 +97,7 @@ def state_of(row: Record) -> SessionState:
     return record_of(SessionState, row)
 
 
-def advance(state: object, event: ledger.Event) -> None:
+def advance(state: object, event: ledger.LedgerEvent) -> None:
     """Apply ``event`` to the running totals of ``state`` (a :class:`SessionState`
     or the ORM row), in place: the arithmetic is :func:`app.engine.accounting.ledger.apply`'s."""
     values = {name: getattr(state, name) for name in ledger.TOTALS_FIELDS}
@@ -181,7 +181,7 @@ class Unit:
         self.state = state
         self._saved = snapshot(state)
 
-    def apply(self, event: ledger.Event) -> None:
+    def apply(self, event: ledger.LedgerEvent) -> None:
         """Advance the totals by ``event`` (in memory: :meth:`save` writes them)."""
         advance(self.state, event)
 

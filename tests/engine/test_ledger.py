@@ -15,7 +15,7 @@ from app.engine.accounting.ledger import (
     TOTALS_FIELDS,
     Added,
     Appended,
-    Event,
+    LedgerEvent,
     Patched,
     PivotMoved,
     PruneChecked,
@@ -227,7 +227,7 @@ KINDS = st.sampled_from(
 )
 
 
-def draw_event(data: st.DataObject, store: Store) -> Event:
+def draw_event(data: st.DataObject, store: Store) -> LedgerEvent:
     kind = data.draw(KINDS, label="event")
     if kind == "append":
         return draw_append(data, store)
@@ -245,7 +245,7 @@ def draw_event(data: st.DataObject, store: Store) -> Event:
 # --- the properties -------------------------------------------------------------
 
 
-def check_step(before: Totals, event: Event, after: Totals) -> None:
+def check_step(before: Totals, event: LedgerEvent, after: Totals) -> None:
     """What each event does beyond the log's totals: the version, the usage
     accounting and the prune check."""
     usage = ("calibration_factor", "overhead_tokens", "reported_prompt_tokens")

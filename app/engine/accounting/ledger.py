@@ -247,7 +247,8 @@ class PathMoved:
             _not_negative(name, getattr(self, name))
 
 
-Event = (
+# One write of the session, as :func:`apply` takes it.
+LedgerEvent = (
     Appended
     | Pruned
     | PruneChecked
@@ -267,7 +268,7 @@ def _not_negative(name: str, value: int) -> None:
 # --- transitions --------------------------------------------------------------
 
 
-def apply(totals: Totals, event: Event) -> Totals:
+def apply(totals: Totals, event: LedgerEvent) -> Totals:
     """The totals after ``event``: exactly what the session's writes do today.
 
     Every event but :class:`PruneChecked` makes a new version. A pivot move
