@@ -175,7 +175,7 @@ def moved(
     window_tool_tokens: int,
 ) -> ledger.PivotMoved:
     """The ledger's event: ``window_tokens``/``window_tool_tokens`` are the kept
-    window's totals (:func:`app.engine.accounting.ledger.recount` over the stored rows, with
+    window's totals (the store's ``_CONTEXT_TOTALS_SQL`` over the stored rows, with
     the summary's seq), read before the new entries exist."""
     return ledger.PivotMoved(
         added=tuple(e.entry.tokens for e in new),
