@@ -1,4 +1,4 @@
-"""Budget and overflow maths (seeds 002 and 003), from running totals only.
+"""Budget and overflow maths, from running totals only (docs/how-it-works.md, "Accounting").
 
 The usable input budget is the model's ``input_limit`` when known, else
 ``context_window - min(max_output_tokens, 32000)``. The estimate is hybrid: the

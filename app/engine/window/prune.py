@@ -1,4 +1,4 @@
-"""Which old tool outputs to hide from the model (seeds 000 §2 and 004 §5).
+"""Which old tool outputs to hide from the model (docs/how-it-works.md, "Pruning").
 
 Pruning is soft compaction: a pruned tool result stays stored, and the view
 shows a short placeholder in its place. :func:`plan_prune` only decides which
