@@ -1,7 +1,7 @@
 """Conversations an agent did not plan as one: where a proxied call goes on when its
 history departs from the stored one (the rules: :mod:`app.engine.proxy.conversations`).
 
-Called by the proxy's pipeline (:meth:`app.proxy.service.ProxyService._prepare`) after
+Called by the proxy's pipeline (:func:`app.proxy.placement.prepare`) after
 matching found the request's history is not the stored one followed by new messages,
 and the "sent again" rule did not answer it. It reads the stored history (its first
 entries only, unless the first message is shared), then, by the rule that applies:
@@ -48,6 +48,7 @@ from app.engine.proxy.wire import ProxyRequest
 from app.engine.proxy.wires import wire_of
 from app.engine.tree import Path
 from app.proxy.repository import KnownRow, ProxyRepository, StoredMessage
+from app.proxy.request import invalid
 from app.store import branches, events
 from app.store.session_row import locked
 from app.tree.schemas import ForkRequest
@@ -97,7 +98,7 @@ class Conversations:
         try:
             firsts = parse(request.messages[0], request.path(0)) if request.messages else []
         except InvalidMessage as exc:
-            raise _invalid(exc) from None
+            raise invalid(exc) from None
         head = await self.repo.messages_after(driver, session_id, 0, _HEAD)
         if firsts and head and Stored.of(head[0].entry, head[0].erased).matches(firsts[0]):
             stored = await self._stored(driver, session_id, head)
@@ -110,7 +111,7 @@ class Conversations:
                     request.field,
                 )
             except InvalidMessage as exc:
-                raise _invalid(exc) from None
+                raise invalid(exc) from None
             if found.messages >= 1:
                 await self._branch(session_id, row, stored[found.entries - 1], len(stored))
                 return Placed(session_id)
@@ -240,9 +241,3 @@ class Conversations:
 
 def _path(row: KnownRow) -> Path:
     return Path(*row.path)
-
-
-def _invalid(exc: InvalidMessage) -> BadRequest:
-    return BadRequest(
-        f"{exc.path}: {exc.detail}", errors=[{"field": exc.path, "detail": exc.detail}]
-    )

@@ -2,7 +2,7 @@
 
 ``OpenAI(base_url=".../proxy/openai/v1")`` and ``Anthropic(base_url=".../proxy/anthropic")``
 work unmodified with one header added, ``X-Compactd-Session`` (and ``X-Compactd-Key``
-when the service has API keys). See :mod:`app.proxy.service` for what a call does.
+when the service has API keys). What a call does: docs/proxy.md.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from app.core.settings import SettingsDep
 from app.core.tenancy import TenantDep
 from app.engine.proxy.wire import Wire
 from app.keys.auth import OPEN_PROXY_BASES
+from app.proxy.answer import Delivery, EventStream
 from app.proxy.forward import ProxyClient
-from app.proxy.service import SESSION_HEADER, Delivery, EventStream, ProxyService
+from app.proxy.request import SESSION_HEADER
+from app.proxy.service import ProxyService
 
 router = APIRouter(prefix="/proxy", tags=["proxy"])
 

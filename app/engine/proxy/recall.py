@@ -16,7 +16,7 @@ read it before the agent gets anything; a streamed call gets the last round's re
 as the events the API streams.
 
 This module is the pure part: the request offered, the calls read from a reply, the
-messages a round adds, the reply the agent gets. app.proxy.service makes the calls.
+messages a round adds, the reply the agent gets. app.proxy.recall makes the calls.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The proxy's wire formats: each one adapter of the one pipeline.
 
-A proxied call runs the same steps whatever the API it speaks (:mod:`app.proxy.service`):
-read the agent's request, match its history against the stored one, store what is new,
-build the context, send the request upstream with the context in place of the history,
-pass the reply back, store it. What differs from one API to another is only this table:
+A proxied call runs the same steps whatever the API it speaks (docs/proxy.md, "Inside
+a call"): read the agent's request, match its history against the stored one, store
+what is new, build the context, send the request upstream with the context in place of
+the history, pass the reply back, store it. What differs from one API to another is
+only this table:
 
 - ``read``: the request body to a :class:`~app.engine.proxy.wire.ProxyRequest` (its
   history, its prompt, whether it streams), or ``InvalidMessage`` naming the field;
@@ -14,7 +15,7 @@ pass the reply back, store it. What differs from one API to another is only this
 - ``reply``: a whole response's reply; ``reader``: what reads a streamed one, event by
   event; ``stream_error``: the error event that ends a broken stream for the agent;
 - ``replays``: a call sent again is answered with its stored reply (the reply is one
-  message: see :meth:`app.proxy.service.ProxyService._replay`);
+  message: see :func:`app.proxy.replays.replayable`);
 - ``recall``: the recall tools can be offered on it (:mod:`app.engine.proxy.recall`).
 
 Three wires: OpenAI chat completions, Anthropic Messages, and the OpenAI Responses API,
