@@ -12,8 +12,9 @@ from app import __version__
 from app.budget.router import router as budget_router
 from app.compactions.router import router as compactions_router
 from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
-from app.context.router import direct_routes as context_direct
+from app.context.router import fast_routes as context_fast
 from app.context.router import router as context_router
+from app.core import direct as fast
 from app.core import metrics, model_catalog
 from app.core.database import (
     create_engine,
@@ -22,23 +23,21 @@ from app.core.database import (
     sessionmaker,
     worker_settings,
 )
-from app.core.direct import DirectRoutes
-from app.core.errors import BadRequest, invalid
-from app.core.http import install_error_handlers, run_sized
+from app.core.http import install_error_handlers
 from app.core.limits import LimitMiddleware, Limits
 from app.core.media import require_json_body, takes_input
 from app.core.observability import RequestLogMiddleware
 from app.core.openapi import install_problem_openapi
 from app.core.outbound import Outbound
 from app.core.settings import Settings, get_settings
+from app.core.storable import check_parsed, check_query, check_utf8
 from app.core.tokenizer import load_encodings
 from app.engine.accounting.tokens import register_encodings
-from app.engine.formats.storable import find_unstorable
 from app.events.hub import EventHub
 from app.events.router import router as events_router
 from app.health.router import router as health_router
 from app.keys.auth import AuthMiddleware, KeyStore, document_bearer_auth
-from app.messages.router import direct_routes as messages_direct
+from app.messages.router import fast_routes as messages_fast
 from app.messages.router import router as messages_router
 from app.proxy.errors import ProviderErrorShape
 from app.proxy.forward import ProxyClient
@@ -56,29 +55,18 @@ async def reject_unstorable_text(request: Request) -> None:
     """NUL characters and lone surrogates are refused (422 naming the field), never stored;
     so are integers beyond 64 bits and numbers that are not finite, which the JSON encoder
     cannot write, and arrays or objects nested too deep or over ``max_json_items`` (before
-    the body's validation walks them: a million bad items once took minutes to answer)."""
+    the body's validation walks them). The checks are app.core.storable's."""
     if request.url.path.startswith("/proxy/"):
         return  # the proxy checks the messages it stores (its bodies carry whole histories)
     route = request.scope.get("route")
     if route is not None and not takes_input(route):
         return  # /healthz, /metrics: nothing to refuse, so no 422 to document
-    for name, value in request.query_params.multi_items():
-        found = find_unstorable(value, name)
-        if found:
-            raise invalid(*found)
-    if "\x00" in request.headers.get("idempotency-key", ""):
-        raise invalid("Idempotency-Key", "contains a NUL character, which cannot be stored")
+    check_query(request.query_params.multi_items(), request.headers.get("idempotency-key"))
     if request.method not in ("POST", "PUT", "PATCH"):
         return
     body = await request.body()
     require_json_body(route, request.headers.get("content-type"), body)
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(
-            f"the body is not valid UTF-8 (byte {exc.start} is {body[exc.start : exc.start + 1]!r})",
-            errors=[{"field": "body", "detail": "invalid UTF-8"}],
-        ) from None
+    check_utf8(body)
     if not body:
         return
     try:
@@ -88,17 +76,14 @@ async def reject_unstorable_text(request: Request) -> None:
         parsed = await request.json()
     except (ValueError, RecursionError):
         return  # not JSON (or too deep to parse): the body validation reports it
-    max_items = request.app.state.settings.max_json_items
-    found = await run_sized(len(body), find_unstorable, parsed, "", max_items)
-    if found:
-        raise invalid(*found)
+    await check_parsed(parsed, len(body), request.app.state.settings.max_json_items)
 
 
 def create_app(
     settings: Settings | None = None, database_url: str | None = None, *, direct: bool = True
 ) -> FastAPI:
     """The app; ``database_url`` (asyncpg) wins over settings, for tests. ``direct``: the
-    direct routes (app.core.direct); off, FastAPI's routes answer every request (the tests
+    fast routes (app.core.direct); off, FastAPI's routes answer every request (the tests
     that compare the two)."""
     settings = settings or get_settings()
 
@@ -166,10 +151,8 @@ def create_app(
     install_error_handlers(app)
     install_problem_openapi(app, document_bearer_auth)
     # Outermost last: request id and log -> API key -> limits (admission, the body and
-    # its size, a fair slot) -> the direct routes (app.core.direct), then the router. The key is checked first: a request without one never
-    # takes a place that a tenant's request could have.
-    if direct:
-        app.add_middleware(DirectRoutes, routes=[*messages_direct(), *context_direct()])
+    # its size, a fair slot), then the router. The key is checked first: a request
+    # without one never takes a place that a tenant's request could have.
     app.add_middleware(LimitMiddleware, limits=Limits.from_settings(settings))
     app.add_middleware(AuthMiddleware)
     app.add_middleware(ProviderErrorShape)  # the proxy's errors in its provider's shape
@@ -189,4 +172,6 @@ def create_app(
         proxy_router,
     ):
         app.include_router(router)
+    if direct:
+        fast.install(app, [*messages_fast(), *context_fast()])  # at the router's head
     return app

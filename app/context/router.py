@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
-from typing import cast
+from typing import Any, cast
 
 from fastapi import APIRouter, Response
-from fastapi.routing import APIRoute
 from starlette.types import Scope
 
 from app.budget.schemas import Verdict
@@ -14,7 +12,7 @@ from app.budget.service import verdict_model
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
 from app.core.database import DbDep, EngineDep
-from app.core.direct import DirectRoute, only_query, tenant_of, without_header
+from app.core.direct import FastRoute, only_query, route_of, tenant_of, without_header
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
 from app.history.schemas import FORMATS, Format, FormatQuery
@@ -36,8 +34,8 @@ async def get_context(
     return Response(body, media_type="application/json")
 
 
-async def direct_context(scope: Scope, found: re.Match[str], _body: bytes) -> Response:
-    """:func:`get_context` for its plain form (see app.core.direct): no query string, or
+async def fast_context(scope: Scope, path: dict[str, Any], _body: bytes) -> Response:
+    """:func:`get_context` for its plain form (app.core.direct): no query string, or
     ``format`` alone with a valid value; no Idempotency-Key (the app's body checks read
     it on every route)."""
     fmt = cast("Format | None", only_query(scope, "format", FORMATS))
@@ -45,15 +43,14 @@ async def direct_context(scope: Scope, found: re.Match[str], _body: bytes) -> Re
     without_header(scope, b"idempotency-key")
     engine = scope["app"].state.engine
     body = await ContextService(engine, tenant).build(
-        checked_id(found["session_id"]), fmt or "openai"
+        checked_id(path["session_id"]), fmt or "openai"
     )
     return Response(body, media_type="application/json")
 
 
-def direct_routes() -> list[DirectRoute]:
-    """The context read, matched as FastAPI matches its route."""
-    route = next(r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is get_context)
-    return [DirectRoute("GET", route.path_regex, route, direct_context)]
+def fast_routes() -> list[FastRoute]:
+    """The context read's plain form."""
+    return [FastRoute(route_of(router.routes, get_context), fast_context)]
 
 
 @router.get("/overflow", responses=problems(404))

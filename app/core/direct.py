@@ -1,84 +1,87 @@
-"""Direct routes: the plain form of the hottest requests, answered without FastAPI's
-request pipeline.
+"""Fast routes: the plain form of the hottest requests, answered without FastAPI's
+dependency solving.
 
 A context read is what every agent sends before every model call. FastAPI's pipeline
 around its handler (matching the route through the included routers, solving its
 dependencies, its wrappers and exit stacks) cost about 135 us of CPU of the read's 530 us,
-more than the window's assembly. A :class:`DirectRoute` answers the plain form of such a
-request (its exact path, its expected query parameters with valid values, its tenant
-resolved) by calling the same service the FastAPI route calls; any other form (a
-parameter to validate or refuse, a header the route's checks read) goes on to the FastAPI
-route, which answers it as always. So every error a client can provoke is still FastAPI's
-answer, and a test runs each request both ways (tests/context/test_direct_routes.py).
+more than the window's assembly. A :class:`FastRoute` stands at the head of the app's
+router for one FastAPI route: it answers the plain form of its request (its exact path,
+its expected query parameters with valid values, its tenant resolved) by calling the same
+service; any other form (a parameter to validate or refuse, a header the route's checks
+read) goes on through the router to the FastAPI route, which answers it as always. So
+every error a client can provoke is still FastAPI's answer, and a test runs each request
+both ways (tests/context/test_direct_routes.py).
 
-Everything outside the app's router still runs for a direct request: the request id and
-log line, the API key, the limits. Its metrics carry the FastAPI route's template.
+Being a route, it runs inside everything the router does: the middleware (request id and
+log line, API key, limits), the app's exception handlers, and the route's scope (its
+template labels the metrics and the log line).
 """
 
 from __future__ import annotations
 
-import logging
-import re
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
-import asyncpg
-from sqlalchemy.exc import DBAPIError
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from starlette.responses import Response
-from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import BaseRoute, Match
+from starlette.types import Message, Receive, Scope, Send
 
-from app.core.database import UNAVAILABLE, unavailable, unavailable_cause
-from app.core.errors import ProblemError
-from app.core.http import problem_response
+# A handler answers the request (its path parameters and its body in hand), or raises
+# NotPlain for the FastAPI route to answer it.
+Handler = Callable[[Scope, dict[str, Any], bytes], Awaitable[Response]]
 
-log = logging.getLogger("compactd")
-
-# A handler answers the request (its path's match and its body in hand), or raises
-# NotPlain for FastAPI's route to answer it.
-Handler = Callable[[Scope, "re.Match[str]", bytes], Awaitable[Response]]
+# Set on a request a fast route passed on: the router's next pass skips that route.
+_PASSED = "compactd.fast_route_passed"
 
 
 class NotPlain(Exception):
     """Raised by a handler (before any work) for a request that is not the plain form."""
 
 
-@dataclass(frozen=True)
-class DirectRoute:
-    """``method`` and a full-path ``pattern``; ``route``: the FastAPI route it stands in
-    for (its template labels the metrics and the log line)."""
+class FastRoute(BaseRoute):
+    """``route``'s plain form, answered by ``handler``; matched as ``route`` matches
+    (its method only: another method is the FastAPI route's 405)."""
 
-    method: str
-    pattern: re.Pattern[str]
-    route: BaseRoute
-    handle: Handler
-    reads_body: bool = False
+    def __init__(self, route: APIRoute, handler: Handler, *, reads_body: bool = False) -> None:
+        self.route = route
+        self.handler = handler
+        self.reads_body = reads_body
+
+    @property
+    def path(self) -> str:
+        return self.route.path
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] != "http" or scope.get(_PASSED) is self:
+            return Match.NONE, {}
+        match, child = self.route.matches(scope)
+        return (Match.FULL, child) if match is Match.FULL else (Match.NONE, {})
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        if self.reads_body:
+            body, receive = await _read_whole(receive)
+        try:
+            response = await self.handler(scope, scope["path_params"], body)
+        except NotPlain:
+            # The router again, past this route: the FastAPI route answers (the body
+            # given to it again).
+            scope[_PASSED] = self
+            await scope["router"].app(scope, receive, send)
+            return
+        await response(scope, receive, send)
 
 
-class DirectRoutes:
-    """The innermost middleware: a request a direct route takes never reaches the router."""
+def install(app: FastAPI, routes: Iterable[FastRoute]) -> None:
+    """``routes`` at the head of the app's router, in their order."""
+    app.router.routes[:0] = list(routes)
 
-    def __init__(self, app: ASGIApp, *, routes: Sequence[DirectRoute]) -> None:
-        self.app = app
-        self.routes = tuple(routes)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            method, path = scope["method"], scope["path"]
-            for direct in self.routes:
-                if method != direct.method or (found := direct.pattern.fullmatch(path)) is None:
-                    continue
-                body = b""
-                if direct.reads_body:
-                    body, receive = await _read_whole(receive)
-                try:
-                    response = await _answer(direct, scope, found, body)
-                except NotPlain:
-                    break  # FastAPI's route answers it (the body given to it again)
-                scope["route"] = direct.route
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+def route_of(routes: Iterable[BaseRoute], endpoint: Callable[..., Any]) -> APIRoute:
+    """The FastAPI route of ``endpoint`` among ``routes`` (a router's)."""
+    return next(r for r in routes if isinstance(r, APIRoute) and r.endpoint is endpoint)
 
 
 async def _read_whole(receive: Receive) -> tuple[bytes, Receive]:
@@ -96,20 +99,6 @@ async def _read_whole(receive: Receive) -> tuple[bytes, Receive]:
         return read.pop(0) if read else await receive()
 
     return body, again
-
-
-async def _answer(direct: DirectRoute, scope: Scope, found: re.Match[str], body: bytes) -> Response:
-    """The handler's response, with errors answered as the app's exception handlers
-    answer them (app.core.http); any other exception goes on to the 500 handler."""
-    try:
-        return await direct.handle(scope, found, body)
-    except ProblemError as exc:
-        return problem_response(exc, scope["path"])
-    except (DBAPIError, *UNAVAILABLE, asyncpg.InterfaceError) as exc:
-        if (cause := unavailable_cause(exc)) is None:
-            raise
-        log.warning("database unavailable: %s", exc)
-        return problem_response(unavailable(cause), scope["path"])
 
 
 def only_query(scope: Scope, name: str, allowed: frozenset[str]) -> str | None:
