@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import httpx
@@ -56,7 +56,6 @@ class Call:
     version: int = 0  # of the context sent
     sent_tokens: int = 0  # counted tokens of the context sent
     attempts: int = 0  # upstream requests made
-    stored_reply: bool = field(default=False)
     # The request with the recall tools, when the session offers them.
     offered: proxy_recall.Offered | None = None
     # Anthropic: later system entries go as ``role: "system"`` messages (the request

@@ -190,4 +190,3 @@ def _stored(deps: ProxyDeps, call: Call, appended: Appended, entries: list[Entry
         entry_count=call.known.entry_count + len(entries),
         chain=extend(call.known.chain, (digest(e) for e in entries)),
     )
-    call.stored_reply = True
