@@ -137,11 +137,6 @@ def _pinned(raw: Any, path: str, parsed: list[Entry]) -> bool:
     return True
 
 
-def check_batch_size(count: int, max_messages: int) -> None:
-    if count > max_messages:
-        raise invalid("messages", f"holds {count:,} messages; at most {max_messages:,} per append")
-
-
 def oversized_arguments(messages: list[Any], max_items: int) -> tuple[str, str] | None:
     """The first OpenAI tool call whose ``arguments`` JSON holds an array or object
     of more than ``max_items`` items, or nests them more than ``MAX_JSON_DEPTH``
