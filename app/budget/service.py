@@ -36,7 +36,7 @@ from app.store import events
 from app.store.session_row import SessionState, locked
 
 
-def verdict_model(state: sessions.Budgeted, config: SessionConfig | None = None) -> Verdict:
+def verdict_model(state: SessionState, config: SessionConfig | None = None) -> Verdict:
     return Verdict.model_validate(dataclasses.asdict(sessions.verdict_of(state, config)))
 
 

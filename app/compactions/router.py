@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, status
 
 from app.compactions.schemas import CompactionOut, CompactionPage, CompactionRequest, SourcePage
 from app.compactions.service import CompactionService
-from app.core.database import DbDep, EngineDep
+from app.core.database import EngineDep
 from app.core.openapi import link, problems
 from app.core.tenancy import TenantDep
 from app.history.schemas import FormatQuery
@@ -101,7 +101,6 @@ async def compaction_source(
     session_id: SessionIdPath,
     compaction_id: CompactionIdPath,
     engine: EngineDep,
-    db: DbDep,
     tenant: TenantDep,
     format: FormatQuery = "openai",
     after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -109,5 +108,5 @@ async def compaction_source(
 ) -> SourcePage:
     """The entries this compaction replaced, exactly as stored, a page at a time."""
     return await CompactionService(engine, tenant).source(
-        db, checked_id(session_id), compaction_id, after_seq=after_seq, limit=limit, fmt=format
+        checked_id(session_id), compaction_id, after_seq=after_seq, limit=limit, fmt=format
     )

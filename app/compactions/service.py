@@ -8,7 +8,7 @@ import asyncio
 import time
 import uuid
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions.pivot import enqueue_locked, prepare, transition
 from app.compactions.repository import CompactionRepository, JobRow
@@ -171,7 +171,6 @@ class CompactionService:
 
     async def source(
         self,
-        db: AsyncSession,
         session_id: str,
         compaction_id: uuid.UUID,
         *,
@@ -191,7 +190,7 @@ class CompactionService:
             path = await branches.path_to_compaction(driver, self.tenant_id, family, compaction_id)
         if job.source_start_seq is None:
             raise Conflict(f"compaction {compaction_id} is {job.status}: it replaced nothing")
-        page = await HistoryService(db, self.tenant_id).history(
+        page = await HistoryService(self.engine, self.tenant_id).history(
             session_id,
             after_seq=max(after_seq, job.source_start_seq - 1),
             limit=limit,

@@ -11,7 +11,7 @@ from app.budget.schemas import Verdict
 from app.budget.service import verdict_model
 from app.context.schemas import ContextOut
 from app.context.service import ContextService
-from app.core.database import DbDep, EngineDep
+from app.core.database import EngineDep
 from app.core.direct import FastRoute, only_query, route_of, tenant_of, without_header
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
@@ -54,7 +54,7 @@ def fast_routes() -> list[FastRoute]:
 
 
 @router.get("/overflow", responses=problems(404))
-async def get_overflow(session_id: SessionIdPath, db: DbDep, tenant: TenantDep) -> Verdict:
+async def get_overflow(session_id: SessionIdPath, engine: EngineDep, tenant: TenantDep) -> Verdict:
     """How full the window is and what to do about it, from running totals."""
-    session = await SessionService(db, tenant).require(checked_id(session_id))
+    session = await SessionService(engine, tenant).require(checked_id(session_id))
     return verdict_model(session)

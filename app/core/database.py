@@ -1,4 +1,5 @@
-"""The async engine, the ORM base, and the per-request session dependency."""
+"""The async engine and its pool, the ORM base of the tables (Alembic's metadata), and
+the typed driver connections every request runs on."""
 
 from __future__ import annotations
 
@@ -313,22 +314,9 @@ def _skip_closed(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """ORM sessions on ``engine``: for the proxy's session creation and recall calls
+    until they take the engine (every route runs on :func:`driver_connection`)."""
     return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
-
-
-async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
-    """One transaction per request: the only place that commits or rolls back."""
-    maker: async_sessionmaker[AsyncSession] = request.app.state.sessionmaker
-    async with maker() as db:
-        try:
-            yield db
-            await db.commit()
-        except BaseException:
-            try:
-                await db.rollback()
-            except Exception as exc:  # a dropped connection: the first error says why
-                log.debug("rollback failed: %r", exc)
-            raise
 
 
 # What a database that cannot serve us right now raises: it is down, starting,
@@ -479,11 +467,6 @@ async def get_engine(request: Request) -> AsyncEngine:
 
 
 EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
-
-
-# scope="function": commit before the response is sent, so a client that got its
-# 201 always finds what it wrote on its next request.
-DbDep = Annotated[AsyncSession, Depends(get_db, scope="function")]
 
 
 def resolve_database_url(settings: Settings | None = None) -> str:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.database import driver_connection
+from app.core.errors import NotFound
 from app.engine import tree
 from app.engine.formats import anthropic_format, openai_format
 from app.engine.model import Entry
 from app.history.schemas import Format, HistoryEntry, HistoryPage
-from app.sessions.service import SessionService
-from app.store.log import MessageRepository, OnPath
-from app.store.tables import Entry as EntryRow
+from app.store import history
+from app.store.history import HistoryRow
+from app.store.log import OnPath
+from app.store.session_row import read_state
 
 
 def entry_from_row(row: Any, extra: dict[str, Any] | None = None) -> Entry:
@@ -30,7 +33,7 @@ def entry_from_row(row: Any, extra: dict[str, Any] | None = None) -> Entry:
     )
 
 
-def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
+def render_history(row: HistoryRow, fmt: Format) -> dict[str, Any]:
     entry = entry_from_row(row, row.extra)
     if fmt == "openai":
         return openai_format.render_message(entry, for_history=True)
@@ -55,11 +58,9 @@ def render_history(row: EntryRow, fmt: Format) -> dict[str, Any]:
 class HistoryService:
     """Reading the message log of one tenant's sessions."""
 
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.db = db
+    def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
+        self.engine = engine
         self.tenant_id = tenant_id
-        self.repo = MessageRepository(db, tenant_id)
-        self.sessions = SessionService(db, tenant_id)
 
     async def history(
         self,
@@ -73,15 +74,20 @@ class HistoryService:
         path: tree.Path | None = None,
     ) -> HistoryPage:
         """A page of the session's path (or of ``path``, a path of its family)."""
-        session = await self.sessions.require(session_id)
-        at = OnPath(
-            session_id,
-            session.family_id,
-            path or tree.Path(tuple(session.path_branches), tuple(session.path_ends)),
-        )
-        rows = await self.repo.page(
-            at, after_seq, limit + 1, before_seq=before_seq, replaced_only=replaced_only
-        )
+        async with driver_connection(self.engine) as driver:
+            session = await read_state(driver, self.tenant_id, session_id)
+            if session is None:
+                raise NotFound(f"session {session_id!r} does not exist")
+            at = OnPath(session_id, session.family_id, path or session.path)
+            rows = await history.page(
+                driver,
+                self.tenant_id,
+                at,
+                after_seq,
+                limit + 1,
+                before_seq=before_seq,
+                replaced_only=replaced_only,
+            )
         page = rows[:limit]
         return HistoryPage(
             entries=[
@@ -94,13 +100,13 @@ class HistoryService:
                     source_format=r.source_format,
                     tool_name=r.tool_name,
                     created_at=r.created_at,
-                    pruned_at=pruned_at,
+                    pruned_at=r.pruned_at,
                     erased_bytes=r.erased_bytes,
                     omitted_lines=r.omitted_lines,
                     omitted_bytes=r.omitted_bytes,
                     message=render_history(r, fmt),
                 )
-                for r, pruned_at in page
+                for r in page
             ],
-            next_after_seq=page[-1][0].seq if len(rows) > limit else None,
+            next_after_seq=page[-1].seq if len(rows) > limit else None,
         )

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response, status
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import Scope
 
-from app.core.database import DbDep, EngineDep
+from app.core.database import EngineDep
 from app.core.direct import FastRoute, NotPlain, one_header, only_query, route_of, tenant_of
 from app.core.errors import ProblemError
 from app.core.openapi import problems
@@ -120,13 +120,13 @@ def fast_routes() -> list[FastRoute]:
 @router.get("", responses=problems(404, 422))
 async def list_messages(
     session_id: SessionIdPath,
-    db: DbDep,
+    engine: EngineDep,
     tenant: TenantDep,
     after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     format: FormatQuery = "openai",
 ) -> HistoryPage:
     """The whole stored history by seq, including pruned and compacted entries."""
-    return await HistoryService(db, tenant).history(
+    return await HistoryService(engine, tenant).history(
         checked_id(session_id), after_seq=after_seq, limit=limit, fmt=format
     )

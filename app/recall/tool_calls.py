@@ -87,10 +87,16 @@ def _hit_text(hit: SearchHit) -> str:
 class ToolCallService:
     """The recall tools of one tenant's sessions."""
 
-    def __init__(self, engine: AsyncEngine, db: AsyncSession, tenant_id: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tenant_id: str | AsyncSession,
+        proxy_tenant_id: str | None = None,
+    ) -> None:
         self.engine = engine
-        self.db = db
-        self.tenant_id = tenant_id
+        # The proxy still passes an ORM session before the tenant, until it is switched
+        # to ToolCallService(engine, tenant_id): that session is not used.
+        self.tenant_id = tenant_id if isinstance(tenant_id, str) else proxy_tenant_id or ""
 
     async def result_tokens(self, session_id: str) -> int:
         """The session's ``recall.result_tokens``."""
@@ -188,7 +194,6 @@ class ToolCallService:
         compaction: uuid.UUID | None = args.compaction
         if compaction is not None:
             source = await CompactionService(self.engine, self.tenant_id).source(
-                self.db,
                 session_id,
                 compaction,
                 after_seq=after,
@@ -199,7 +204,7 @@ class ToolCallService:
             if args.to_seq is not None:
                 entries = [e for e in entries if e.seq <= args.to_seq]
         else:
-            page = await HistoryService(self.db, self.tenant_id).history(
+            page = await HistoryService(self.engine, self.tenant_id).history(
                 session_id,
                 after_seq=after,
                 limit=tools.READ_LIMIT,

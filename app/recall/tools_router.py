@@ -8,7 +8,7 @@ import orjson
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
-from app.core.database import DbDep, EngineDep
+from app.core.database import EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
 from app.recall import agent_tools
@@ -75,13 +75,12 @@ async def run_tool_call(
     session_id: SessionIdPath,
     body: ToolCallRequest,
     engine: EngineDep,
-    db: DbDep,
     tenant: TenantDep,
 ) -> Response:
     """Run one recall tool call for the agent and answer its result, within the token
     cap. A call with bad arguments is answered too, as a result that says what was
     wrong (`is_error`), for the model to try again; a body that is no tool call is 422."""
-    ran = await ToolCallService(engine, db, tenant).run(
+    ran = await ToolCallService(engine, tenant).run(
         checked_id(session_id), body.tool_call, body.max_tokens
     )
     return Response(orjson.dumps(ran.document()), media_type="application/json")

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
-from app.core.database import DbDep
+from app.core.database import EngineDep
 from app.core.errors import NotFound, invalid
 from app.core.openapi import link, problems
 from app.core.outbound import check_tenant_url
@@ -67,11 +67,15 @@ def checked_id(session_id: str) -> str:
     responses={201: {"links": SESSION_LINKS}, **problems(409, 413, 422)},
 )
 async def create_session(
-    body: SessionCreate, db: DbDep, tenant: TenantDep, response: Response, settings: SettingsDep
+    body: SessionCreate,
+    engine: EngineDep,
+    tenant: TenantDep,
+    response: Response,
+    settings: SettingsDep,
 ) -> SessionOut:
     """Create a session for a model; the window comes from the catalog unless given."""
     _check_remote_endpoint(body.config, settings)
-    session = await SessionService(db, tenant).create(body)
+    session = await SessionService(engine, tenant).create(body)
     response.headers["ETag"] = f'"{session.version}"'
     response.headers["Location"] = f"/v1/sessions/{session.id}"
     return to_schema(session)
@@ -79,7 +83,7 @@ async def create_session(
 
 @router.get("", responses=problems(422))
 async def list_sessions(
-    db: DbDep,
+    engine: EngineDep,
     tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=1024)] = None,
@@ -103,17 +107,17 @@ async def list_sessions(
         if not sep or not key:
             raise invalid("metadata", f"{item!r} is not key=value")
         wanted[key] = value
-    return await SessionService(db, tenant).list(
+    return await SessionService(engine, tenant).list(
         limit=limit, cursor=cursor, metadata=wanted, parent_id=parent_id
     )
 
 
 @router.get("/{session_id}", responses=problems(404))
 async def get_session(
-    session_id: SessionIdPath, db: DbDep, tenant: TenantDep, response: Response
+    session_id: SessionIdPath, engine: EngineDep, tenant: TenantDep, response: Response
 ) -> SessionOut:
     """A session with its live accounting; the ETag is its version."""
-    session = await SessionService(db, tenant).require(checked_id(session_id))
+    session = await SessionService(engine, tenant).require(checked_id(session_id))
     response.headers["ETag"] = f'"{session.version}"'
     return to_schema(session)
 
@@ -122,7 +126,7 @@ async def get_session(
 async def patch_session(
     session_id: SessionIdPath,
     body: SessionPatch,
-    db: DbDep,
+    engine: EngineDep,
     tenant: TenantDep,
     response: Response,
     settings: SettingsDep,
@@ -130,7 +134,7 @@ async def patch_session(
 ) -> SessionOut:
     """Change the model, window, config overrides or metadata."""
     _check_remote_endpoint(body.config, settings)
-    session = await SessionService(db, tenant).patch(checked_id(session_id), body, if_match)
+    session = await SessionService(engine, tenant).patch(checked_id(session_id), body, if_match)
     response.headers["ETag"] = f'"{session.version}"'
     return to_schema(session)
 
@@ -139,10 +143,10 @@ async def patch_session(
     "/{session_id}", status_code=status.HTTP_204_NO_CONTENT, responses=problems(404, 412)
 )
 async def delete_session(
-    session_id: SessionIdPath, db: DbDep, tenant: TenantDep, if_match: IfMatch = None
+    session_id: SessionIdPath, engine: EngineDep, tenant: TenantDep, if_match: IfMatch = None
 ) -> None:
     """Delete a session and all of its data."""
-    await SessionService(db, tenant).delete(checked_id(session_id), if_match)
+    await SessionService(engine, tenant).delete(checked_id(session_id), if_match)
 
 
 def _check_remote_endpoint(config: dict[str, Any] | None, settings: Settings) -> None:

@@ -1,24 +1,27 @@
-"""Session use cases: create, read, list, change and delete."""
+"""Session use cases (create, read, list, change and delete, each one transaction on
+the driver), and a session's window and verdict in this process's model catalog (the
+maths is app.engine.accounting.session_budget's)."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
+import asyncpg
 import orjson
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.core import model_catalog
+from app.core.database import driver_connection
+from app.core.driver import Driver
 from app.core.errors import Conflict, NotFound, PreconditionFailed, UnprocessableContent, invalid
-from app.engine import tree
-from app.engine.accounting import budget, catalog, ledger, relief
-from app.engine.accounting.tokens import REPLY_PRIMING_TOKENS
+from app.engine.accounting import budget, catalog, ledger, relief, session_budget
+from app.engine.accounting.session_budget import SessionFigures
 from app.sessions.schemas import (
     SESSION_ID_PATTERN,
     SessionConfig,
@@ -29,8 +32,8 @@ from app.sessions.schemas import (
     SessionWarning,
     _check_window,
 )
-from app.store.session_row import SessionRepository, advance
-from app.store.tables import Branch, Session
+from app.store import session_row
+from app.store.session_row import NewSession, SessionRow, SessionState, advance
 
 
 def merge_config(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -60,63 +63,21 @@ def effective_config(overrides: dict[str, Any]) -> SessionConfig:
         ) from None
 
 
-class Budgeted(Protocol):
-    """What the budget maths reads of a session: an ORM row, or the locked row of an append."""
-
-    @property
-    def model(self) -> str: ...
-    @property
-    def context_window(self) -> int | None: ...
-    @property
-    def max_output_tokens(self) -> int | None: ...
-    @property
-    def input_limit(self) -> int | None: ...
-    @property
-    def config(self) -> dict[str, Any]: ...
-    @property
-    def context_tokens(self) -> int: ...
-    @property
-    def calibration_factor(self) -> float: ...
-    @property
-    def overhead_tokens(self) -> int: ...
-    @property
-    def reported_prompt_tokens(self) -> int | None: ...
-    @property
-    def context_tokens_at_report(self) -> int | None: ...
-
-
-def window_of(session: Budgeted) -> tuple[budget.Window, catalog.ModelSpec]:
-    """The session's window: its own figures, else the catalog's (the operator's
-    overrides included). A model in no catalog is logged once per process."""
+def window_of(session: SessionFigures) -> tuple[budget.Window, catalog.ModelSpec]:
+    """The session's window (app.engine.accounting.session_budget) in this process's
+    catalog, the operator's overrides included. A model in no catalog is logged once
+    per process."""
     spec = model_catalog.lookup(session.model)
-    max_output = session.max_output_tokens or spec.max_output_tokens
-    if not spec.known:
-        if session.context_window and not session.max_output_tokens:
-            # The default cap is the default window's: a quarter of a smaller window.
-            max_output = catalog.unknown_max_output(session.context_window)
-        if assumed_window(session, spec):
-            model_catalog.assumed(session.model, spec)
-    window = budget.Window(
-        context_window=session.context_window or spec.context_window,
-        max_output_tokens=max_output,
-        input_limit=session.input_limit
-        if session.input_limit is not None
-        else (spec.input_limit if session.context_window is None else None),
-    )
-    return window, spec
-
-
-def assumed_window(session: Budgeted, spec: catalog.ModelSpec) -> bool:
-    """Whether the session's window is a default: its model is in no catalog and
-    the session does not give its own window."""
-    return not spec.known and not session.context_window and not session.input_limit
+    if session_budget.assumed_window(session, spec):
+        model_catalog.assumed(session.model, spec)
+    return session_budget.window_of(session, spec), spec
 
 
 def warnings_of(
-    session: Budgeted, window: budget.Window, spec: catalog.ModelSpec
+    session: SessionFigures, window: budget.Window, spec: catalog.ModelSpec
 ) -> list[SessionWarning]:
     """What the session document warns about: a window assumed for an unknown model."""
-    if not assumed_window(session, spec):
+    if not session_budget.assumed_window(session, spec):
         return []
     return [
         SessionWarning(
@@ -139,29 +100,19 @@ def thresholds_of(config: SessionConfig) -> budget.Thresholds:
     )
 
 
-def accounting_of(session: Budgeted) -> budget.Accounting:
-    """The session's totals as the budget maths reads them. The one source of
-    the estimate: ``/overflow``, ``/context``, appends, usage reports and
-    compactions all go through here. Every request also carries the reply's
-    priming, which the provider counts in its prompt (and the calibration
-    compares against), so it is overhead too."""
-    return budget.Accounting(
-        context_tokens=session.context_tokens,
-        calibration_factor=session.calibration_factor,
-        overhead_tokens=session.overhead_tokens + REPLY_PRIMING_TOKENS,
-        reported_prompt_tokens=session.reported_prompt_tokens,
-        context_tokens_at_report=session.context_tokens_at_report,
-    )
+# The session's totals as the budget maths reads them (the engine's adapter), for the
+# callers that take the window and verdict from here.
+accounting_of = session_budget.accounting_of
 
 
-def verdict_of(session: Budgeted, config: SessionConfig | None = None) -> budget.Verdict:
+def verdict_of(session: SessionState, config: SessionConfig | None = None) -> budget.Verdict:
     """The verdict from the session's totals; ``config`` when the caller has it already."""
     window, _ = window_of(session)
     config = config or effective_config(session.config)
-    return budget.verdict(accounting_of(session), window, thresholds_of(config))
+    return session_budget.verdict_of(session, window, thresholds_of(config))
 
 
-def auto_compaction_state(session: Session, config: SessionConfig) -> str:
+def auto_compaction_state(session: SessionState, config: SessionConfig) -> str:
     """Whether automatic compaction would run now, and if not, why."""
     if not (config.compaction.enabled and config.compaction.auto):
         return "off"
@@ -173,7 +124,7 @@ def auto_compaction_state(session: Session, config: SessionConfig) -> str:
     return "on"
 
 
-def to_schema(session: Session) -> SessionOut:
+def to_schema(session: SessionRow) -> SessionOut:
     window, spec = window_of(session)
     config = effective_config(session.config)
     return SessionOut(
@@ -186,7 +137,7 @@ def to_schema(session: Session) -> SessionOut:
         usable_tokens=window.usable_tokens,
         model_known=spec.known,
         config=config,
-        metadata=session.metadata_,
+        metadata=session.metadata,
         entry_count=session.entry_count,
         stored_tokens=session.stored_tokens,
         context_tokens=session.context_tokens,
@@ -219,7 +170,7 @@ def check_if_match(if_match: str | None, version: int) -> None:
         )
 
 
-def encode_cursor(session: Session) -> str:
+def encode_cursor(session: SessionRow) -> str:
     raw = orjson.dumps([session.created_at.isoformat(), session.id])
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -241,91 +192,53 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 class SessionService:
-    """Sessions of one tenant."""
+    """Sessions of one tenant, each use case in one transaction of its own."""
 
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.db = db
-        self.repo = SessionRepository(db, tenant_id)
+    def __init__(self, engine: AsyncEngine | AsyncSession, tenant_id: str) -> None:
+        self.engine = _engine_of(engine)
         self.tenant_id = tenant_id
 
-    async def require(self, session_id: str, *, for_update: bool = False) -> Session:
-        session = await self.repo.get(session_id, for_update=for_update)
-        if session is None:
-            raise NotFound(f"session {session_id!r} does not exist")
-        return session
+    async def require(self, session_id: str) -> SessionRow:
+        async with driver_connection(self.engine) as driver:
+            return await _require(driver, self.tenant_id, session_id)
 
-    async def create(self, body: SessionCreate) -> Session:
+    async def create(self, body: SessionCreate) -> SessionRow:
         effective_config(body.config)
         session_id = body.id or f"ses_{uuid.uuid4().hex}"
-        if await self.repo.get(session_id) is not None:
-            raise Conflict(f"session {session_id!r} already exists")
-        if body.parent_id is not None and await self.repo.get(body.parent_id) is None:
-            # The body names what does not exist (the route does): 422, naming the field.
-            raise invalid(
-                "parent_id",
-                f"session {body.parent_id!r} does not exist: parent_id names a session of "
-                "the same tenant",
-            )
-        # A new family, stored under the session's id, unless a family still stores
-        # entries under it (a session of that id was deleted while a fork of it lives).
-        family_id = session_id
-        taken = await self.db.execute(
-            select(Branch.branch_id)
-            .where(Branch.session_id == session_id, Branch.tenant_id == self.tenant_id)
-            .limit(1)
-        )
-        if taken.first() is not None:
-            family_id = f"fam_{uuid.uuid4().hex}"
-        session = Session(
+        new = NewSession(
             id=session_id,
-            tenant_id=self.tenant_id,
-            family_id=family_id,
             parent_id=body.parent_id,
-            path_branches=[tree.ROOT_BRANCH],
-            path_ends=[],
             model=body.model,
             context_window=body.context_window,
             max_output_tokens=body.max_output_tokens,
             input_limit=body.input_limit,
             config=body.config,
-            metadata_=body.metadata,
-            version=1,
-            next_seq=1,
-            entry_count=0,
-            stored_tokens=0,
-            context_tokens=0,
-            context_tool_tokens=0,
-            context_start_seq=1,
-            calibration_factor=1.0,
-            overhead_tokens=0,
-            compaction_count=0,
-            pruned_tokens=0,
-            prune_count=0,
-            usage_count=0,
+            metadata=body.metadata,
         )
-        try:
-            async with self.db.begin_nested():
-                await self.repo.add(session)
-                self.db.add(
-                    Branch(
-                        session_id=family_id,
-                        tenant_id=self.tenant_id,
-                        branch_id=tree.ROOT_BRANCH,
-                        owner_id=session_id,
-                        parent_branch=None,
-                        fork_seq=0,
-                        path_branches=[tree.ROOT_BRANCH],
-                        path_ends=[],
-                    )
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            if await session_row.exists(driver, self.tenant_id, session_id):
+                raise Conflict(f"session {session_id!r} already exists")
+            if body.parent_id is not None and not await session_row.exists(
+                driver, self.tenant_id, body.parent_id
+            ):
+                # The body names what does not exist (the route does): 422, naming the field.
+                raise invalid(
+                    "parent_id",
+                    f"session {body.parent_id!r} does not exist: parent_id names a session of "
+                    "the same tenant",
                 )
-                await self.db.flush()
-        except IntegrityError as exc:
-            if "session_parent_id_tenant_id_fkey" in str(exc.orig):  # deleted meanwhile
-                raise NotFound(f"session {body.parent_id!r} does not exist") from None
-            # a concurrent create with the same id won
-            raise Conflict(f"session {session_id!r} already exists") from None
-        await self.db.refresh(session)
-        return session
+            # A new family, stored under the session's id, unless a family still stores
+            # entries under it (a session of that id was deleted while a fork of it lives).
+            family_id = session_id
+            if await session_row.family_taken(driver, self.tenant_id, session_id):
+                family_id = f"fam_{uuid.uuid4().hex}"
+            try:
+                return await session_row.insert(driver, self.tenant_id, new, family_id)
+            except asyncpg.IntegrityConstraintViolationError as exc:
+                if "session_parent_id_tenant_id_fkey" in str(exc):  # deleted meanwhile
+                    raise NotFound(f"session {body.parent_id!r} does not exist") from None
+                # a concurrent create with the same id won
+                raise Conflict(f"session {session_id!r} already exists") from None
 
     async def list(
         self,
@@ -337,45 +250,77 @@ class SessionService:
     ) -> SessionPage:
         """A page in creation order; ``parent_id``: only that session's children."""
         after = decode_cursor(cursor) if cursor else None
-        rows = await self.repo.list(
-            limit=limit + 1, after=after, metadata=metadata, parent_id=parent_id
-        )
+        async with driver_connection(self.engine) as driver:
+            rows = await session_row.list_rows(
+                driver,
+                self.tenant_id,
+                limit=limit + 1,
+                after=after,
+                metadata=metadata,
+                parent_id=parent_id,
+            )
         page = rows[:limit]
         return SessionPage(
             sessions=[to_schema(s) for s in page],
             next_cursor=encode_cursor(page[-1]) if len(rows) > limit else None,
         )
 
-    async def patch(self, session_id: str, body: SessionPatch, if_match: str | None) -> Session:
-        session = await self.require(session_id, for_update=True)
-        check_if_match(if_match, session.version)
-        fields = body.model_fields_set
-        if "model" in fields:
-            if body.model is None:
-                raise invalid("model", "must not be null")
-            session.model = body.model
-        for name in ("context_window", "max_output_tokens", "input_limit"):
-            if name in fields:
-                setattr(session, name, getattr(body, name))
-        try:
-            _check_window(session.context_window, session.max_output_tokens, session.input_limit)
-        except ValueError as exc:
-            raise invalid("body", str(exc)) from None
-        if "config" in fields:
-            merged = merge_config(session.config, body.config or {})
-            effective_config(merged)
-            session.config = merged
-        if "metadata" in fields:
-            session.metadata_ = body.metadata or {}
-        # New config, new pruning rules: the next append or report looks again.
-        advance(session, ledger.Patched(config="config" in fields))
-        session.updated_at = datetime.now(UTC)
-        await self.db.flush()
+    async def patch(self, session_id: str, body: SessionPatch, if_match: str | None) -> SessionRow:
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            session = await _require(driver, self.tenant_id, session_id, for_update=True)
+            check_if_match(if_match, session.version)
+            before = dataclasses.replace(session)
+            _patched(session, body)
+            await session_row.write_row(driver, self.tenant_id, session, before, datetime.now(UTC))
         return session
 
     async def delete(self, session_id: str, if_match: str | None) -> None:
         """The session and all of its data. Its children (``parent_id``) are kept, their
         ``parent_id`` set to null by the database (``ON DELETE SET NULL``)."""
-        session = await self.require(session_id, for_update=True)
-        check_if_match(if_match, session.version)
-        await self.repo.delete(session_id, session.family_id)
+        async with driver_connection(self.engine) as driver, driver.transaction():
+            session = await _require(driver, self.tenant_id, session_id, for_update=True)
+            check_if_match(if_match, session.version)
+            await session_row.delete(driver, self.tenant_id, session_id, session.family_id)
+
+
+def _engine_of(engine: AsyncEngine | AsyncSession) -> AsyncEngine:
+    """The engine the service runs on. The proxy still hands it an ORM session (bound
+    to the app's engine) until it passes the engine itself: that session's engine."""
+    if isinstance(engine, AsyncEngine):
+        return engine
+    bind = engine.bind
+    assert isinstance(bind, AsyncEngine)
+    return bind
+
+
+async def _require(
+    driver: Driver, tenant_id: str, session_id: str, *, for_update: bool = False
+) -> SessionRow:
+    session = await session_row.read_row(driver, tenant_id, session_id, for_update=for_update)
+    if session is None:
+        raise NotFound(f"session {session_id!r} does not exist")
+    return session
+
+
+def _patched(session: SessionRow, body: SessionPatch) -> None:
+    """``session`` changed as ``body`` says (in memory: the caller writes it)."""
+    fields = body.model_fields_set
+    if "model" in fields:
+        if body.model is None:
+            raise invalid("model", "must not be null")
+        session.model = body.model
+    for name in ("context_window", "max_output_tokens", "input_limit"):
+        if name in fields:
+            setattr(session, name, getattr(body, name))
+    try:
+        _check_window(session.context_window, session.max_output_tokens, session.input_limit)
+    except ValueError as exc:
+        raise invalid("body", str(exc)) from None
+    if "config" in fields:
+        merged = merge_config(session.config, body.config or {})
+        effective_config(merged)
+        session.config = merged
+    if "metadata" in fields:
+        session.metadata = body.metadata or {}
+    # New config, new pruning rules: the next append or report looks again.
+    advance(session, ledger.Patched(config="config" in fields))

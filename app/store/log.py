@@ -11,13 +11,10 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import and_, or_, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.driver import Driver, Record, record_of
 from app.engine import tree
 from app.store.session_row import STATE_COLUMNS, SessionState, set_clause, state_of
-from app.store.tables import Entry, PruneMark
 
 _OPEN = f"{tree.OPEN}::bigint"
 
@@ -915,60 +912,3 @@ class LogRepository:
                 )
                 return pending
         return False
-
-
-class MessageRepository:
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.db = db
-        self.tenant_id = tenant_id
-
-    async def page(
-        self,
-        at: OnPath,
-        after_seq: int,
-        limit: int,
-        *,
-        before_seq: int | None = None,
-        replaced_only: bool = False,
-    ) -> list[tuple[Entry, datetime | None]]:
-        """The path's entries after ``after_seq`` (and before ``before_seq``), each
-        with the time pruning hid it, if it did. ``replaced_only``: what a compaction
-        replaces, the messages without the system entries, the pinned entries
-        (the context keeps both) and summaries."""
-        hi = tree.OPEN if before_seq is None else before_seq
-        branches, ends = at.args(after_seq + 1, hi)
-        if not branches:
-            return []
-        on_path = or_(
-            *(
-                and_(Entry.branch == branch, Entry.seq <= end)
-                for branch, end in zip(branches, ends, strict=True)
-            )
-        )
-        stmt = (
-            select(Entry, PruneMark.pruned_at)
-            .outerjoin(
-                PruneMark,
-                (PruneMark.session_id == at.session_id)
-                & (PruneMark.tenant_id == Entry.tenant_id)
-                & (PruneMark.branch == Entry.branch)
-                & (PruneMark.seq == Entry.seq),
-            )
-            .where(
-                Entry.session_id == at.family_id,
-                Entry.tenant_id == self.tenant_id,
-                Entry.seq > after_seq,
-                on_path,
-            )
-            .order_by(Entry.seq)
-            .limit(limit)
-        )
-        if before_seq is not None:
-            stmt = stmt.where(Entry.seq < before_seq)
-        if replaced_only:
-            stmt = stmt.where(
-                Entry.kind != "compaction",
-                Entry.role.not_in(("system", "developer")),
-                Entry.pinned.is_(False),
-            )
-        return [(row[0], row[1]) for row in await self.db.execute(stmt)]

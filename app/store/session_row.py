@@ -20,37 +20,29 @@ from functools import lru_cache
 from typing import Any
 
 import asyncpg
-from sqlalchemy import and_, delete, or_, select, text, true, tuple_
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection
 from app.core.driver import Driver, Record, column_names, record_of
 from app.core.errors import NotFound
 from app.engine import tree
 from app.engine.accounting import ledger
-from app.store.tables import Branch, Entry, Event, PruneMark, Session, ToolCall
+from app.engine.accounting.session_budget import SessionFigures
 
 
 @dataclasses.dataclass(slots=True)
-class SessionState:
+class SessionState(SessionFigures):
     """The session columns the hot paths (append, context, prune, usage,
-    compaction) read on a bare asyncpg connection, and the ones they write."""
+    compaction) read on a bare asyncpg connection, and the ones they write: the
+    figures the budget maths reads (:class:`SessionFigures`) and the rest."""
 
-    model: str
-    context_window: int | None
-    max_output_tokens: int | None
-    input_limit: int | None
     config: dict[str, Any]
     version: int
     next_seq: int
     entry_count: int
     stored_tokens: int
-    context_tokens: int
     context_tool_tokens: int
-    calibration_factor: float
-    overhead_tokens: int
-    reported_prompt_tokens: int | None
-    context_tokens_at_report: int | None
     context_start_seq: int
     prune_checked_tool_tokens: int | None
     prune_checked_urgent: bool | None
@@ -88,7 +80,7 @@ WRITTEN_FIELDS = tuple(
     if name
     not in ("model", "context_window", "max_output_tokens", "input_limit", "config", "family_id")
 )
-_JSONB = frozenset({"last_usage"})
+_JSONB = frozenset({"last_usage", "config", "metadata"})
 _ARRAYS = {"pinned_seqs": "bigint[]", "path_branches": "bigint[]", "path_ends": "bigint[]"}
 
 
@@ -279,6 +271,208 @@ async def record_served(
         )
 
 
+# --- the session row whole: the requests that manage sessions ---------------------
+
+
+@dataclasses.dataclass(slots=True)
+class SessionRow(SessionState):
+    """The whole session row, as its document shows it (create, read, list, change)."""
+
+    id: str
+    parent_id: str | None
+    metadata: dict[str, Any]
+    last_usage: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+
+
+ROW_FIELDS = column_names(SessionRow)
+_ROW_COLUMNS = ", ".join(f"s.{name}" for name in ROW_FIELDS)
+# What PATCH changes besides the totals: the session's settings.
+SETTINGS_FIELDS = ("model", "context_window", "max_output_tokens", "input_limit", "config")
+_ROW_SQL = f"SELECT {_ROW_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenant_id = $2"
+
+
+def row_of(record: Record) -> SessionRow:
+    return record_of(SessionRow, record)
+
+
+async def read_row(
+    driver: Driver, tenant_id: str, session_id: str, *, for_update: bool = False
+) -> SessionRow | None:
+    """The whole row; ``for_update`` locks it for the caller's transaction."""
+    record = await driver.fetchrow(
+        _ROW_SQL + " FOR UPDATE" if for_update else _ROW_SQL, session_id, tenant_id
+    )
+    return None if record is None else row_of(record)
+
+
+async def list_rows(
+    driver: Driver,
+    tenant_id: str,
+    *,
+    limit: int,
+    after: tuple[datetime, str] | None,
+    metadata: dict[str, Any] | None,
+    parent_id: str | None = None,
+) -> list[SessionRow]:
+    """The tenant's sessions in creation order, after ``after`` (created_at, id);
+    ``metadata``: only those whose metadata holds it; ``parent_id``: its children."""
+    where = ["s.tenant_id = $1"]
+    args: list[object] = [tenant_id]
+    if parent_id is not None:
+        args.append(parent_id)
+        where.append(f"s.parent_id = ${len(args)}")
+    if metadata:
+        args.append(_json(metadata))
+        where.append(f"s.metadata @> ${len(args)}::jsonb")
+    if after is not None:
+        args.extend(after)
+        at, sid = f"${len(args) - 1}", f"${len(args)}"
+        where.append(f"(s.created_at > {at} OR (s.created_at = {at} AND s.id > {sid}))")
+    args.append(limit)
+    sql = (
+        f"SELECT {_ROW_COLUMNS} FROM session AS s WHERE {' AND '.join(where)}"
+        f" ORDER BY s.created_at, s.id LIMIT ${len(args)}"
+    )
+    return [row_of(r) for r in await driver.fetch(sql, *args)]
+
+
+def _json(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
+_FAMILY_TAKEN_SQL = "SELECT 1 FROM branch WHERE session_id = $1 AND tenant_id = $2 LIMIT 1"
+
+_INSERT_SQL = f"""
+INSERT INTO session AS s (id, tenant_id, family_id, parent_id, path_branches, path_ends, model,
+    context_window, max_output_tokens, input_limit, config, metadata, version, next_seq,
+    entry_count, stored_tokens, context_tokens, context_tool_tokens, context_start_seq,
+    calibration_factor, overhead_tokens, compaction_count, pruned_tokens, prune_count,
+    usage_count, compaction_failures, pinned_seqs)
+VALUES ($1, $2, $3, $4, ARRAY[{tree.ROOT_BRANCH}]::bigint[], '{{}}'::bigint[], $5, $6, $7, $8,
+    $9::jsonb, $10::jsonb, 1, 1, 0, 0, 0, 0, 1, 1.0, 0, 0, 0, 0, 0, 0, '{{}}'::bigint[])
+RETURNING {_ROW_COLUMNS}
+"""
+_ROOT_BRANCH_SQL = f"""
+INSERT INTO branch (session_id, tenant_id, branch_id, owner_id, parent_branch, fork_seq,
+    path_branches, path_ends)
+VALUES ($1, $2, {tree.ROOT_BRANCH}, $3, NULL, 0, ARRAY[{tree.ROOT_BRANCH}]::bigint[],
+    '{{}}'::bigint[])
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewSession:
+    """A session to create: what its creator gives."""
+
+    id: str
+    parent_id: str | None
+    model: str
+    context_window: int | None
+    max_output_tokens: int | None
+    input_limit: int | None
+    config: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+async def family_taken(driver: Driver, tenant_id: str, session_id: str) -> bool:
+    """Whether a family still stores entries under ``session_id`` (a session of that id
+    was deleted while a fork of it lives)."""
+    return await driver.fetchval(_FAMILY_TAKEN_SQL, session_id, tenant_id) is not None
+
+
+async def insert(driver: Driver, tenant_id: str, new: NewSession, family_id: str) -> SessionRow:
+    """A new session, empty, and the root branch of its family ``family_id`` (its own
+    id, unless a family still stores entries under that). Raises asyncpg's
+    IntegrityConstraintViolationError when the id is taken or the parent is gone."""
+    record = await driver.fetchrow(
+        _INSERT_SQL,
+        new.id,
+        tenant_id,
+        family_id,
+        new.parent_id,
+        new.model,
+        new.context_window,
+        new.max_output_tokens,
+        new.input_limit,
+        _json(new.config),
+        _json(new.metadata),
+    )
+    assert record is not None  # an INSERT … RETURNING of one row
+    await driver.execute(_ROOT_BRANCH_SQL, family_id, tenant_id, new.id)
+    return row_of(record)
+
+
+# A fork: the source's settings, calibration and overhead; its own counters, from zero.
+_FORK_SQL = """
+INSERT INTO session (id, tenant_id, family_id, model, context_window, max_output_tokens,
+    input_limit, config, metadata, version, next_seq, entry_count, stored_tokens,
+    context_tokens, context_tool_tokens, context_start_seq, calibration_factor,
+    overhead_tokens, compaction_count, pruned_tokens, prune_count, usage_count,
+    compaction_failures, path_branches, path_ends, created_at, updated_at, parent_id)
+SELECT $3, tenant_id, family_id, model, context_window, max_output_tokens, input_limit, config,
+    coalesce($4::jsonb, metadata), 1, 1, 0, 0, 0, 0, 1, calibration_factor, overhead_tokens,
+    0, 0, 0, 0, 0, $5::bigint[], $6::bigint[], $7, $7, $8
+FROM session WHERE id = $1 AND tenant_id = $2
+"""
+
+
+async def insert_fork(
+    driver: Driver,
+    tenant_id: str,
+    source_id: str,
+    new_id: str,
+    *,
+    metadata: dict[str, Any] | None,
+    path: tree.Prefix,
+    now: datetime,
+    parent_id: str | None,
+) -> None:
+    """A new session of the source's family at ``path`` (its prefix up to the fork
+    point): the source's settings, calibration and overhead, ``metadata`` unless None;
+    its own counters from zero. Raises asyncpg's UniqueViolationError when the id is
+    taken."""
+    await driver.execute(
+        _FORK_SQL,
+        source_id,
+        tenant_id,
+        new_id,
+        None if metadata is None else _json(metadata),
+        list(path.branches),
+        list(path.ends),
+        now,
+        parent_id,
+    )
+
+
+def settings_changed(row: SessionRow, before: SessionRow) -> list[str]:
+    """The columns of ``row`` that differ from ``before``: its settings, metadata
+    and totals."""
+    names = (*SETTINGS_FIELDS, "metadata", *WRITTEN_FIELDS)
+    return [n for n in names if getattr(row, n) != getattr(before, n)]
+
+
+async def write_row(
+    driver: Driver, tenant_id: str, row: SessionRow, before: SessionRow, now: datetime
+) -> None:
+    """Write what changed in ``row`` since ``before`` (read locked in the caller's
+    transaction), and ``updated_at = now``."""
+    names = settings_changed(row, before)
+    values: list[object] = [
+        _json(getattr(row, n)) if n in _JSONB else getattr(row, n) for n in names
+    ]
+    row.updated_at = now
+    sets = set_clause((*names, "updated_at"), 3)
+    await driver.execute(
+        f"UPDATE session SET {sets} WHERE id = $1 AND tenant_id = $2",
+        row.id,
+        tenant_id,
+        *values,
+        now,
+    )
+
+
 # How far other live sessions of the family reach into each branch a deleted session
 # wrote: what lies beyond, on those branches, no one reaches any more.
 _TRIM_SQL = """
@@ -289,118 +483,58 @@ WITH reach AS (
     JOIN branch AS o ON o.session_id = b.session_id AND o.tenant_id = b.tenant_id
         AND b.branch_id = ANY(o.path_branches)
     JOIN session AS s ON s.id = o.owner_id AND s.tenant_id = o.tenant_id
-        AND s.family_id = :family AND s.id <> :sid
-    WHERE b.session_id = :family AND b.tenant_id = :tenant AND b.owner_id = :sid
+        AND s.family_id = $1 AND s.id <> $3
+    WHERE b.session_id = $1 AND b.tenant_id = $2 AND b.owner_id = $3
     GROUP BY b.branch_id
 )
 DELETE FROM {table} AS x USING reach AS r
-WHERE x.session_id = :family AND x.tenant_id = :tenant AND x.branch = r.branch_id
+WHERE x.session_id = $1 AND x.tenant_id = $2 AND x.branch = r.branch_id
     AND x.{seq} > r.last
 """.replace("{open}", str(tree.OPEN))
+_TRIM_ENTRIES_SQL = _TRIM_SQL.format(table="entry", seq="seq")
+_TRIM_CALLS_SQL = _TRIM_SQL.format(table="tool_call", seq="call_seq")
 # A deleted session's branches that stay belong to no session: a new session that
 # takes its id (a fork of the family) writes none of them.
 _DISOWN_SQL = """
 UPDATE branch SET owner_id = ''
-WHERE session_id = :family AND tenant_id = :tenant AND owner_id = :sid
+WHERE session_id = $1 AND tenant_id = $2 AND owner_id = $3
 """
+# The branches of the family that the other sessions of it reach (their paths).
+_REACHED_SQL = """
+SELECT b.path_branches FROM branch AS b
+JOIN session AS s ON s.id = b.owner_id AND s.tenant_id = b.tenant_id
+WHERE b.session_id = $1 AND b.tenant_id = $2 AND s.family_id = $1 AND s.id <> $3
+"""
+_DOOMED_SQL = """
+SELECT branch_id FROM branch
+WHERE session_id = $1 AND tenant_id = $2 AND NOT (branch_id = ANY($3::bigint[]))
+"""
+_DELETE_OWN_SQL = tuple(
+    f"DELETE FROM {table} WHERE session_id = $1 AND tenant_id = $2"
+    for table in ("prune_mark", "event")
+)
+_DELETE_ORPHANS_SQL = tuple(
+    f"DELETE FROM {table} WHERE session_id = $1 AND tenant_id = $2 AND {column} = ANY($3::bigint[])"
+    for table, column in (("entry", "branch"), ("tool_call", "branch"), ("branch", "branch_id"))
+)
+_DELETE_SQL = "DELETE FROM session WHERE id = $1 AND tenant_id = $2 RETURNING id"
 
 
-class SessionRepository:
-    """Sessions through the ORM, for the requests that manage them (create,
-    read, list, change, delete); the hot paths use :class:`Unit` instead."""
-
-    def __init__(self, db: AsyncSession, tenant_id: str) -> None:
-        self.db = db
-        self.tenant_id = tenant_id
-
-    async def get(self, session_id: str, *, for_update: bool = False) -> Session | None:
-        stmt = select(Session).where(Session.id == session_id, Session.tenant_id == self.tenant_id)
-        if for_update:
-            stmt = stmt.with_for_update().execution_options(populate_existing=True)
-        return (await self.db.execute(stmt)).scalar_one_or_none()
-
-    async def add(self, session: Session) -> None:
-        self.db.add(session)
-        await self.db.flush()
-
-    async def list(
-        self,
-        *,
-        limit: int,
-        after: tuple[datetime, str] | None,
-        metadata: dict[str, Any] | None,
-        parent_id: str | None = None,
-    ) -> list[Session]:
-        stmt = select(Session).where(Session.tenant_id == self.tenant_id)
-        if parent_id is not None:
-            stmt = stmt.where(Session.parent_id == parent_id)
-        if metadata:
-            stmt = stmt.where(Session.metadata_.contains(metadata))
-        if after is not None:
-            created_at, sid = after
-            stmt = stmt.where(
-                or_(
-                    Session.created_at > created_at,
-                    and_(Session.created_at == created_at, Session.id > sid),
-                )
-            )
-        stmt = stmt.order_by(tuple_(Session.created_at, Session.id)).limit(limit)
-        return list((await self.db.execute(stmt)).scalars())
-
-    async def delete(self, session_id: str, family_id: str) -> bool:
-        """The session and everything of it: the tables with a foreign key go by
-        cascade; prune marks (which have none) here, and the entries, calls and
-        branches of its family that no other session of it reaches (a fork's
-        path runs through the session it was made from), in the same transaction."""
-        await self.db.execute(
-            delete(PruneMark).where(
-                PruneMark.session_id == session_id, PruneMark.tenant_id == self.tenant_id
-            )
-        )
-        await self.db.execute(
-            delete(Event).where(Event.session_id == session_id, Event.tenant_id == self.tenant_id)
-        )
-        reached = (
-            select(Branch.path_branches)
-            .join(
-                Session, (Session.id == Branch.owner_id) & (Session.tenant_id == Branch.tenant_id)
-            )
-            .where(
-                Branch.session_id == family_id,
-                Branch.tenant_id == self.tenant_id,
-                Session.family_id == family_id,
-                Session.id != session_id,
-            )
-        )
-        kept = {b for (path,) in await self.db.execute(reached) for b in path}
-        doomed = (
-            select(Branch.branch_id)
-            .where(Branch.session_id == family_id, Branch.tenant_id == self.tenant_id)
-            .where(Branch.branch_id.not_in(kept) if kept else true())
-        )
-        orphans = [b for (b,) in await self.db.execute(doomed)]
-        # The session's branches that others still reach (a fork's path runs through
-        # them) stay, as far as they reach them; from now on no session writes them.
-        params = {"family": family_id, "tenant": self.tenant_id, "sid": session_id}
-        for name, seq in (("entry", "seq"), ("tool_call", "call_seq")):
-            await self.db.execute(text(_TRIM_SQL.format(table=name, seq=seq)), params)
-        await self.db.execute(text(_DISOWN_SQL), params)
-        if orphans:
-            for table, column in (
-                (Entry, Entry.branch),
-                (ToolCall, ToolCall.branch),
-                (Branch, Branch.branch_id),
-            ):
-                await self.db.execute(
-                    delete(table).where(
-                        table.session_id == family_id,
-                        table.tenant_id == self.tenant_id,
-                        column.in_(orphans),
-                    )
-                )
-        result = await self.db.execute(
-            delete(Session)
-            .where(Session.id == session_id, Session.tenant_id == self.tenant_id)
-            .returning(Session.id)
-        )
-        return result.scalar_one_or_none() is not None
+async def delete(driver: Driver, tenant_id: str, session_id: str, family_id: str) -> bool:
+    """The session and everything of it, in the caller's transaction: the tables with
+    a foreign key go by cascade; prune marks and events (which have none) here, and the
+    entries, calls and branches of its family that no other session of it reaches (a
+    fork's path runs through the session it was made from)."""
+    for sql in _DELETE_OWN_SQL:
+        await driver.execute(sql, session_id, tenant_id)
+    reached = await driver.fetch(_REACHED_SQL, family_id, tenant_id, session_id)
+    kept = sorted({b for r in reached for b in r["path_branches"]})
+    orphans = [r["branch_id"] for r in await driver.fetch(_DOOMED_SQL, family_id, tenant_id, kept)]
+    # The session's branches that others still reach (a fork's path runs through
+    # them) stay, as far as they reach them; from now on no session writes them.
+    for sql in (_TRIM_ENTRIES_SQL, _TRIM_CALLS_SQL, _DISOWN_SQL):
+        await driver.execute(sql, family_id, tenant_id, session_id)
+    if orphans:
+        for sql in _DELETE_ORPHANS_SQL:
+            await driver.execute(sql, family_id, tenant_id, orphans)
+    return await driver.fetchval(_DELETE_SQL, session_id, tenant_id) is not None

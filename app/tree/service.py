@@ -1,7 +1,8 @@
 """Moving in a session's tree: the tree as a page, navigation (at once, or once a
 branch summary is written), forks. The path arithmetic is app.engine.tree's; the
-SQL is app.store.branches' and app.store.log's. A move recounts the new path's
-context from its window (app.engine.accounting.ledger.PathMoved): never a walk of the history.
+SQL is the store's (app.store.branches, log, session_row, idempotency). A move recounts
+the new path's context from its window (app.engine.accounting.ledger.PathMoved): never
+a walk of the history.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import base64
 import hashlib
 import re
-import types
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +30,7 @@ from app.core.outbound import Lane
 from app.engine.tree import OPEN, Prefix
 from app.engine.tree import Path as TreePath
 from app.sessions import service as sessions
-from app.store import branches, events
+from app.store import branches, events, idempotency, session_row
 from app.store.log import LogRepository, OnPath
 from app.store.session_row import SessionState, Unit, locked, read_state
 from app.store.webhooks import WebhookRow
@@ -46,27 +46,6 @@ from app.tree.schemas import (
 
 BRANCH_SUMMARY = "branch_summary"
 
-_IDEMPOTENT_SQL = """
-SELECT request_hash, status_code, response::text AS response FROM idempotency_record
-WHERE session_id = $1 AND tenant_id = $2 AND key = $3
-"""
-_KEEP_IDEMPOTENT_SQL = """
-INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code, response)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb)
-"""
-_SESSION_SQL = "SELECT * FROM session WHERE id = $1 AND tenant_id = $2"
-# A fork: the source's settings, calibration and overhead; its own counters, from zero.
-_FORK_SQL = """
-INSERT INTO session (id, tenant_id, family_id, model, context_window, max_output_tokens,
-    input_limit, config, metadata, version, next_seq, entry_count, stored_tokens,
-    context_tokens, context_tool_tokens, context_start_seq, calibration_factor,
-    overhead_tokens, compaction_count, pruned_tokens, prune_count, usage_count,
-    compaction_failures, path_branches, path_ends, created_at, updated_at, parent_id)
-SELECT $3, tenant_id, family_id, model, context_window, max_output_tokens, input_limit, config,
-    coalesce($4::jsonb, metadata), 1, 1, 0, 0, 0, 0, 1, calibration_factor, overhead_tokens,
-    0, 0, 0, 0, 0, $5::bigint[], $6::bigint[], $7, $7, $8
-FROM session WHERE id = $1 AND tenant_id = $2
-"""
 # The source's prune marks in the fork's window: the fork's context is the source's
 # as it was at that entry, outputs hidden as they were.
 _COPY_MARKS_SQL = """
@@ -116,13 +95,10 @@ def on_path(path: TreePath, leaf_seq: int, branch: int, seq: int) -> bool:
 
 async def session_document(driver: Driver, tenant_id: str, session_id: str) -> dict[str, Any]:
     """The session as GET /v1/sessions/{id} shows it (JSON-ready), read on ``driver``."""
-    row = await driver.fetchrow(_SESSION_SQL, session_id, tenant_id)
+    row = await session_row.read_row(driver, tenant_id, session_id)
     if row is None:  # pragma: no cover - read under the caller's lock or insert
         raise NotFound(f"session {session_id!r} does not exist")
-    values = dict(row)
-    values["metadata_"] = values.pop("metadata")
-    shown = sessions.to_schema(types.SimpleNamespace(**values))  # type: ignore[arg-type]
-    document: dict[str, Any] = shown.model_dump(mode="json")
+    document: dict[str, Any] = sessions.to_schema(row).model_dump(mode="json")
     return document
 
 
@@ -461,9 +437,7 @@ class TreeService:
             if at_seq > leaf:
                 raise invalid("at_seq", f"the active path ends at seq {leaf}")
             new_id = body.id or f"ses_{uuid.uuid4().hex}"
-            if await driver.fetchval(
-                "SELECT 1 FROM session WHERE id = $1 AND tenant_id = $2", new_id, self.tenant_id
-            ):
+            if await session_row.exists(driver, self.tenant_id, new_id):
                 raise Conflict(f"session {new_id!r} already exists")
             family, path = state.family_id, state.path
             landing = await branches.landing_at(
@@ -472,19 +446,17 @@ class TreeService:
             if landing is None:  # pragma: no cover - every seq of a path has its entry
                 raise invalid("at_seq", f"no entry at seq {at_seq}")
             prefix = path.prefix(at_seq)
-            metadata = None if body.metadata is None else orjson.dumps(body.metadata).decode()
             try:
                 async with driver.transaction():  # a savepoint: the 409 leaves the lock
-                    await driver.execute(
-                        _FORK_SQL,
-                        source_id,
+                    await session_row.insert_fork(
+                        driver,
                         self.tenant_id,
+                        source_id,
                         new_id,
-                        metadata,
-                        list(prefix.branches),
-                        list(prefix.ends),
-                        datetime.now(UTC),
-                        parent_id,
+                        metadata=body.metadata,
+                        path=prefix,
+                        now=datetime.now(UTC),
+                        parent_id=parent_id,
                     )
             except asyncpg.UniqueViolationError:  # a create of the same id came first
                 raise Conflict(f"session {new_id!r} already exists") from None
@@ -523,16 +495,15 @@ class TreeService:
     ) -> tuple[dict[str, Any], int] | None:
         if key is None:
             return None
-        row = await driver.fetchrow(_IDEMPOTENT_SQL, session_id, self.tenant_id, key)
-        if row is None:
+        record = await idempotency.read(driver, self.tenant_id, session_id, key)
+        if record is None:
             return None
-        if row["request_hash"] != digest:
+        if record.request_hash != digest:
             raise UnprocessableContent(
                 f"Idempotency-Key {key!r} was already used with a different request",
                 errors=[{"field": "Idempotency-Key", "detail": "reused with a different request"}],
             )
-        document: dict[str, Any] = orjson.loads(row["response"])
-        return document, row["status_code"]
+        return record.response, record.status_code
 
     async def _keep(
         self,
@@ -544,12 +515,6 @@ class TreeService:
         document: dict[str, Any],
     ) -> None:
         if key is not None:
-            await driver.execute(
-                _KEEP_IDEMPOTENT_SQL,
-                session_id,
-                self.tenant_id,
-                key,
-                digest,
-                status_code,
-                orjson.dumps(document).decode(),
+            await idempotency.keep(
+                driver, self.tenant_id, session_id, key, digest, status_code, document
             )
