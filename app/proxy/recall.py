@@ -194,21 +194,20 @@ async def _answer_recall(
     """Each recall call run as POST …/tool-calls runs it; one round's results hold
     ``recall.result_tokens`` together. Before the last round, the results say so."""
     answered: list[tuple[dict[str, Any], str, bool]] = []
-    async with deps.sessionmaker() as db:
-        tools = ToolCallService(deps.engine, db, deps.tenant_id)
-        share: int | None = None
-        for raw in wanted:
-            try:
-                if share is None:
-                    share = max(
-                        agent_tools.MIN_RESULT_TOKENS,
-                        await tools.result_tokens(call.session_id) // len(wanted),
-                    )
-                ran = await tools.run(call.session_id, raw, share)
-                text, is_error = ran.content, ran.is_error
-            except ProblemError as exc:
-                text, is_error = f"Error: {exc.detail}", True
-            if last:
-                text = f"{text}\n\n{proxy_recall.LAST_ROUND_NOTE}"
-            answered.append((raw, text, is_error))
+    tools = ToolCallService(deps.engine, deps.tenant_id)
+    share: int | None = None
+    for raw in wanted:
+        try:
+            if share is None:
+                share = max(
+                    agent_tools.MIN_RESULT_TOKENS,
+                    await tools.result_tokens(call.session_id) // len(wanted),
+                )
+            ran = await tools.run(call.session_id, raw, share)
+            text, is_error = ran.content, ran.is_error
+        except ProblemError as exc:
+            text, is_error = f"Error: {exc.detail}", True
+        if last:
+            text = f"{text}\n\n{proxy_recall.LAST_ROUND_NOTE}"
+        answered.append((raw, text, is_error))
     return answered
