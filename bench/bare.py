@@ -3,7 +3,7 @@
 One FastAPI route, no middleware, no authentication, no validation beyond the path, on
 uvicorn with the options ``compactd serve`` uses (uvloop, httptools): it runs the very
 statements a context read runs (the session's state and prune marks, then the window's
-rows, from :mod:`app.store.log`) on an asyncpg pool and answers the rows' stored views
+rows, from :mod:`app.store.context_reads`) on an asyncpg pool and answers the rows' stored views
 as one JSON array. What a context read costs beyond it is the service's own work:
 middleware, keys, limits, the window's assembly and the document.
 
@@ -21,7 +21,8 @@ import uvicorn
 from fastapi import FastAPI, Response
 
 from app.core.tenancy import DEFAULT_TENANT
-from app.store.log import _STATE_AND_MARKS_SQL, _WINDOW_SQL, OnPath
+from app.store.context_reads import _STATE_AND_MARKS_SQL, _WINDOW_SQL
+from app.store.paths import OnPath
 from app.store.session_row import state_of
 
 

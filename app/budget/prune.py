@@ -20,7 +20,8 @@ from app.engine.window.prune import PruneSettings, plan_prune
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store import events
-from app.store.log import ErasedRow, LogRepository, OnPath, PrunedRow
+from app.store.log import ErasedRow, LogRepository, PrunedRow
+from app.store.paths import OnPath
 from app.store.session_row import Unit
 
 # What the planner assumes a placeholder costs beyond its text: a typical call id.

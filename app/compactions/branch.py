@@ -24,7 +24,8 @@ from app.engine.compaction.prepare import Plan
 from app.engine.tree import Path, Prefix
 from app.sessions import service as sessions
 from app.store import branches, events
-from app.store.log import LogRepository, OnPath
+from app.store.log import LogRepository
+from app.store.paths import OnPath
 from app.store.session_row import SessionState, Unit
 
 

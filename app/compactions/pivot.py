@@ -38,7 +38,8 @@ from app.engine.search_text import search_text
 from app.engine.window.view import render_view
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
-from app.store.log import LogRepository, NewEntry, OnPath, SourceRow
+from app.store.log import LogRepository, NewEntry, SourceRow
+from app.store.paths import OnPath
 from app.store.session_row import SessionState, Unit
 
 log = logging.getLogger("compactd.compaction")

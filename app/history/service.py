@@ -14,7 +14,7 @@ from app.engine.model import Entry
 from app.history.schemas import Format, HistoryEntry, HistoryPage
 from app.store import history
 from app.store.history import HistoryRow
-from app.store.log import OnPath
+from app.store.paths import OnPath
 from app.store.session_row import read_state
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from app.core.driver import Driver
 from app.engine import tree
 from app.engine.search_text import MARK_END, MARK_START, Query
-from app.store.log import on_path
+from app.store.paths import on_path
 
 # The word-only hits whose similarity to the query is measured (and how much of each
 # text is measured: word_similarity costs about 0.15 ms per 1,000 characters).

@@ -28,7 +28,7 @@ from app.recall.schemas import (
 )
 from app.store import branches
 from app.store import search_index as indexer
-from app.store.log import OnPath
+from app.store.paths import OnPath
 from app.store.session_row import SessionState, read_state
 
 # How many matching entries each source (words, substring) ranks at most: what bounds

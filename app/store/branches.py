@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from app.core.driver import Driver, Record
 from app.engine import tree
-from app.store.log import OnPath, on_path
+from app.store.paths import OnPath, on_path
 
 
 @dataclass(frozen=True, slots=True)

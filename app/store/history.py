@@ -10,7 +10,7 @@ from typing import Any
 
 from app.core.driver import Driver, record_of
 from app.engine import tree
-from app.store.log import OnPath, on_path
+from app.store.paths import OnPath, on_path
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 kept per session, so that the same request sent again gets the same answer.
 
 The append reads and keeps its record inside its own two statements
-(:mod:`app.store.log`); the other writes that take a key (navigation, forks) use
+(:mod:`app.store.append`); the other writes that take a key (navigation, forks) use
 these, in the transaction of the write they answer for.
 """
 
@@ -33,6 +33,10 @@ _KEEP_SQL = """
 INSERT INTO idempotency_record (session_id, tenant_id, key, request_hash, status_code, response)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb)
 """
+_REPLACE_SQL = """
+UPDATE idempotency_record SET response = $4::jsonb
+WHERE session_id = $1 AND tenant_id = $2 AND key = $3
+"""
 
 
 async def read(driver: Driver, tenant_id: str, session_id: str, key: str) -> Record | None:
@@ -62,3 +66,11 @@ async def keep(
         status_code,
         orjson.dumps(document).decode(),
     )
+
+
+async def replace_response(
+    driver: Driver, tenant_id: str, session_id: str, key: str, response_json: str
+) -> None:
+    """The answer kept under ``key`` becomes ``response_json`` (JSON text): an append's,
+    once its prune is in it."""
+    await driver.execute(_REPLACE_SQL, session_id, tenant_id, key, response_json)

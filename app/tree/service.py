@@ -31,7 +31,8 @@ from app.engine.tree import OPEN, Prefix
 from app.engine.tree import Path as TreePath
 from app.sessions import service as sessions
 from app.store import branches, events, idempotency, session_row
-from app.store.log import LogRepository, OnPath
+from app.store.log import LogRepository
+from app.store.paths import OnPath
 from app.store.session_row import SessionState, Unit, locked, read_state
 from app.store.webhooks import WebhookRow
 from app.tree.schemas import (
