@@ -1,89 +1,14 @@
-"""What a compaction must not make the agent forget (docs/how-it-works.md, "The
-continuity gate"): its latest unresolved failure, and the distinctive terms of its task. Pure: entries and text in,
-plain values out; the extractive summarizer and the continuity checks share these rules.
+"""What a compaction must not make the agent forget: its latest unresolved failure, and
+the distinctive terms of its task. Pure: entries and text in, plain values out; the
+extractive summarizer and the continuity checks share these rules.
 
-Failures
---------
-A tool result *failed* when
-
-1. its entry is marked ``is_error``; or
-2. it reports a non-zero exit code in its first or last 300 characters, in one of
-   the shapes agents' tools write: ``<returncode>1</returncode>``, ``exit code 2``,
-   ``Exit code: 1``, ``exit status 1``, ``exited with code 1``, ``Process exited with
-   code 1``, ``returncode=1``, ``return code: 1``, ``[exit 1]``, ``command failed with
-   exit status 1`` (zero is success; a ``<returncode>`` tag wins over the phrases);
-   exit 1 of a search or a comparison (the last command of its pipeline is ``grep``,
-   ``rg``, ``diff``, ``cmp``, ``test``, ...) is "nothing found", not a failure, unless
-   its output holds an error line; or
-3. its output holds a *telling* error line, whatever its exit code (a failing
-   ``pytest ... | tail -50`` exits 0): the exception line that ends a Python
-   traceback, a test runner's failure line (pytest ``FAILED``/``ERROR`` node ids and
-   its ``=== N failed ===`` summary, unittest ``FAIL: test_x (mod.Class)``, jest
-   ``✕``/``FAIL src/...``, Go ``--- FAIL:``/``FAIL pkg``, cargo ``test result:
-   FAILED``), Rust's ``error[E0308]:`` and ``thread 'main' panicked at``, Go's
-   ``panic:``, ``npm ERR!``, compiler and type-checker lines (``x.py:12: error:``),
-   ``error:``/``fatal:``/``ERROR:`` at the start of a line, a patch that did not apply
-   (``patch failed``, ``Hunk #1 FAILED``, ``corrupt``/``malformed``/``Invalid patch``),
-   and ``prog: x: No such file or directory``, ``...: command not found``,
-   ``...: Permission denied``; or
-4. no exit code is reported and the output starts with ``Error:``, ``error:`` or
-   ``ERROR:`` (how tools other than a shell say they failed); or
-5. it is the output of a shell command that ran something (not a look-up: see
-   *Unresolved* below), whatever its exit code, and a line of it says what went
-   wrong the way a program prints it, at the start of the line: an exception and
-   its message (``TypeError: object of type 'X' has no len()``, dotted names too;
-   a caught exception printed, a traceback whose header ``| tail`` cut off, an
-   exception ``| grep`` picked out) or ``Error: <message>`` (``print(f"Error:
-   {e}")``, indented too; not a bare number, ``None`` or ``0``). An indented
-   exception line is not one (a docstring's ``Raises:`` shows them so). The same
-   lines printed by a look-up (``cat``, ``grep``, ``sed -n``...) are the file's
-   text, not a failure.
-
-In a failed result, weaker lines count too: any line that names an exception
-(``KeyError: 'x'``, ``AssertionError``, dotted names such as
-``django.core.exceptions.ImproperlyConfigured: ...`` or
-``java.lang.NullPointerException``, ``Exception in thread "main" ...``), ruff's
-``x.py:1:1: F401`` lines, and a line saying a file is missing or a permission is
-denied. Only the last :data:`SCAN_CHARS` of an output are searched: what went wrong is
-said last.
-
-The lines found are ranked: a test's failure line first, then the exception or error
-message (a traceback's last frame, ``File "x.py", line 3, in f``, right after its
-exception), then a runner's summary, then pytest's frame lines (``x.py:12:
-AssertionError``); ties go to the later line. With none, a failed result is told by
-its first line (a tool error) or its last (a failing command; not the line stating
-the exit code, unless it is all there is).
-
-Unresolved
-----------
-Read from the newest result back, a failure is *resolved* by any later result that
-did not fail and
-
-- ran the same command (its simple commands compared word for word, the filters it
-  pipes its output through — ``| tail -50`` — and its redirections left out); or
-- ran the same check: the same script (``python x.py``, by file name), or a test
-  runner or checker (``pytest``, ``python -m unittest``, ``mypy``, ``ruff``, ``go
-  test``, ``jest``, ...) on the same target or one that contains it (``tests/x.py``
-  contains ``tests/x.py::test_y``, ``tests`` contains ``tests/x.py``), or on no
-  target at all (the whole suite), unless that run was narrowed (``-k``); a run that
-  ran no tests resolves nothing; or
-- is the same tool called on the same file (``str_replace`` on ``a.py``), for tools
-  that are not a shell;
-
-and a failed look-up (a command made only of ``ls``, ``cat``, ``grep``, ``find``,
-``head``, ``git log``, ...: the agent was looking around) is resolved by any later
-result that did not fail. The latest unresolved failure is the newest failure that is
-not resolved; older failures the agent moved on from without fixing are not looked
-for beyond it.
-
-Task terms
-----------
-:func:`task_terms` gives the words of a request that a summary must keep for the
-agent to still know its task: backticked spans, quoted strings, identifiers with
-``_``, ``.``, ``/`` or ``::`` or in camelCase/PascalCase (error names included), file
-names and paths, URLs, long options (``--dry-run``), versions and numbers with a unit;
-in the order they first appear, each once. :func:`clip_keeping_anchors` clips a long
-request by whole lines and keeps those that matter.
+The rules are specified in docs/compaction-heuristics.md, "Failures, unresolved errors
+and task terms": when a tool result failed (an error flag, a non-zero exit code, a
+telling error line, a tool's ``Error:``, a program's printed exception), which of its
+lines say what went wrong and in what order, when a later result resolves a failure
+(the same command, the same check, the same tool on the same file), and what a task
+term is. The shapes of error lines, exit-code phrases and task terms they recognize are
+the tables of :mod:`app.engine.compaction.patterns`.
 """
 
 from __future__ import annotations
@@ -92,16 +17,30 @@ import bisect
 import heapq
 import posixpath
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from app.engine.compaction import patterns
+from app.engine.compaction.patterns import (
+    ERROR_LINES,
+    FALLBACK,
+    FRAME,
+    MESSAGE,
+    SUMMARY,
+    TEST,
+)
 from app.engine.compaction.shell import program_argv, simple_commands
 from app.engine.model import Entry, Part
 
 __all__ = [
+    "FALLBACK",
+    "FRAME",
+    "MESSAGE",
+    "SUMMARY",
+    "TEST",
     "ErrorAnchor",
     "ErrorLine",
     "Outcome",
@@ -120,13 +59,6 @@ SCAN_CHARS = 16_000  # how much of an output's end is searched for error lines
 EDGE_CHARS = 300  # where an exit code is looked for, from either end
 MAX_LINES = 4  # error lines kept per failure
 LABEL_CHARS = 160
-
-# Ranks of error lines: the lower, the more it says.
-TEST = 0  # a test's own failure line: FAILED tests/x.py::test_y - ...
-MESSAGE = 1  # an exception or error message
-SUMMARY = 2  # a runner's summary: === 1 failed, 2 passed ===
-FRAME = 3  # the traceback's last frame
-FALLBACK = 4  # the output's first or last line, when nothing else says what failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,21 +97,16 @@ class ErrorAnchor:
 
 # --- Exit codes ----------------------------------------------------------------------
 
-_RETURNCODE_TAG = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
-_EXIT_PHRASE = re.compile(
-    # Process exited with code 1, command failed with exit status 1
-    r"^\W{0,3}(?:[\w ]{0,40}? )?(?:exited|failed|terminated|finished|returned) with "
-    r"(?:(?:a )?non-?zero )?(?:exit |return )?(?:code|status)[ \t]*[:=]?[ \t]*(-?\d+)"
-    r"(?![\d.])[^\n]{0,40}$"
-    # exit code 2, Exit code: 1, exit status 1, returncode=1, return code: 1, [exit code: 1]
-    r"|^\W{0,3}(?:exit[ _]?(?:code|status)|return[ _]?code|returncode)[ \t]*[:=]?[ \t]*"
-    r"(-?\d+)(?![\d.])[^\n]{0,40}$"
-    # [exit 1]
-    r"|\[exit:?[ \t]*(-?\d+)\]"
-    # CompletedProcess(args=..., returncode=1)
-    r"|\breturncode=(-?\d+)\b",
-    re.I | re.M,
+# The catalogue's rows (:data:`app.engine.compaction.patterns.EXIT_CODES`), each kind
+# searched as one pattern whose one non-empty group is the code.
+_RETURNCODE_TAG = patterns.joined(row for row in patterns.EXIT_CODES if row.yields == "tag")
+_EXIT_PHRASE = patterns.joined(
+    (row for row in patterns.EXIT_CODES if row.yields == "phrase"), flags=patterns.EXIT_CODE_FLAGS
 )
+
+
+def _code(m: re.Match[str]) -> int:
+    return int(next(g for g in m.groups() if g is not None))
 
 
 def exit_code(text: str) -> int | None:
@@ -188,62 +115,24 @@ def exit_code(text: str) -> int | None:
     head, tail = text[:EDGE_CHARS], text[-EDGE_CHARS:]
     for part in (head, tail):
         if m := _RETURNCODE_TAG.search(part):
-            return int(m[1])
+            return _code(m)
     for part in (tail, head):
         found = list(_EXIT_PHRASE.finditer(part))
         if found:
-            return int(next(g for g in found[-1].groups() if g is not None))
+            return _code(found[-1])
     return None
 
 
 # --- Error lines ---------------------------------------------------------------------
 
-_EXCEPTION_NAME = (
-    r"(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Exit|Interrupt|Failure|Fault)"
-)
-_TELLING: tuple[tuple[int, re.Pattern[str]], ...] = (
-    # pytest's short summary and verbose progress, unittest, Go, jest.
-    (TEST, re.compile(r"^(?:FAILED|ERROR) (?!\()\S+(?: - .*)?$")),
-    (TEST, re.compile(r"^\S+::\S+ (?:FAILED|ERROR)\b.*$")),
-    (TEST, re.compile(r"^(?:FAIL|ERROR): \w+ \([\w.]+\).*$")),
-    (TEST, re.compile(r"^--- FAIL: \S+.*$")),
-    (TEST, re.compile(r"^(?:✕|\u00d7) .+$")),
-    # Messages.
-    (MESSAGE, re.compile(r"^E {2,}" + _EXCEPTION_NAME + r"\b(?::.*)?$")),
-    (MESSAGE, re.compile(r"^error(?:\[E\d{4}\])?: .+$")),
-    (MESSAGE, re.compile(r"^thread '[^']*' panicked at.*$")),
-    (MESSAGE, re.compile(r"^(?:panic|fatal error|fatal): .+$")),
-    (MESSAGE, re.compile(r"^npm ERR! .+$")),
-    (MESSAGE, re.compile(r"^(?:collecting \.\.\. )?ERROR: .+$")),
-    (MESSAGE, re.compile(r"^Exception in thread \S+ .+$")),
-    (MESSAGE, re.compile(r"^[^\s:][^:\n]*:\d+(?::\d+)?: (?:fatal )?error: .+$")),
-    (
-        MESSAGE,
-        re.compile(
-            r"^.*(?:\bpatch failed\b|\bcorrupt patch\b|\bmalformed patch\b|\binvalid patch\b"
-            r"|\bpatch does not apply\b|^Hunk #\d+ FAILED\b|can't find file to patch).*$",
-            re.I,
-        ),
-    ),
-    (MESSAGE, re.compile(r"^[\w./\[\]-]+: (?:.*: )?(?:command not found|Permission denied)$")),
-    (MESSAGE, re.compile(r"^[\w./\[\]-]+: .*No such file or directory.*$")),
-    # Summaries.
-    (SUMMARY, re.compile(r"^=+ .*\b\d+ (?:failed|errors?)\b.* =+$")),
-    (SUMMARY, re.compile(r"^FAILED \((?:failures|errors)=\d+.*$")),
-    (SUMMARY, re.compile(r"^test result: FAILED\b.*$")),
-    (SUMMARY, re.compile(r"^FAIL(?:[ \t]+\S.*)?$")),
-    (SUMMARY, re.compile(r"^Tests?: .*\b\d+ failed\b.*$")),
-)
-# Lines that count only in a result that failed.
-_DOTTED_EXCEPTION = re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*(?:: .*)?$")
-_RUFF_LINE = re.compile(r"^[^\s:]+:\d+:\d+: [A-Z]{1,4}\d{2,4}\b.*$")
-_WEAK: tuple[tuple[int, re.Pattern[str]], ...] = (
-    (MESSAGE, re.compile(r"^(?:Uncaught )?" + _EXCEPTION_NAME + r"\b(?::.*)?$")),
-    (MESSAGE, _DOTTED_EXCEPTION),
-    (MESSAGE, re.compile(r"^Caused by: \S+.*$")),
-    (MESSAGE, _RUFF_LINE),
-    (MESSAGE, re.compile(r"^.*\b(?:No such file or directory|Permission denied)\b.*$")),
-    (SUMMARY, re.compile(r"^Found \d+ errors?\b.*$")),
+# The catalogue's rows (:data:`app.engine.compaction.patterns.ERROR_LINES`) as tried:
+# those that tell a failure alone first, each as (match, rank, alone).
+_Row = tuple[Callable[[str], re.Match[str] | None], int, bool]
+_ORDERED = sorted(ERROR_LINES, key=lambda row: not row.yields.alone)
+_ROWS: tuple[_Row, ...] = tuple((r.pattern.match, r.yields.rank, r.yields.alone) for r in _ORDERED)
+# The rows tried on a line that holds none of the keywords.
+_UNKEYED_ROWS: tuple[_Row, ...] = tuple(
+    (r.pattern.match, r.yields.rank, r.yields.alone) for r in _ORDERED if r.name in patterns.UNKEYED
 )
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^File "[^"\n]+", line \d+(?:, in .+)?$')
@@ -251,7 +140,7 @@ _PYTEST_FRAME = re.compile(r"^[^\s:]+\.py:\d+: \w+$")
 _EXCEPTION_CLOSING = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
 # Rule 5: what a program prints when something went wrong, at the start of a line.
 _PRINTED_ERROR = re.compile(
-    r"^(?:" + _EXCEPTION_NAME + r"|(?:[a-z_]\w*\.)+[A-Z]\w*|[ \t]+Error): "
+    r"^(?:" + patterns.EXCEPTION_NAME + r"|(?:[a-z_]\w*\.)+[A-Z]\w*|[ \t]+Error): "
     r"(?!(?:[-+]?[\d.,]+(?:[eE][-+]?\d+)?%?|None|null|nil|false|False|-)?\s*$)\S.*$",
     re.M,
 )
@@ -262,15 +151,7 @@ _NO_TESTS = re.compile(r"^=+ (?:no tests ran|.*\b0 items\b).*=+$|^collected 0 it
 _QUIET_ONE = frozenset(
     {"grep", "egrep", "fgrep", "rg", "ag", "ack", "diff", "cmp", "test", "[", "[["}
 )
-# Every telling error line holds one of these: an output without any is skipped, and
-# only the lines holding one are matched against the patterns (``str.find`` is fast).
-_KEYWORDS = (
-    "rror", "ERR", "xception", "FAIL", "fail", "Fail", "panic", "fatal", "Exit",
-    "Interrupt", "Fault", "✕", "\u00d7", "patch", "Patch", "PATCH", "Hunk", "not found",
-    "denied", "No such file",
-)  # fmt: skip
-# Weak lines that may hold none of them: ``pkg.mod.SomeProblem: ...``, ruff's codes.
-_UNKEYED = (_DOTTED_EXCEPTION, _RUFF_LINE)
+_KEYWORDS = patterns.KEYWORDS
 
 
 def _has_keyword(text: str) -> bool:
@@ -283,17 +164,9 @@ def error_line_kind(line: str, *, failed: bool = True) -> int | None:
     text = line.strip()
     if not text:
         return None
-    if not _has_keyword(text):
-        if failed and any(p.match(text) for p in _UNKEYED):
-            return MESSAGE
-        return None
-    for rank, pattern in _TELLING:
-        if pattern.match(text):
+    for match, rank, alone in _ROWS if _has_keyword(text) else _UNKEYED_ROWS:
+        if (alone or failed) and match(text):
             return rank
-    if failed:
-        for rank, pattern in _WEAK:
-            if pattern.match(text):
-                return rank
     return None
 
 
@@ -335,7 +208,7 @@ def _sort_key(position: int, line: ErrorLine, frame_of: int | None) -> tuple[int
 
 
 def _scan(text: str, failed: bool) -> list[ErrorLine]:
-    """The error lines of ``text``'s end, most telling first (see the module's docstring).
+    """The error lines of ``text``'s end, most telling first (docs/compaction-heuristics.md).
 
     Looking for the telling lines only (``failed`` False, the common case), just the
     lines that hold one of :data:`_KEYWORDS` are matched, found with ``str.find``."""
@@ -407,7 +280,7 @@ def _content_lines(text: str) -> list[str]:
 
 
 def outcome(text: str, *, is_error: bool = False, command: str | None = None) -> Outcome:
-    """How a tool result whose output is ``text`` went (see the module's docstring).
+    """How a tool result whose output is ``text`` went (docs/compaction-heuristics.md).
     ``command`` is the shell command that produced it, if any."""
     code = exit_code(text)
     telling = _scan(text, failed=False)
@@ -786,8 +659,8 @@ def failures(entries: Sequence[Entry], limit: int | None = None) -> list[ErrorAn
 def unresolved_errors(
     entries: Sequence[Entry], limit: int = 1, cache: Outcomes | None = None
 ) -> list[ErrorAnchor]:
-    """The failures of ``entries`` that no later result resolves (see the module's
-    docstring), newest first, at most ``limit``. Reads from the newest result back and
+    """The failures of ``entries`` that no later result resolves
+    (docs/compaction-heuristics.md), newest first, at most ``limit``. Reads from the newest result back and
     stops there; ``cache`` as for :func:`iter_failures`."""
     calls = _calls(entries)
     resolver = _Resolver()
@@ -806,8 +679,8 @@ def unresolved_errors(
 def latest_unresolved_error(
     entries: Sequence[Entry], cache: Outcomes | None = None
 ) -> ErrorAnchor | None:
-    """The newest failure of ``entries`` that no later result resolves (see the
-    module's docstring), or None."""
+    """The newest failure of ``entries`` that no later result resolves
+    (docs/compaction-heuristics.md), or None."""
     found = unresolved_errors(entries, 1, cache)
     return found[0] if found else None
 
@@ -826,19 +699,7 @@ def is_resolved(command: str, entries: Sequence[Entry], cache: Outcomes | None =
 
 # --- Task terms ----------------------------------------------------------------------
 
-_TERM = re.compile(
-    r"`(?P<tick>[^`\n]{2,120})`"
-    r"|\"(?P<dq>[^\"\n]{3,120})\""
-    r"|\u201c(?P<cq>[^\u201d\n]{3,120})\u201d"
-    r"|(?<![\w'])'(?P<sq>[^'\n]{3,120})'(?![\w'])"
-    r"|(?P<url>https?://[^\s<>()\[\]`'\"]+)"
-    r"|(?P<opt>(?<![\w-])--[A-Za-z][\w-]+)"
-    r"|(?P<issue>(?<![\w&])#\d{2,})"
-    r"|(?P<version>(?<![\w.])(?:v\d+(?:\.\d+){1,3}|\d+(?:\.\d+){2,3})(?:[a-z]+\d*)?(?![\w.]))"
-    r"|(?P<number>(?<![\w.])\d+(?:\.\d+)?[ \u00a0]?"
-    r"(?:ms|µs|ns|s|sec|min|h|KB|MB|GB|TB|KiB|MiB|GiB|kb|mb|gb|px|em|rem|%|k|M)(?![\w]))"
-    r"|(?P<word>(?:[A-Za-z_~/.][\w~/.:-]*[\w/])|(?:[A-Za-z_]\w*))"
-)
+_TERM = patterns.joined(patterns.TASK_TERMS)
 _CAMEL = re.compile(r"[a-z][A-Z]|[A-Z]{2,}[a-z]{2,}")
 _ABBREVIATIONS = frozenset({"e.g", "i.e", "etc", "a.m", "p.m", "vs", "n/a", "and/or"})
 
@@ -858,7 +719,7 @@ def _word_is_term(word: str) -> bool:
 
 
 def task_terms(text: str) -> list[str]:
-    """The distinctive terms of a request (see the module's docstring), each once, in
+    """The distinctive terms of a request (docs/compaction-heuristics.md), each once, in
     the order they first appear."""
     terms: list[str] = []
     for m in _TERM.finditer(text):

@@ -1,49 +1,12 @@
-"""What a compaction drops (docs/how-it-works.md, "Compaction"): an index of the specifics the entries it
-summarizes held, so that a user or an agent can see what left the context.
+"""What a compaction drops: an index of the specifics the entries it summarizes held
+(paths, commands, errors, identifiers, numbers, URLs), so that a user or an agent can
+see what left the context.
 
-:func:`index` gives, for each kind, how many distinct values the entries hold and the
-first of them in the order they first appear:
-
-- ``paths``: the files the tool calls read and modified (:func:`app.engine.compaction.fileops.collect`),
-  wherever the entries name them as written, and the tokens that look like paths:
-  absolute or ``./``, ``../``, ``~/`` ones, ``a/b.py`` (a last part with an extension),
-  ``a/b/c``, a file name with a known extension (``temperature.py``; not ``np.log(``,
-  nor ``self.json``), a dotfile (``.gitignore``) and the usual names (``Makefile``);
-- ``commands``: the command lines of the shell tool calls (the arguments' ``command``,
-  ``cmd`` or ``script``, as :func:`app.engine.compaction.anchors.command_of` finds them; an argv
-  list is its words joined with spaces), split as a shell splits lines: by unquoted
-  newlines, a line ending with ``\\``, ``&&``, ``||`` or ``|`` going on to the next, the
-  bodies of here-documents left out, comments and bare keywords (``fi``) skipped; a line
-  counts when :func:`app.engine.compaction.shell.simple_commands` finds a program in it;
-- ``errors``: the lines that say what went wrong in the tool results that failed and in
-  the user's messages (an error pasted), as :func:`app.engine.compaction.anchors.outcome` finds
-  them, in the order they are written (a command's last line, picked only for want of
-  an error line, is not one; a tool error's first line is);
-- ``identifiers``: snake_case, camelCase and PascalCase names with an inner capital
-  (``TypeError``), dotted names (``os.path.join``; not ``e.g``, not a host name) and
-  ``a::b`` paths, not plain words; from text, tool outputs and the arguments' string
-  values (never their keys);
-- ``numbers``: the specific ones only: versions (``v1.2``, ``1.2.3``, ``==1.24``), hosts
-  with a port (``localhost:8080``) and ports named (``--port 8080``), ids (``#123``,
-  ``pid 42``, git hashes, UUIDs, integers of six digits or more) and measurements with a
-  unit (``250 ms``, ``1.5 GB``, ``12,000 tokens``, ``95%``); never a bare small integer;
-- ``urls``: ``http(s)``, ``ws(s)``, ``ftp`` and ``file`` URLs, trailing punctuation
-  left out.
-
-Every value is written in the entries as it is (a text part, a tool output, or a string
-the arguments hold), cut to :data:`VALUE_CHARS` at most; values holding a NUL or a lone
-surrogate are left out (no JSON column could store them).
-
-Bounded: all the entries are read up to :data:`TOTAL_CHARS` characters, the small ones
-whole and the others an equal share of what is left, within :data:`MIN_ENTRY_CHARS` and
-:data:`ENTRY_CHARS` (a long text: its head and its end, in whole lines); a command is
-split within :data:`COMMAND_CHARS`. ``truncated`` says when something was left unread,
-and then the counts are those of what was read. The patterns that search a text have
-bounded repetitions only, or a run of one class that ends the match; the word pattern
-is tried once per word (it starts after a separator) and reads it to its end and back
-at most: the work is linear in what is read. The file operations are those the caller
-collected (the plan has), or :func:`~app.engine.compaction.fileops.collect`'s, which reads every
-call. Pure and deterministic: the same entries give the same index.
+The rules are specified in docs/compaction-heuristics.md, "What a compaction drops":
+what each kind counts, how values are written and cut, and how reading is bounded
+(:data:`TOTAL_CHARS` in all, :data:`ENTRY_CHARS` of an entry, linear patterns). The
+shapes of numbers are the tables of :mod:`app.engine.compaction.patterns`. Pure and
+deterministic: the same entries give the same index.
 """
 
 from __future__ import annotations
@@ -56,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from app.engine.compaction import patterns
 from app.engine.compaction.anchors import FALLBACK, command_of, outcome
 from app.engine.compaction.fileops import PATH_KEYS, FileOps, collect
 from app.engine.compaction.shell import program_argv, simple_commands
@@ -195,43 +159,11 @@ def _is_identifier(word: str) -> bool:
 
 # --- Numbers and URLs ---------------------------------------------------------------------
 
-_UNITS = (
-    r"ms|µs|us|ns|s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?|days?"
-    r"|[KMGTP]i?B|[kKMGT]b|bytes?|tokens?|chars?|characters"
-    r"|%|px|rem|em|[kMG]?Hz|rps|qps"
-)
-# Each pattern starts with one character (a digit; a letter or a sign) and checks what
-# comes before it after it: so the search skips, at C speed, what cannot start one.
-_DIGIT_FIRST = re.compile(
-    r"\d(?<![\w.,:#]\d)(?:"
-    r"(?P<uuid>(?<!-\d)[0-9a-fA-F]{7}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}(?![\w-]))"
-    r"|(?P<host>(?<!-\d)\d{0,2}(?:\.\d{1,3}){3}:\d{2,5}(?![\w.]))"
-    r"|(?P<version>\d{0,5}(?:\.\d{1,6}){2,3}(?:(?:a|b|rc|alpha|beta|dev|post|pre)\d{0,4})?"
-    r"(?![\w.]))"
-    r"|(?P<unit>\d{0,14}(?:,\d{3}){0,6}(?:\.\d{1,10})?[ \u00a0]?(?:" + _UNITS + r")(?:/s)?"
-    r"(?![\w%/]))"
-    r"|(?P<hex>(?<!-\d)[0-9a-f]{6,39}(?![\w-]))"
-    r"|(?P<long>(?<!-\d)\d{5,18}(?![\w.,]))"
-    r"|(?P<pin>\d{0,5}\.\d{1,6}(?![\w.]))"
-    r")"
-)
-_SIGN_FIRST = re.compile(
-    r"v(?<![\w.]v)\d{1,6}(?:\.\d{1,6}){1,3}(?:(?:a|b|rc|alpha|beta|dev|post|pre)\d{0,4})?"
-    r"(?![\w.])"
-    r"|l(?<![\w.:-]l)ocalhost:\d{2,5}(?![\w.])"
-    r"|\[(?<![\w.:-]\[)::1?\]:\d{2,5}(?![\w.])"
-    r"|-(?<![\w-]-)-port[ =]{1,3}\d{2,5}(?![\w.])"
-    r"|P(?<![\w-]P)(?:ORT[ =:]{1,3}\d{2,5}|ort[ =:]{1,3}\d{2,5}|ID[ =:#]{1,3}\d{1,19})(?![\w.])"
-    r"|p(?<![\w-]p)(?:ort[ =:]{1,3}\d{2,5}|id[ =:#]{1,3}\d{1,19})(?![\w.])"
-    r"|i(?<![\w-]i)d[ =:#]{1,3}\d{1,19}(?![\w.])"
-    r"|I(?<![\w-]I)D[ =:#]{1,3}\d{1,19}(?![\w.])"
-    r"|#(?<![\w#&]#)\d{1,9}(?!\w)"
-)
-_HEX_FIRST = re.compile(
-    r"[a-fA-F](?<![\w-][a-fA-F])"
-    r"(?:(?P<uuid>[0-9a-fA-F]{7}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})|(?P<hex>[0-9a-f]{6,39}))"
-    r"(?![\w-])"
-)
+# The catalogue of number shapes (:data:`app.engine.compaction.patterns.NUMBERS`), each
+# table searched as one pattern.
+_DIGIT_FIRST = patterns.joined(patterns.DIGIT_FIRST, patterns.DIGIT_FIRST_PREFIX)
+_SIGN_FIRST = patterns.joined(patterns.SIGN_FIRST)
+_HEX_FIRST = patterns.HEX_FIRST.pattern
 
 
 def _measured(value: str) -> bool:
@@ -249,7 +181,7 @@ _URL = re.compile(r"(?:https?|wss?|ftp|file)://[^\s<>\"'`(){}\[\]|\\^]+")
 
 
 def _numbers(text: str) -> Iterator[tuple[int, str]]:
-    """The specific numbers of ``text`` with where they start (see the module's docstring)."""
+    """The specific numbers of ``text`` with where they start (docs/compaction-heuristics.md)."""
     for m in _DIGIT_FIRST.finditer(text):
         value, kind = m[0], m.lastgroup
         if kind == "pin" and not _pinned(text, m.start()):
@@ -287,7 +219,7 @@ def _skip_heredoc(script: str, i: int, delimiter: str, strip_tabs: bool) -> int:
 
 
 def command_lines(script: str) -> list[str]:
-    """The command lines of ``script`` as written (see the module's docstring)."""
+    """The command lines of ``script`` as written (docs/compaction-heuristics.md)."""
     script = script[:COMMAND_CHARS]
     raw: list[str] = []  # raw pieces of ``script``: each value is a substring of it
     pending: list[tuple[str, bool]] = []
@@ -552,7 +484,7 @@ def _entry_share(sizes: Sequence[int]) -> int:
 def index(
     entries: Sequence[Entry], *, first: int = FIRST, files: FileOps | None = None
 ) -> dict[str, Any]:
-    """What ``entries`` name, by kind (see the module's docstring): for each of
+    """What ``entries`` name, by kind (docs/compaction-heuristics.md): for each of
     :data:`KINDS`, ``{"count": distinct values, "first": the first ``first`` of them in
     the order they appear}``; and ``truncated``, when some text was left unread.
 

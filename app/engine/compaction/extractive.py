@@ -1,57 +1,12 @@
 """The extractive summary: a structured summary built from the history, no model.
 
-Used when no summarizer model is configured or when it fails: quotes,
-commands and errors picked out of the entries and laid out in the sections of
-the structured prompt (``app/prompts/structured.md``), so that the agent reads
-the same shape whichever way its history was compacted.
-
-- **Goal**: the first user request, verbatim (clipped), and the latest
-  requests after it. When the summary's ``<user-requests>`` block quotes the first
-  request (``first_request_quoted``), Goal gives only its first
-  :data:`GOAL_SHORT_CHARS` characters on one line, followed by
-  :data:`QUOTED_NOTE`: the tokens are not spent twice.
-- **Constraints & Preferences**: the user's sentences that say must, never,
-  don't, always, only, avoid, prefer, make sure or should not.
-- **Progress**: *Done* lists the commands run (marked when they failed),
-  *In Progress* the agent's last statement, *Blocked* the latest errors: the lines
-  that say what went wrong, of any shape (:mod:`app.engine.compaction.anchors` tells a failure
-  and its lines: exceptions of any name, a traceback's last frame, test runners'
-  failure lines, non-zero exit codes, tool errors). The latest unresolved error
-  (by anchors' rule) opens it, marked ``Unresolved:``, quoted exactly (clipped only
-  beyond :data:`ERROR_CHARS`, its start kept) and trimmed last; so do the
-  next unresolved one and a previous summary's until this history resolves them
-  (:data:`PINNED` at most, newest first).
-- **Key Decisions**: the agent's sentences that explain a choice.
-- **Files & Artifacts**: the files modified and read, as given.
-- **Next Steps**: what the agent last said it would do.
-- **Critical Context**: the agent's findings and the latest tool output.
-- **Lookup Hints**: exact strings worth searching the archived history for.
-
-Given ``instructions`` (the user's extra focus, ``/compact <instructions>``),
-the summary follows them as far as a summary without a model can: their
-distinctive terms (words that are not common English, and every quoted or
-backticked span) are looked for in the whole history, however old, and the
-lines that hold them open Critical Context, after the instructions themselves
-("Focus asked for: …"); in every list, the items that name a term come first,
-so they are the last to go when the summary is cut to size.
-
-Given ``context`` (extra lines a hook supplied: docs/events.md, "Blocking hooks"),
-the summary quotes them, each on one line, in an ``## Additional Context`` section
-after Critical Context (there only when there are some), cut like the other
-sections only beyond its share of ``max_chars``.
-
-Lists are newest first (focus items ahead). Given the previous summary, the new one carries it
-forward: its sections are parsed (those written here exactly, a model's
-structured summary as well as can be done, a prose summary as its goal) and
-merged, the original goal kept and the lists deduplicated and capped, so a
-session compacted many times still opens with what the user first asked.
-
-The output never exceeds ``max_chars``: the sections over their share of it
-lose their oldest items first; the pinned unresolved errors go last, only when
-nothing else is left to take (clipped, their start and command kept, the oldest
-dropped). Only a ``max_chars`` too small for the headings cuts the text itself. The
-history is read newest first and each list stops at its cap, so a 200k-token history
-takes milliseconds.
+Used when no summarizer model is configured or when it fails: quotes, commands and
+errors picked out of the entries and laid out in the sections of the structured prompt
+(``app/prompts/structured.md``), so that the agent reads the same shape whichever way
+its history was compacted. What each section holds, how ``instructions`` (the focus
+asked for) and a hook's ``context`` lines are used, how a previous summary is carried
+forward, and how the output is cut to ``max_chars`` (the pinned unresolved errors last)
+are specified in docs/compaction-heuristics.md, "The extractive summary".
 """
 
 from __future__ import annotations
@@ -61,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from app.engine.compaction import anchors
+from app.engine.compaction import anchors, patterns
 from app.engine.compaction.summary import (
     SPLIT_TURN_SEPARATOR,
     render_call,
@@ -310,18 +265,12 @@ class _Keywords:
         return cls(re.compile(source), re.compile(source, re.I))
 
 
-_CONSTRAINT = _Keywords.of(
-    r"\b(?:must|never|don['\u2019]?t|do not|always|only|avoid|prefer|make sure"
-    r"|should not|shouldn['\u2019]?t)\b"
-)
-_DECISION = _Keywords.of(r"decid|instead|because|will use|chose|approach")
-_FINDING = _Keywords.of(
-    r"\b(?:root cause|the (?:issue|problem|bug|error|cause) (?:is|was|seems|appears|occurs|happens|lies)"
-    r"|is caused by|turns out|i found|found that|i see that|i can see that|the fix (?:is|was|should))\b"
-)
-_INTENT = _Keywords.of(
-    r"\b(?:next|let me|let's|i'll|i will|i need to|need to|we need|going to|todo)\b"
-)
+# The catalogue of sentences worth quoting (:data:`app.engine.compaction.patterns.SENTENCES`).
+_SENTENCES = {row.name: _Keywords.of(row.pattern.pattern) for row in patterns.SENTENCES}
+_CONSTRAINT = _SENTENCES["constraint"]
+_DECISION = _SENTENCES["decision"]
+_FINDING = _SENTENCES["finding"]
+_INTENT = _SENTENCES["intent"]
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _BACKTICKED = re.compile(r"`([^`\n]{3,80})`")
 
@@ -1000,10 +949,10 @@ def extractive_summary(
     carried forward; when it is None and the entries open with a compaction
     summary message (:func:`app.engine.compaction.summary.render_context_message`), that
     one is. ``read_files`` and ``modified_files`` are the cumulative file lists.
-    ``instructions`` are the focus asked for (see the module's docstring).
+    ``instructions`` are the focus asked for (docs/compaction-heuristics.md).
     ``first_request_quoted``: the summary's ``<user-requests>`` block quotes the
     first request, so Goal only names it in short. ``context`` lines are quoted
-    in their own section (see the module's docstring).
+    in their own section (docs/compaction-heuristics.md).
     The result has no file tags; add them with
     :func:`app.engine.compaction.summary.with_file_tags` like any other summary.
     """
