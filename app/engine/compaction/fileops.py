@@ -1,42 +1,12 @@
-"""Which files the agent read and modified, for the summary (docs/how-it-works.md,
-"Compaction").
+"""Which files the agent read and modified, for the summary.
 
-A summary ends with the files the agent has read and modified so far, so the
-model keeps track of them after the details are gone. :func:`collect` finds
-them in the assistants' tool calls and adds them to those of the previous
-compaction (kept in its details), so the lists grow across compactions. A file
-both read and modified is listed as modified only.
-
-Tools are recognized by name, case-insensitive (an MCP prefix such as
-``mcp__fs__`` is ignored):
-
-- read tools (``read``, ``read_file``, ``view``, ``cat``, ``open_file``, ...),
-  write tools (``write``, ``write_file``, ``create_file``, ``create``) and edit
-  tools (``edit``, ``edit_file``, ``multiedit``, ``str_replace``,
-  ``replace_in_file``, ...) name their file in one of the usual argument keys
-  (``path``, ``file_path``, ``filePath``, ``filename``, ``file``,
-  ``target_file``, ``absolute_path``, or a ``paths`` list);
-- Anthropic's text editor (``str_replace_based_edit_tool``,
-  ``str_replace_editor``) says what it does in ``command``: ``view`` reads,
-  ``create``, ``str_replace``, ``insert`` and ``undo_edit`` modify;
-- patch tools (``apply_patch``, ``patch``) modify every file their patch names,
-  in the ``*** Update/Add/Delete File:`` form or as unified-diff ``+++`` headers;
-- shell tools (``bash``, ``shell``, ``run_terminal_cmd``, ``execute_command``,
-  ...) run a command line (or an argv): :mod:`app.engine.compaction.shell` reads it the way a
-  shell splits it and says which of its files count (plain cases only: ``cat``,
-  ``sed -i``, redirections, ``tee``, ``mv``, a patch fed to ``git apply`` or
-  ``patch``, ``git checkout -- f``, and the files Python code opens for writing, be it
-  ``python -c``, a here-document or a script file written earlier in the history).
-
-The calls are read in order, and what a write tool or a here-document puts in a file
-is remembered while they are, so that ``python fix.py`` or ``git apply fix.patch``
-later in the same history is credited with the files that script or patch writes.
-
-Being wrong is worse than missing a file: arguments that are not valid JSON are
-ignored, and a path sent as JSON is taken as it is written (spaces included) unless
-it is a glob, ends with ``/`` or holds a control character. Paths are normalized
-(``./a/../b.py`` is ``b.py``), not resolved against any working directory the
-command did not state.
+A summary ends with the files the agent has read and modified so far, so the model
+keeps track of them after the details are gone. :func:`collect` finds them in the
+assistants' tool calls and adds them to those of the previous compaction (kept in its
+details); a file both read and modified is listed as modified only. The tools whose
+files count are the rows of :data:`FILE_TOOLS` (shell tools' command lines are read by
+:mod:`app.engine.compaction.shell`). The rules are specified in
+docs/compaction-heuristics.md, "Files read and modified".
 """
 
 from __future__ import annotations
@@ -110,40 +80,6 @@ def shell_ops(command: str) -> FileOps:
 
 # --- Structured tools ---------------------------------------------------------------------
 
-READ_TOOLS = frozenset(
-    {"read", "read_file", "readfile", "view", "view_file", "cat", "open_file", "read_many_files"}
-)
-WRITE_TOOLS = frozenset({"write", "write_file", "create_file", "create"})
-EDIT_TOOLS = frozenset(
-    {
-        "edit",
-        "edit_file",
-        "multiedit",
-        "multi_edit",
-        "str_replace",
-        "replace",
-        "replace_in_file",
-        "search_replace",
-    }
-)
-PATCH_TOOLS = frozenset({"apply_patch", "applypatch", "patch"})
-EDITOR_TOOLS = frozenset({"str_replace_based_edit_tool", "str_replace_editor"})
-EDITOR_MODIFIES = frozenset({"create", "str_replace", "insert", "undo_edit"})
-SHELL_TOOLS = frozenset(
-    {
-        "bash",
-        "shell",
-        "sh",
-        "run_terminal_cmd",
-        "execute_command",
-        "exec",
-        "terminal",
-        "run_command",
-        "run_shell_command",
-        "execute_bash",
-        "local_shell",
-    }
-)
 PATH_KEYS = (
     "path",
     "file_path",
@@ -154,6 +90,90 @@ PATH_KEYS = (
     "absolute_path",
 )
 COMMAND_KEYS = ("command", "cmd", "script")
+EDITOR_MODIFIES = frozenset({"create", "str_replace", "insert", "undo_edit"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExample:
+    """A tool call (its name and arguments) and the files it reads and modifies, sorted."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+    read: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolShape:
+    """One row of :data:`FILE_TOOLS`: the tools it covers, by name (lower case, an MCP
+    prefix left out), what kind of tool they are (how their arguments are read), and
+    examples of it."""
+
+    name: str
+    tools: frozenset[str]
+    kind: str  # editor, read, write, edit, patch or shell
+    examples: tuple[ToolExample, ...]
+
+
+def _row(name: str, tools: str, kind: str, *examples: ToolExample) -> ToolShape:
+    return ToolShape(name, frozenset(tools.split()), kind, examples)
+
+
+# The tools whose files count (docs/compaction-heuristics.md, "Files read and modified"):
+# a new one is a row, with examples that tests/engine/test_fileops_corpus.py runs.
+FILE_TOOLS: tuple[ToolShape, ...] = (
+    _row(
+        "text-editor",
+        "str_replace_based_edit_tool str_replace_editor",
+        "editor",
+        ToolExample(
+            "str_replace_based_edit_tool", {"command": "view", "path": "a.py"}, read=("a.py",)
+        ),
+        ToolExample(
+            "str_replace_editor",
+            {"command": "str_replace", "path": "a.py", "old_str": "x", "new_str": "y"},
+            modified=("a.py",),
+        ),
+    ),
+    _row(
+        "read",
+        "read read_file readfile view view_file cat open_file read_many_files",
+        "read",
+        ToolExample("read_file", {"path": "src/a.py"}, read=("src/a.py",)),
+        ToolExample("mcp__fs__read_many_files", {"paths": ["a.md", "b.md"]}, read=("a.md", "b.md")),
+    ),
+    _row(
+        "write",
+        "write write_file create_file create",
+        "write",
+        ToolExample("write_file", {"file_path": "out.txt", "content": "x"}, modified=("out.txt",)),
+    ),
+    _row(
+        "edit",
+        "edit edit_file multiedit multi_edit str_replace replace replace_in_file search_replace",
+        "edit",
+        ToolExample("Edit", {"file_path": "src/a.py", "old_string": "a"}, modified=("src/a.py",)),
+    ),
+    _row(
+        "patch",
+        "apply_patch applypatch patch",
+        "patch",
+        ToolExample(
+            "apply_patch",
+            {"input": "*** Begin Patch\n*** Add File: docs/new.md\n+hi\n*** End Patch"},
+            modified=("docs/new.md",),
+        ),
+    ),
+    _row(
+        "shell",
+        "bash shell sh run_terminal_cmd execute_command exec terminal run_command "
+        "run_shell_command execute_bash local_shell",
+        "shell",
+        ToolExample("bash", {"command": "sed -i 's/a/b/' x.py"}, modified=("x.py",)),
+        ToolExample("local_shell", {"command": ["cat", "a.txt"]}, read=("a.txt",)),
+    ),
+)
+_KIND = {tool: row.kind for row in FILE_TOOLS for tool in sorted(row.tools)}
 
 
 def _tool_name(name: str) -> str:
@@ -170,7 +190,8 @@ def _tool_call(name: object, arguments: object, found: Found) -> None:
     if not isinstance(args, dict):
         return
     tool = _tool_name(name)
-    if tool in EDITOR_TOOLS:
+    kind = _KIND.get(tool)
+    if kind == "editor":
         command = args.get("command")
         if command == "view":
             found.read.update(_argument_paths(args))
@@ -178,18 +199,18 @@ def _tool_call(name: object, arguments: object, found: Found) -> None:
             found.modified.update(_argument_paths(args))
             if command == "create":
                 _remember(args, found)
-    elif tool in READ_TOOLS:
+    elif kind == "read":
         found.read.update(_argument_paths(args))
-    elif tool in WRITE_TOOLS or tool in EDIT_TOOLS:
+    elif kind == "write" or kind == "edit":
         found.modified.update(_argument_paths(args))
-        if tool in WRITE_TOOLS:
+        if kind == "write":
             _remember(args, found)
-    elif tool in PATCH_TOOLS:
+    elif kind == "patch":
         found.modified.update(_argument_paths(args))
         for value in args.values():
             if isinstance(value, str):
                 found.modified.update(patch_paths(value))
-    elif tool in SHELL_TOOLS:
+    elif kind == "shell":
         for key in COMMAND_KEYS:
             command = args.get(key)
             if isinstance(command, str):

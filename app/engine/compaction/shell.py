@@ -1,48 +1,12 @@
 """What a shell command line reads and modifies: the shell tools' part of
 :mod:`app.engine.compaction.fileops`, and the files a patch names.
 
-The command line is parsed the way a shell splits it, with its quotes, operators
-(``&&``, ``;``, ``||``, ``|``, newlines) and here-documents. Only plain cases count:
-
-- ``cat``/``head``/``tail``/``less``/``more``/``nl``/``wc``/``awk`` and ``sed`` without
-  ``-i`` read their file operands; ``grep`` reads a file operand that clearly is a file
-  (it has an extension or a slash; never with ``-r``);
-- ``sed -i``, ``perl -i``, ``tee``, ``touch``, ``rm`` (not ``-r``), ``mv`` (both ends),
-  ``cp`` (its destination, when it has an extension) and output redirections (``>``,
-  ``>>``, not ``/dev/...``) modify;
-- a patch modifies the files it names, fed to ``patch``, ``git apply`` or
-  ``apply_patch`` as a here-document, or as a file (``git apply x.patch``,
-  ``patch -p1 < x.patch``, ``patch -i x.patch``) whose text an earlier command of the
-  same history wrote (``cat > x.patch << 'EOF'``); ``patch file < x.diff`` modifies
-  ``file``; ``--dry-run``, ``--check`` and ``--stat`` modify nothing;
-- ``git checkout -- f`` (or ``git checkout REV -- f``, or ``git checkout f.py`` when the
-  operand has a file extension), ``git restore f`` (not ``--staged`` alone), ``git mv``
-  and ``git rm`` (not ``-r``) modify their paths;
-- Python code modifies the files it opens for writing (``open('p', 'w')``, modes with
-  ``w``, ``a``, ``x`` or ``+``; ``io.open``, ``codecs.open``), ``Path('p').write_text``,
-  ``write_bytes``, ``touch`` and ``open('w')``, ``shutil.copy``/``copyfile``/``copy2``
-  (the destination) and ``shutil.move``/``os.rename``/``os.replace``/``os.remove`` —
-  whether the code is given with ``python -c``, on standard input (``python - <<'EOF'``,
-  ``python3 <<EOF``) or as a script file (``python fix.py``) whose text an earlier
-  command wrote. The code is parsed (:mod:`ast`), not run: a path counts only when it is
-  a string literal, a name bound once in the whole script to a string literal, a
-  ``Path``/``os.path.join`` of such parts, never an f-string or a computed value, and a
-  script that does not parse writes nothing (it would not run either). A script that
-  calls ``os.chdir`` has its relative paths dropped;
-- a shell script run by name (``bash fix.sh``, ``./fix.sh``) whose text an earlier
-  command wrote is read like a command line.
-
-A ``cd`` earlier in the same command line resolves relative paths; after a ``cd`` that
-cannot be followed, relative paths are dropped. The script of ``bash -c`` (or ``sh -c``,
-...) is read as well, three levels deep at most. Everything else (``find``, ``xargs``,
-``python -m``, ...) is ignored. The texts written by here-documents (and by the write
-tools, see :mod:`app.engine.compaction.fileops`) are remembered in :attr:`Found.contents` for the
-commands that run or apply them later; they are not kept across compactions.
-
-Being wrong is worse than missing a file, so a word is taken as a path only when it is
-plain: not empty, no leading ``-``, no whitespace, no quote and none of
-``$ ( ) ` * ? [ ] { } < > | ; & \\``. Paths are normalized (``./a/../b.py`` is
-``b.py``), not resolved against any working directory the command did not state.
+The command line is parsed the way a shell splits it, with its quotes, operators and
+here-documents; only plain cases count, since being wrong is worse than missing a file.
+The plain commands whose files count are the rows of :data:`SHELL_COMMANDS`; patches,
+``git``, Python code (parsed, not run), scripts written earlier in the history and
+``cd`` are read by the code below. The rules are specified in
+docs/compaction-heuristics.md, "Shell command lines".
 """
 
 from __future__ import annotations
@@ -824,7 +788,7 @@ _REMOVES = frozenset({"os.remove", "os.unlink"})
 
 
 def python_writes(code: str) -> list[str]:
-    """The paths Python ``code`` plainly writes (see the module's docstring), in order."""
+    """The paths Python ``code`` plainly writes (docs/compaction-heuristics.md), in order."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
@@ -947,25 +911,90 @@ class _Literals:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class Example:
+    """A command line and the files it reads and modifies, sorted."""
+
+    command: str
+    read: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CommandShape:
+    """One row of :data:`SHELL_COMMANDS`: the programs it covers (by name, as a shell
+    finds them), how their arguments say what they read and modify (``handler``), and
+    examples of it. ``cd``, ``git``, ``patch``, Python, the shells and a script run by
+    path are read by code of their own (:func:`_run`)."""
+
+    name: str
+    programs: frozenset[str]
+    handler: Handler
+    examples: tuple[Example, ...]
+
+
+def _row(name: str, programs: str, handler: Handler, *examples: Example) -> CommandShape:
+    return CommandShape(name, frozenset(programs.split()), handler, examples)
+
+
+# The plain commands whose files count (docs/compaction-heuristics.md, "Shell command
+# lines"): a new one is a row, with examples that tests/engine/test_fileops_corpus.py runs.
+SHELL_COMMANDS: tuple[CommandShape, ...] = (
+    _row("cat", "cat", _reader(), Example("cat a.py notes.txt", read=("a.py", "notes.txt"))),
+    _row(
+        "head",
+        "head",
+        _reader("nc", ("--lines", "--bytes")),
+        Example("head -n 20 src/app.py", read=("src/app.py",)),
+    ),
+    _row(
+        "tail",
+        "tail",
+        _reader("ncs", ("--lines", "--bytes", "--sleep-interval", "--pid")),
+        Example("tail -n 50 logs/run.log", read=("logs/run.log",)),
+    ),
+    _row("less", "less", _reader("bhjkoOpPtTxyz"), Example("less README.md", read=("README.md",))),
+    _row("more", "more", _reader("n"), Example("more notes.txt", read=("notes.txt",))),
+    _row("nl", "nl", _reader("bdfhilnsvw"), Example("nl -ba src/a.py", read=("src/a.py",))),
+    _row("wc", "wc", _reader(), Example("wc -l data.csv", read=("data.csv",))),
+    _row(
+        "sed",
+        "sed",
+        _sed,
+        Example("sed -n '1,20p' src/a.py", read=("src/a.py",)),
+        Example("sed -i 's/old/new/g' src/a.py", modified=("src/a.py",)),
+        Example("sed -i '' -e 's/a/b/' b.py", modified=("b.py",)),
+    ),
+    _row("awk", "awk", _awk, Example("awk '{print $1}' data.csv", read=("data.csv",))),
+    _row(
+        "grep",
+        "grep egrep fgrep",
+        _grep,
+        Example("grep -n TODO src/a.py", read=("src/a.py",)),
+        Example("egrep 'x|y' notes.txt", read=("notes.txt",)),
+    ),
+    _row("tee", "tee", _writer(), Example("echo done | tee out.txt", modified=("out.txt",))),
+    _row("touch", "touch", _writer("dtr"), Example("touch src/new.py", modified=("src/new.py",))),
+    _row("rm", "rm", _writer(recursive_skips=True), Example("rm old.py", modified=("old.py",))),
+    _row("mv", "mv", _move, Example("mv a.py b.py", modified=("a.py", "b.py"))),
+    _row("cp", "cp", _copy, Example("cp a.py b.py", modified=("b.py",))),
+    _row(
+        "apply-patch",
+        "apply_patch applypatch",
+        _patcher,
+        Example(
+            "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: src/a.py\n@@\n-x\n+y\n"
+            "*** End Patch\nEOF",
+            modified=("src/a.py",),
+        ),
+    ),
+    _row(
+        "perl",
+        "perl",
+        _perl,
+        Example("perl -pi -e 's/a/b/' src/a.py", modified=("src/a.py",)),
+    ),
+)
 _HANDLERS: dict[str, Handler] = {
-    "cat": _reader(),
-    "head": _reader("nc", ("--lines", "--bytes")),
-    "tail": _reader("ncs", ("--lines", "--bytes", "--sleep-interval", "--pid")),
-    "less": _reader("bhjkoOpPtTxyz"),
-    "more": _reader("n"),
-    "nl": _reader("bdfhilnsvw"),
-    "wc": _reader(),
-    "sed": _sed,
-    "awk": _awk,
-    "grep": _grep,
-    "egrep": _grep,
-    "fgrep": _grep,
-    "tee": _writer(),
-    "touch": _writer("dtr"),
-    "rm": _writer(recursive_skips=True),
-    "mv": _move,
-    "cp": _copy,
-    "apply_patch": _patcher,
-    "applypatch": _patcher,
-    "perl": _perl,
+    program: row.handler for row in SHELL_COMMANDS for program in sorted(row.programs)
 }
