@@ -1,44 +1,12 @@
-"""The continuity gate (docs/how-it-works.md): before a summary is committed, does the context
-it makes still name what the agent needs to go on? Pure: text and plain values in,
-plain values out.
+"""The continuity gate (docs/how-it-works.md, "The continuity gate"): before a summary is
+committed, does the context it makes still name what the agent needs to go on? Pure:
+text and plain values in, plain values out.
 
-What must be named (:class:`Anchors`, worked out by
-:func:`app.engine.compaction.prepare.plan`):
-
-- **the task's key terms**: :func:`app.engine.compaction.anchors.task_terms` of the user's
-  requests the plan knows: the session's first request (its whole text when this
-  compaction summarizes it, then carried in the job's details as ``task_terms``),
-  and the later requests the summary quotes (their whole text when this history
-  holds them); at most :data:`MAX_TERMS`, first seen first;
-- **every modified file**, cumulative across compactions;
-- **the latest unresolved error**: :func:`app.engine.compaction.anchors.latest_unresolved_error`
-  of the summarized history, or, when it has none, the one a previous compaction
-  carried (``unresolved_error`` in its details) unless this history resolves it
-  (:func:`app.engine.compaction.anchors.is_resolved`, the rule the extractive summary uses for
-  the errors it pins).
-
-Where they may be named: the summary, or the *kept window*: the entries the
-context keeps after the cut, pinned ones included, read as the text of their user,
-system, developer and assistant messages and the assistants' tool calls (name and
-argument values); never tool outputs, which the context may show pruned or
-truncated (:func:`kept_text`).
-
-When a thing counts as named (:func:`check`):
-
-- a term: it occurs as written, case-sensitive, as a substring;
-- a file: its path occurs bounded as a path: the character before it is not a
-  letter, digit, ``_``, ``-``, ``.`` or ``/`` (but ``./`` or the stated working
-  directory and ``/`` may stand before it), and the one after is not a letter,
-  digit, ``_``, ``-`` or ``/``, nor a ``.`` followed by one of those. Given a
-  working directory, an absolute path under it is also named by its relative form;
-- the error: the first :data:`ERROR_KEY_CHARS` characters of its line, runs of
-  whitespace taken as one space, occur in the text read the same way.
-
-What the gate finds missing is completed (:func:`complete`) by a
-``<continuity-anchors>`` block that names only the missing items, the error first,
-then the files, then the terms, within a character cap: what does not fit is left
-out, and said so. A completed summary names everything its block holds, so it
-passes the gate but for (at most) what the cap left out.
+What must be named (:class:`Anchors`: the task's key terms, every modified file, the
+latest unresolved error), where it may be named (the summary or the kept window's
+text, :func:`kept_text`), when a thing counts as named (:func:`check`) and how the
+``<continuity-anchors>`` block completes a summary (:func:`complete`) are specified in
+docs/compaction-heuristics.md, "What the continuity gate checks".
 """
 
 from __future__ import annotations
@@ -196,7 +164,7 @@ def _argument_text(arguments: Any) -> str:
 
 
 def kept_text(entries: Iterable[Entry]) -> str:
-    """The text of the kept window the gate reads (see the module's docstring)."""
+    """The text of the kept window the gate reads (docs/compaction-heuristics.md)."""
     pieces: list[str] = []
     for entry in entries:
         if entry.role == "tool":
@@ -215,7 +183,7 @@ def _normalized(text: str) -> str:
 
 
 def error_key(line: str) -> str:
-    """What of an error line must be quoted (see the module's docstring)."""
+    """What of an error line must be quoted (docs/compaction-heuristics.md)."""
     return _normalized(line)[:ERROR_KEY_CHARS].rstrip("…").rstrip()
 
 
@@ -246,7 +214,7 @@ def _bounded(text: str, path: str, allowed_prefixes: Sequence[str]) -> bool:
 
 
 def file_named(path: str, text: str, workdir: str | None = None) -> bool:
-    """Whether ``text`` names ``path`` (see the module's docstring)."""
+    """Whether ``text`` names ``path`` (docs/compaction-heuristics.md)."""
     root = workdir.rstrip("/") + "/" if workdir else None
     prefixes = ["./", *([root] if root else [])]
     if _bounded(text, path, prefixes):

@@ -1,61 +1,13 @@
-"""Where a compaction cuts the history (seeds 001 "Boundary and cut-point logic",
-"Split-turn handling", and 002 "Split safety").
+"""Where a compaction cuts the history: everything before the cut is summarized,
+everything from it on is kept verbatim.
 
-The caller hands :func:`find_cut` the entries since the latest summary pivot,
-oldest first, without the pinned system and developer entries. Everything
-before the cut is summarized; everything from the cut on is kept verbatim.
-
-Where a cut may fall. A cut at index ``i`` (``0 < i <= len(items)``) is valid
-when:
-
-- the first kept entry is not a tool result: a result always stays with the
-  call it answers, and the kept part must read as a valid conversation;
-- every tool call in the summarized part has all its results in the summarized
-  part, so no kept result loses its call and no summarized call loses its
-  result;
-- no call that is still running is summarized. A call is running when nothing
-  answers it and it belongs to the newest entry that is not a tool result (the
-  agent is executing its tools). A call left unanswered by an older entry was
-  abandoned when the conversation moved on; the view drops it anyway (see
-  :mod:`app.engine.window.context`), so it does not hold the cut back. Otherwise a single
-  abandoned call would forbid compacting anything after it, forever.
-
-A result answers the latest call with its id made before it (ids may be reused
-later in a history). A result that answers no call is an orphan: it constrains
-nothing, except that, being a tool result, the kept part cannot start with it.
-A stray system or developer entry is treated like a user message for validity
-(a cut may fall right before it) but never starts a turn.
-
-Which valid cut. Walking back from the newest entry and adding up tokens, the
-candidate is the latest index whose suffix holds at least ``keep_recent_tokens``.
-The cut is the nearest valid one at or before the candidate, so at least that
-many tokens are kept. When there is none (other than 0), the nearest valid one
-after the candidate: something is still summarized, and less is kept. When
-there is none at all, or the whole history holds fewer than
-``keep_recent_tokens``, nothing is summarized. With ``keep_recent_tokens == 0``
-everything is summarized if the end is a valid cut.
-
-Stale prompts. The caller may name synthetic prompts the service itself added
-(the "continue" that follows an automatic compaction). Once something follows
-one, it is stale: it asked for work that has since been done, and it belongs to
-what came before it. It never heads the kept part: a candidate that falls on it
-moves right behind it (the prompt is summarized, a few tokens fewer are kept),
-and a cut never falls right before it, nor before hollow entries that lead up to
-it (calls left unanswered, results of no call: the view drops them, so the prompt
-would still come first). Otherwise the summary would be followed
-by an old "continue" (and by the new one at the end), and the Anthropic view
-would open with two user turns. The prompt that is the latest entry is not
-stale. Nor does a synthetic prompt start a turn.
-
-Split turns. A turn starts at a user message. When the kept part does not start
-with one, the cut splits a turn: the entries from the user message that started
-it up to the cut are the turn prefix, summarized apart so the kept tail still
-makes sense; the entries before that are the history. When that user message is
-before the first entry (the turn started before the pivot), the whole
-summarized part is the turn prefix. Keeping nothing splits no turn.
-
-Everything runs in a few linear passes with no allocation beyond a few lists of
-``len(items)`` integers: 100k entries take well under a second.
+The caller hands :func:`find_cut` the entries since the latest summary pivot, oldest
+first, without the pinned system and developer entries. Where a cut may fall (never at a
+tool result, never between a call and its results, never through a running call), which
+valid cut is taken (the nearest at or before ``keep_recent_tokens``), how stale
+synthetic prompts move it, and how a split turn's prefix is found are specified in
+docs/compaction-heuristics.md, "Where the cut falls". Everything runs in a few linear
+passes: 100k entries take well under a second.
 """
 
 from __future__ import annotations
