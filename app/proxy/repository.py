@@ -12,7 +12,7 @@ import orjson
 from app.core.driver import Driver
 from app.engine.model import Entry
 from app.engine.proxy.history import EMPTY_CHAIN, Known
-from app.store.log import on_session_path
+from app.store.paths import on_session_path
 
 # With whether a message entry was stored since (by the /v1 API, or another process):
 # one indexed probe, so that the usual call reads no entry at all. The probe asks for
