@@ -24,8 +24,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.datastructures import URLPath
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Message, Receive, Scope, Send
 
 # A handler answers the request (its path parameters and its body in hand), or raises
@@ -52,6 +53,13 @@ class FastRoute(BaseRoute):
     @property
     def path(self) -> str:
         return self.route.path
+
+    @property
+    def path_format(self) -> str:
+        return self.route.path_format
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)  # a URL names the FastAPI route
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if scope["type"] != "http" or scope.get(_PASSED) is self:
