@@ -17,7 +17,7 @@ from app.core.driver import Driver, Record
 from app.core.errors import NotFound
 from app.engine.window.view import PlaceholderViews, assemble_anthropic, assemble_openai
 from app.history.schemas import Format
-from app.messages.service import Appended
+from app.messages.service import AppendResult
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
 from app.store.log import EntryRow, OnPath, read_state_and_marks, read_window
@@ -222,7 +222,7 @@ class Contexts:
         session_id: str,
         fmt: Format,
         created_at: datetime,
-        appended: Appended | None,
+        appended: AppendResult | None,
         *,
         system_messages: bool = False,
     ) -> Built:
@@ -255,7 +255,7 @@ class Contexts:
         self._keep(key, _Kept(fmt, created_at, WindowKey.of(state), state.next_seq, window.items))
         return _built(window.items, fmt, state, False, system_messages)
 
-    def extend(self, tenant_id: str, session_id: str, fmt: Format, appended: Appended) -> None:
+    def extend(self, tenant_id: str, session_id: str, fmt: Format, appended: AppendResult) -> None:
         """The rows of an append the proxy made (a reply) added to the session's last
         context, if nothing else moved the session since; else that context is
         forgotten (the next call reads its context fresh)."""
@@ -265,7 +265,7 @@ class Contexts:
             self._extend(key, fmt, kept.created_at, appended)
 
     def _extend(
-        self, key: tuple[str, str], fmt: Format, created_at: datetime, appended: Appended
+        self, key: tuple[str, str], fmt: Format, created_at: datetime, appended: AppendResult
     ) -> bool:
         """Whether the session's last context, extended by ``appended``'s rows, is the
         window now: the same session, drawn the same way before and after the append

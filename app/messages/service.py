@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,7 +24,7 @@ from app.core.driver import Driver
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.core.http import run_sized
 from app.engine import search_text
-from app.engine.accounting import catalog, ledger, provider_usage, tokens
+from app.engine.accounting import budget, catalog, ledger, provider_usage, tokens
 from app.engine.formats import anthropic_format, openai_format
 from app.engine.formats.storable import MAX_JSON_DEPTH, find_oversized
 from app.engine.model import Entry, InvalidMessage
@@ -31,18 +32,12 @@ from app.engine.window import truncate, view
 from app.history.schemas import Format
 from app.messages.schemas import IGNORED_REQUEST_FIELDS, AppendRequest, StoredEntry
 from app.sessions import service as sessions
-from app.sessions.schemas import TruncateConfig
+from app.sessions.schemas import SessionConfig, TruncateConfig
 from app.store import events
 from app.store import search_index as indexer
-from app.store.log import (
-    Answer,
-    AppendWrite,
-    CallRow,
-    EntryRow,
-    LogRepository,
-    OnPath,
-    StoredCall,
-)
+from app.store.append import Answer, AppendRead, AppendWrite, CallRow, EntryRow, StoredCall
+from app.store.log import LogRepository
+from app.store.paths import OnPath
 from app.store.session_row import SessionState, Unit, advance, snapshot
 
 # No prompt is larger than this (the usage report's bound on its figures).
@@ -252,6 +247,7 @@ class Linking(NamedTuple):
     # Per entry: the ids of its calls (an assistant) or of the call it answers (a
     # result), as the model's view gives them; None when they are its own ids.
     view_ids: list[tuple[str, ...] | None]
+    tool_names: list[str | None]  # per entry; a result's is its call's tool
 
 
 class _Open(NamedTuple):
@@ -286,6 +282,7 @@ def link_batch(
     new_calls: list[CallRow] = []
     answers: list[Answer] = []
     view_ids: list[tuple[str, ...] | None] = []
+    tool_names = [entry.tool_name for entry in entries]
     for offset, entry in enumerate(entries):
         seq = first_seq + offset
         calls = entry.tool_calls()
@@ -320,7 +317,7 @@ def link_batch(
                     f"tool call {call_id!r} already has a result (entry seq {answered_at[call_id]})",
                 )
             raise invalid(where, f"{call_id!r} matches no earlier tool call of this session")
-        entry.tool_name = found.name
+        tool_names[offset] = found.name
         answered_at[call_id] = seq
         if found.new_index is None and found.branch == leaf_branch:
             answers.append(Answer(call_id, found.call_seq, seq, found.branch))
@@ -330,7 +327,7 @@ def link_batch(
         else:
             new_calls[found.new_index] = new_calls[found.new_index]._replace(result_seq=seq)
         view_ids.append((found.view_id,) if found.view_id != call_id else None)
-    return Linking(new_calls, answers, view_ids)
+    return Linking(new_calls, answers, view_ids, tool_names)
 
 
 def _cut_off_results(linking: Linking, session: SessionState) -> set[int]:
@@ -348,10 +345,10 @@ def _cut_off_results(linking: Linking, session: SessionState) -> set[int]:
     }
 
 
-class Appended(NamedTuple):
+class AppendResult(NamedTuple):
     """An append as its caller may need it beyond the response: the proxy reads the
     stored entries' seqs from it, and extends the context it last sent with the rows
-    written when the session moved by nothing else (:mod:`app.proxy.context`)."""
+    written when the session moved by nothing else (:mod:`app.context.assembly`)."""
 
     document: dict[str, Any]  # the AppendResponse, before it becomes JSON
     version: int
@@ -359,6 +356,206 @@ class Appended(NamedTuple):
     rows: list[EntryRow]  # the entries written, as written (none for a replay)
     before: SessionState | None  # the session as the append read it (None for a replay)
     after: SessionState | None  # as the append (and its relief) left it
+
+
+class Replay(NamedTuple):
+    """An earlier append under the same idempotency key, with the same body: its
+    response again, nothing written."""
+
+    document: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NeedsLock:
+    """Nothing written: the append is done again holding the session's row lock, because
+    it must relieve the session (``relief``: a prune or compaction runs in the append's
+    own transaction) or because another append wrote first (``race``)."""
+
+    why: Literal["relief", "race"]
+
+
+class Write(NamedTuple):
+    """What an append writes, in one statement that applies only if the session is still
+    at the version read, and what it then answers."""
+
+    write: AppendWrite
+    document: dict[str, Any]  # the response, as the write leaves the session
+    before: SessionState  # the session as read
+    config: SessionConfig
+    verdict: budget.Verdict  # after the append
+    # The verdict's action moved: an event, written with the append or not at all.
+    change: tuple[budget.Verdict, budget.Verdict] | None
+    relieve: bool  # a relief follows the write (the row lock is held)
+
+
+AppendPlan = Replay | NeedsLock | Write
+
+
+def plan_append(
+    read: AppendRead | None,
+    session_id: str,
+    batch: _Batch,
+    if_match: str | None,
+    *,
+    pinned_held: int,
+    locked: bool,
+    now: datetime,
+) -> AppendPlan:
+    """What an append does, from what it read (``read``: None for no such session) and
+    nothing else: refuse (a 404, 412 or 422 raised), answer a replay, ask for the row
+    lock, or write. ``pinned_held``: the pinned tokens already on the session's path (read
+    only for a batch that pins); ``locked``: whether the row lock is held.
+
+    An automatic prune runs in the append's own (locked) transaction: the response, the
+    version it carries and the idempotency record are then those of the append and its
+    prune together, never another request's.
+    """
+    if read is None:
+        raise NotFound(f"session {session_id!r} does not exist")
+    if read.idempotency is not None:
+        return _replay(read.idempotency, batch)
+    session = read.session
+    sessions.check_if_match(if_match, session.version)
+    config = sessions.effective_config(session.config)
+    encoding = catalog.lookup(session.model).encoding
+    rows: list[EntryRow] = []
+    if batch.system is not None and not _holds_system(read, batch):
+        rows.append(batch.system_row(session.next_seq, encoding))
+    path = session.path
+    first_seq = session.next_seq + len(rows)
+    linking = link_batch(batch.entries, read.calls, first_seq, path.leaf_branch)
+    hidden = _cut_off_results(linking, session)
+    rows += _entry_rows(batch, encoding, config.truncate, linking, first_seq)
+    rows = _placed(rows, session)
+    if any(r.pinned for r in rows):
+        _check_pinned(session, batch, rows, pinned_held)
+    after = snapshot(session)
+    advance(
+        after,
+        ledger.Appended(
+            tuple(ledger.Added(r.tokens, r.role == "tool", r.seq in hidden) for r in rows),
+            batch.overhead(encoding),
+        ),
+    )
+    verdict = sessions.verdict_of(after, config)
+    relieve = relief.relief_wanted("append", verdict.action, after, config)
+    if relieve and not locked:
+        return NeedsLock("relief")
+    document: dict[str, Any] = {
+        "entries": [
+            {"id": str(r.id), "seq": r.seq, "role": r.role, "tokens": r.tokens} for r in rows
+        ],
+        "version": after.version,
+        "context_tokens": after.context_tokens,
+        "overflow": dataclasses.asdict(verdict),
+        "pruned": None,
+        "compaction": None,
+    }
+    was = sessions.verdict_of(session, config)
+    write = AppendWrite(
+        session_id=session_id,
+        family_id=after.family_id,
+        branch=path.leaf_branch,
+        read_version=session.version,
+        source_format=batch.format,
+        now=now,
+        entries=rows,
+        new_calls=linking.new_calls,
+        answers=linking.answers,
+        session=after,
+        idempotency_key=batch.idempotency_key,
+        request_hash=batch.digest,
+        response=append_document(document).decode() if batch.idempotency_key else None,
+        hidden=sorted(hidden),
+    )
+    change = (was, verdict) if was.action != verdict.action else None
+    return Write(write, document, session, config, verdict, change, relieve)
+
+
+def _replay(idempotency: tuple[str, str], batch: _Batch) -> Replay:
+    """The earlier append's response, when the body is the one it was sent with."""
+    request_hash, response = idempotency
+    if request_hash != batch.digest:
+        raise UnprocessableContent(
+            f"Idempotency-Key {batch.idempotency_key!r} was already used with a different body",
+            errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
+        )
+    return Replay(orjson.loads(response))
+
+
+def _holds_system(read: AppendRead, batch: _Batch) -> bool:
+    """Whether the session's latest system entry is the request's system prompt."""
+    assert batch.system is not None
+    return read.system_parts is not None and anthropic_format.system_texts(
+        read.system_parts
+    ) == anthropic_format.system_texts(batch.system.parts)
+
+
+def _entry_rows(
+    batch: _Batch,
+    encoding: tokens.EncodingName,
+    config: TruncateConfig,
+    linking: Linking,
+    first_seq: int,
+) -> list[EntryRow]:
+    """The batch's entries as rows from ``first_seq``, as the model is shown them."""
+    rows: list[EntryRow] = []
+    for offset, entry in enumerate(batch.entries):
+        ids, tool_name = linking.view_ids[offset], linking.tool_names[offset]
+        shown = batch.shown(offset, encoding, config, ids, tool_name)
+        rows.append(
+            EntryRow(
+                seq=first_seq + offset,
+                id=batch.ids[offset],
+                role=entry.role,
+                parts=batch.parts[offset],
+                tool_call_id=entry.tool_call_id,
+                tool_name=tool_name,
+                is_error=entry.is_error,
+                name=entry.name,
+                content_form=entry.content_form,
+                extra=batch.extra[offset],
+                tokens=shown.tokens,
+                call_ids=_json(list(ids or entry.call_ids)) if entry.call_ids else None,
+                view_openai=shown.view_openai,
+                view_anthropic=shown.view_anthropic,
+                omitted_lines=shown.omitted_lines,
+                omitted_bytes=shown.omitted_bytes,
+                view_call_id=ids[0] if ids and entry.role == "tool" else None,
+                call_id_tokens=shown.call_id_tokens,
+                pinned=batch.pinned[offset],
+                search_text=batch.search_texts[offset],
+                search_pending=batch.search_pending[offset],
+            )
+        )
+    return rows
+
+
+def _placed(rows: list[EntryRow], session: SessionState) -> list[EntryRow]:
+    """Where each row hangs in the tree, and the path's stored tokens with it."""
+    path, path_tokens = session.path, session.stored_tokens
+    placed: list[EntryRow] = []
+    for row in rows:
+        path_tokens += row.tokens
+        parent = path.branch_of(row.seq - 1) if row.seq > 1 else None
+        placed.append(row._replace(parent_branch=parent, path_tokens=path_tokens))
+    return placed
+
+
+def _check_pinned(session: SessionState, batch: _Batch, rows: list[EntryRow], held: int) -> None:
+    """Pinned messages stay in the context whatever a compaction cuts, so together
+    they may take at most PINNED_SHARE of the session's usable window: beyond it no
+    compaction could bring the context under its threshold again."""
+    window, _ = sessions.window_of(session)
+    limit = int(window.usable_tokens * PINNED_SHARE)
+    adding = sum(r.tokens for r in rows if r.pinned)
+    if held + adding > limit:
+        raise invalid(
+            batch.pinned_path,
+            f"pinned messages may take at most {limit:,} tokens, a quarter of this "
+            f"session's usable window: the session holds {held:,} pinned tokens and "
+            f"this batch would pin {adding:,} more",
+        )
 
 
 class AppendService:
@@ -421,7 +618,7 @@ class AppendService:
         query_format: Format | None = None,
         overhead_tokens: int | None = None,
         driver: Driver | None = None,
-    ) -> Appended:
+    ) -> AppendResult:
         """:meth:`append`, its outcome as it is rather than as the response's JSON.
         ``driver``: the caller's connection, to store on (outside a transaction
         block), in place of one of the pool's (a proxied call reads its history
@@ -441,53 +638,23 @@ class AppendService:
 
     async def _store_on(
         self, driver: Driver, session_id: str, batch: _Batch, if_match: str | None
-    ) -> Appended:
+    ) -> AppendResult:
         with metrics.after_commit() as observed:
             outcome = await self._attempt(driver, session_id, batch, if_match, lock=False)
-            if outcome is None:
+            if isinstance(outcome, NeedsLock):
                 # Another append came first, or this one must prune: take the
                 # session's row lock, so the append (and its prune) cannot lose.
                 observed.clear()  # that attempt wrote nothing
                 async with driver.transaction():
                     outcome = await self._attempt(driver, session_id, batch, if_match, lock=True)
-        if outcome is None:  # pragma: no cover - the row lock rules this out
+        if isinstance(outcome, NeedsLock):  # pragma: no cover - the row lock rules this out
             raise RuntimeError("a locked append lost its race")
         return outcome
 
-    async def _check_pinned(
-        self,
-        driver: Driver,
-        session_id: str,
-        session: SessionState,
-        batch: _Batch,
-        rows: list[EntryRow],
-    ) -> None:
-        """Pinned messages stay in the context whatever a compaction cuts, so together
-        they may take at most PINNED_SHARE of the session's usable window: beyond it no
-        compaction could bring the context under its threshold again."""
-        window, _ = sessions.window_of(session)
-        limit = int(window.usable_tokens * PINNED_SHARE)
-        held = await self.repo.pinned_tokens(driver, OnPath.of(session_id, session))
-        adding = sum(r.tokens for r in rows if r.pinned)
-        if held + adding > limit:
-            raise invalid(
-                batch.pinned_path,
-                f"pinned messages may take at most {limit:,} tokens, a quarter of this "
-                f"session's usable window: the session holds {held:,} pinned tokens and "
-                f"this batch would pin {adding:,} more",
-            )
-
     async def _attempt(
         self, driver: Driver, session_id: str, batch: _Batch, if_match: str | None, *, lock: bool
-    ) -> Appended | None:
-        """One read and one write: the response document, the version, and
-        whether it is a replay. None, with nothing written, when another append
-        got there first, or when the append must prune and holds no lock.
-
-        An automatic prune runs in the append's own (locked) transaction: the
-        response, the version it carries and the idempotency record are then
-        those of the append and its prune together, never another request's.
-        """
+    ) -> AppendResult | NeedsLock:
+        """One read, the plan (:func:`plan_append`) and its write."""
         read = await self.repo.read_for_append(
             driver,
             session_id,
@@ -496,158 +663,79 @@ class AppendService:
             lock=lock,
             system=batch.system is not None,
         )
-        if read is None:
-            raise NotFound(f"session {session_id!r} does not exist")
-        if read.idempotency is not None:
-            request_hash, response = read.idempotency
-            if request_hash != batch.digest:
-                raise UnprocessableContent(
-                    f"Idempotency-Key {batch.idempotency_key!r} was already used with a different body",
-                    errors=[{"field": "Idempotency-Key", "detail": "reused with a different body"}],
-                )
-            first = orjson.loads(response)
-            return Appended(first, first["version"], True, [], None, None)
-        session = read.session
-        sessions.check_if_match(if_match, session.version)
-        config = sessions.effective_config(session.config)
-        encoding = catalog.lookup(session.model).encoding
-        rows: list[EntryRow] = []
-        stored: list[dict[str, Any]] = []
-        system = batch.system
-        if system is not None and (
-            read.system_parts is not None
-            and anthropic_format.system_texts(read.system_parts)
-            == anthropic_format.system_texts(system.parts)
-        ):
-            system = None  # the session holds this system prompt already
-        if system is not None:
-            row = batch.system_row(session.next_seq, encoding)
-            rows.append(row)
-            stored.append(
-                {"id": str(row.id), "seq": row.seq, "role": row.role, "tokens": row.tokens}
-            )
-        first_seq = session.next_seq + len(rows)
-        path = session.path
-        linking = link_batch(batch.entries, read.calls, first_seq, path.leaf_branch)
-        hidden = _cut_off_results(linking, session)
-
-        every_shown = await batch.show_all(encoding, config.truncate, linking.view_ids)
-        for offset, entry in enumerate(batch.entries):
-            seq = first_seq + offset
-            entry_id = uuid.uuid4()
-            view_ids = linking.view_ids[offset]
-            shown = every_shown[offset]
-            rows.append(
-                EntryRow(
-                    seq=seq,
-                    id=entry_id,
-                    role=entry.role,
-                    parts=batch.parts[offset],
-                    tool_call_id=entry.tool_call_id,
-                    tool_name=entry.tool_name,
-                    is_error=entry.is_error,
-                    name=entry.name,
-                    content_form=entry.content_form,
-                    extra=batch.extra[offset],
-                    tokens=shown.tokens,
-                    call_ids=_json(list(view_ids or entry.call_ids)) if entry.call_ids else None,
-                    view_openai=shown.view_openai,
-                    view_anthropic=shown.view_anthropic,
-                    omitted_lines=shown.omitted_lines,
-                    omitted_bytes=shown.omitted_bytes,
-                    view_call_id=view_ids[0] if view_ids and entry.role == "tool" else None,
-                    call_id_tokens=shown.call_id_tokens,
-                    pinned=batch.pinned[offset],
-                    search_text=batch.search_texts[offset],
-                    search_pending=batch.search_pending[offset],
-                )
-            )
-            stored.append(
-                {"id": str(entry_id), "seq": seq, "role": entry.role, "tokens": shown.tokens}
-            )
-
-        # Where each entry hangs in the tree, and the path's stored tokens with it.
-        path_tokens = session.stored_tokens
-        for i, row in enumerate(rows):
-            path_tokens += row.tokens
-            parent = path.branch_of(row.seq - 1) if row.seq > 1 else None
-            rows[i] = row._replace(parent_branch=parent, path_tokens=path_tokens)
-        if any(r.pinned for r in rows):
-            await self._check_pinned(driver, session_id, session, batch, rows)
-        read_version = session.version
-        before = snapshot(session)
-        advance(
-            session,
-            ledger.Appended(
-                tuple(ledger.Added(r.tokens, r.role == "tool", r.seq in hidden) for r in rows),
-                batch.overhead(encoding),
+        held = 0
+        if read is not None and read.idempotency is None and any(batch.pinned):
+            held = await self.repo.pinned_tokens(driver, OnPath.of(session_id, read.session))
+        # Counting a large batch takes a second of CPU or more (tokenizing, truncating,
+        # rendering): it is planned in a worker thread, where tiktoken releases the GIL,
+        # so the event loop keeps serving.
+        plan = await run_sized(
+            batch.size,
+            functools.partial(
+                plan_append,
+                read,
+                session_id,
+                batch,
+                if_match,
+                pinned_held=held,
+                locked=lock,
+                now=datetime.now(UTC),
             ),
         )
-        verdict = sessions.verdict_of(session, config)
-        relieve = relief.relief_wanted("append", verdict.action, session, config)
-        if relieve and not lock:
-            return None
-        document: dict[str, Any] = {
-            "entries": stored,
-            "version": session.version,
-            "context_tokens": session.context_tokens,
-            "overflow": dataclasses.asdict(verdict),
-            "pruned": None,
-            "compaction": None,
-        }
-        was = sessions.verdict_of(before, config)
-        # A changed verdict is an event, written with the append or not at all.
-        async with driver.transaction() if was.action != verdict.action else _no_transaction():
-            written = await self.repo.write_append(
-                driver,
-                AppendWrite(
-                    session_id=session_id,
-                    family_id=session.family_id,
-                    branch=path.leaf_branch,
-                    read_version=read_version,
-                    source_format=batch.format,
-                    now=datetime.now(UTC),
-                    entries=rows,
-                    new_calls=linking.new_calls,
-                    answers=linking.answers,
-                    session=session,
-                    idempotency_key=batch.idempotency_key,
-                    request_hash=batch.digest,
-                    response=append_document(document).decode() if batch.idempotency_key else None,
-                    hidden=sorted(hidden),
-                ),
-            )
-            if written:
-                await events.verdict_changed(
-                    driver, self.tenant_id, session_id, was, verdict, "append"
-                )
+        if isinstance(plan, Replay):
+            return AppendResult(plan.document, plan.document["version"], True, [], None, None)
+        if isinstance(plan, NeedsLock):
+            return plan
+        return await self._write(driver, session_id, batch, plan)
+
+    async def _write(
+        self, driver: Driver, session_id: str, batch: _Batch, plan: Write
+    ) -> AppendResult | NeedsLock:
+        """The planned write, its event, and the relief it asks for (under the row lock)."""
+        if plan.change is None:
+            written = await self.repo.write_append(driver, plan.write)
+        else:
+            async with driver.transaction():
+                written = await self.repo.write_append(driver, plan.write)
+                if written:
+                    await events.verdict_changed(
+                        driver, self.tenant_id, session_id, *plan.change, "append"
+                    )
         if not written:
-            return None
+            return NeedsLock("race")
         if any(batch.search_pending):
             await indexer.wake(driver)  # at the commit: the worker writes the rest
-        if relieve:
-            # The row lock is held (``lock``), and the write above saved the state.
-            unit = Unit(driver, self.tenant_id, session_id, session)
-            relieved = await relief.relieve(
-                unit, config, "append", now=datetime.now(UTC), verdict=verdict
+        session, document = plan.write.session, plan.document
+        if plan.relieve:
+            await self._relieve(driver, session_id, batch, plan)
+        return AppendResult(
+            document, session.version, False, plan.write.entries, plan.before, session
+        )
+
+    async def _relieve(self, driver: Driver, session_id: str, batch: _Batch, plan: Write) -> None:
+        """Prune or compact after the write, in the same locked transaction; the response
+        (and its idempotency record) then says what the append and its relief did."""
+        session, document = plan.write.session, plan.document
+        unit = Unit(driver, self.tenant_id, session_id, session)
+        relieved = await relief.relieve(
+            unit, plan.config, "append", now=datetime.now(UTC), verdict=plan.verdict
+        )
+        if relieved.pruned is not None:
+            document["pruned"] = relieved.pruned.model_dump(mode="json")
+        if relieved.compaction is not None:
+            document["compaction"] = relieved.compaction.model_dump(mode="json")
+        document.update(
+            version=session.version,
+            context_tokens=session.context_tokens,
+            overflow=dataclasses.asdict(relieved.verdict),
+        )
+        await events.verdict_changed(
+            driver, self.tenant_id, session_id, plan.verdict, relieved.verdict, "relief"
+        )
+        if batch.idempotency_key:
+            await self.repo.replace_idempotent_response(
+                driver, session_id, batch.idempotency_key, append_document(document).decode()
             )
-            if relieved.pruned is not None:
-                document["pruned"] = relieved.pruned.model_dump(mode="json")
-            if relieved.compaction is not None:
-                document["compaction"] = relieved.compaction.model_dump(mode="json")
-            document.update(
-                version=session.version,
-                context_tokens=session.context_tokens,
-                overflow=dataclasses.asdict(relieved.verdict),
-            )
-            await events.verdict_changed(
-                driver, self.tenant_id, session_id, verdict, relieved.verdict, "relief"
-            )
-            if batch.idempotency_key:
-                await self.repo.replace_idempotent_response(
-                    driver, session_id, batch.idempotency_key, append_document(document).decode()
-                )
-        return Appended(document, session.version, False, rows, before, session)
 
 
 class _Turns:
@@ -672,11 +760,6 @@ class _Turns:
 
 
 _turns = _Turns()
-
-
-@contextlib.asynccontextmanager
-async def _no_transaction() -> AsyncIterator[None]:
-    yield
 
 
 class _Shown(NamedTuple):
@@ -725,6 +808,8 @@ class _Batch:
         self.digest = request_hash(body, overhead_tokens) if self.idempotency_key else None
         self.parts = [_json(e.parts) for e in self.entries]
         self.extra = [_json(e.extra) if e.extra else None for e in self.entries]
+        # The entries' ids, the same in every attempt (like the system prompt's row).
+        self.ids = [uuid.uuid4() for _ in self.entries]
         self.search_texts, self.search_pending = search_text.for_append(
             [e.parts for e in self.entries]
         )
@@ -772,36 +857,24 @@ class _Batch:
             )
         return self._system_row[key]
 
-    async def show_all(
-        self,
-        encoding: tokens.EncodingName,
-        config: TruncateConfig,
-        view_ids: list[tuple[str, ...] | None],
-    ) -> list[_Shown]:
-        """Every entry as shown to the model. Counting a large batch takes a second
-        of CPU or more (tokenizing, truncating, rendering): it runs in a worker
-        thread, where tiktoken releases the GIL, so the event loop keeps serving."""
-
-        def show() -> list[_Shown]:
-            return [
-                self.shown(offset, encoding, config, ids) for offset, ids in enumerate(view_ids)
-            ]
-
-        return await run_sized(self.size, show)
-
     def shown(
         self,
         offset: int,
         encoding: tokens.EncodingName,
         config: TruncateConfig,
         view_ids: tuple[str, ...] | None,
+        tool_name: str | None,
     ) -> _Shown:
+        """Entry ``offset`` as the model is shown it, its calls named ``view_ids`` and
+        (a result) its tool ``tool_name``; kept for the next attempt."""
         entry = self.entries[offset]
+        if entry.tool_name != tool_name:
+            entry = dataclasses.replace(entry, tool_name=tool_name)
         category: truncate.Category | None = None
         if entry.role == "tool" and config.enabled:
             category = truncate.category_for(entry.tool_name, config.categories)
         cap = config.tool_result_token_cap if category else 0
-        key = (offset, encoding, category, cap, view_ids)
+        key = (offset, encoding, category, cap, view_ids, tool_name)
         if key not in self._shown:
             if view_ids is not None:
                 entry = _with_view_ids(entry, view_ids)

@@ -34,8 +34,9 @@ from app.engine.proxy.history import (
 )
 from app.engine.proxy.wire import ProxyRequest
 from app.engine.proxy.wires import wire_of
+from app.messages.intake import refused_messages
 from app.messages.schemas import AppendRequest
-from app.messages.service import Appended, AppendService, oversized_arguments
+from app.messages.service import AppendResult, AppendService
 from app.proxy.call import ATTEMPTS, Call, ProxyDeps
 from app.proxy.conversations import MOVES, PAGE, Conversations
 from app.proxy.forward import upstream_headers
@@ -211,7 +212,7 @@ async def _append(
     session_id: str,
     matching: _Matching,
     body_bytes: int,
-) -> Appended | None:
+) -> AppendResult | None:
     """The request's new messages stored (None when it has none), with the session's
     version as read for ``If-Match`` (PreconditionFailed: another writer came first)."""
     found = matching.found
@@ -248,10 +249,9 @@ def _check_storable(
         found = find_unstorable(message, request.path(start + i), max_items)
         if found:
             raise bad(*found)
-    if wire_of(request).store == "openai":
-        found = oversized_arguments(stored, max_items)
-        if found:
-            raise bad(shift(found[0], request.offset + start, request.field), found[1])
+    found = refused_messages(stored, wire_of(request).store, settings)  # app.messages.intake
+    if found:
+        raise bad(shift(found[0], request.offset + start, request.field), found[1])
 
 
 async def _call_of(
@@ -261,7 +261,7 @@ async def _call_of(
     session_id: str,
     raw_headers: list[tuple[bytes, bytes]],
     matching: _Matching,
-    appended: Appended | None,
+    appended: AppendResult | None,
 ) -> Call:
     """The call, its new messages stored: its context built, ready to go upstream."""
     row, found = matching.row, matching.found

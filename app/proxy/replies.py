@@ -19,7 +19,7 @@ from app.engine.model import Entry, InvalidMessage
 from app.engine.proxy.history import Known, contentless, digest, extend, raw_known
 from app.engine.proxy.wire import PARSERS, Reply
 from app.messages.schemas import AppendRequest
-from app.messages.service import Appended, AppendService
+from app.messages.service import AppendResult, AppendService
 from app.proxy.call import ATTEMPTS, Call, ProxyDeps
 
 log = logging.getLogger("compactd.proxy")
@@ -180,7 +180,7 @@ async def _still_next(deps: ProxyDeps, call: Call) -> int | None:
     return row.version
 
 
-def _stored(deps: ProxyDeps, call: Call, appended: Appended, entries: list[Entry]) -> None:
+def _stored(deps: ProxyDeps, call: Call, appended: AppendResult, entries: list[Entry]) -> None:
     """What the proxy keeps of a stored reply: its seq, the context sent extended by it
     (the next call's, if nothing else comes), and the history it knows."""
     if appended.rows:
