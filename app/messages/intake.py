@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Header, Query
 from pydantic import TypeAdapter
 from starlette.routing import BaseRoute
@@ -31,9 +32,9 @@ from app.core.http import run_sized
 from app.core.media import require_json_body
 from app.core.settings import Settings
 from app.core.storable import check_parsed, check_query, check_utf8
+from app.engine.formats.storable import MAX_JSON_DEPTH, find_oversized
 from app.history.schemas import FORMAT_DESCRIPTION, Format
 from app.messages.schemas import AppendRequest
-from app.messages.service import oversized_arguments
 
 AppendFormat = Annotated[
     Format | None,
@@ -70,17 +71,47 @@ class AppendCall:
 MessageCheck = Callable[[list[Any], str, Settings], tuple[str, str] | None]
 
 
-def _tool_arguments_in_bounds(
+def oversized_arguments(
     messages: list[Any], fmt: str, settings: Settings
 ) -> tuple[str, str] | None:
-    """An OpenAI tool call's ``arguments`` (JSON kept as text) within the body's own
-    bounds (an Anthropic ``tool_use`` input is part of the body, walked with it)."""
+    """The first OpenAI tool call whose ``arguments`` JSON holds an array or object
+    of more than ``max_json_items`` items, or nests them more than ``MAX_JSON_DEPTH``
+    deep, and why: the same bounds as for the body's own JSON (an Anthropic
+    ``tool_use`` input is part of it), so that a tool call is refused alike in both
+    formats, and its Anthropic view (the parsed arguments) can always be written.
+    Only arguments that could break a bound are parsed: an array or object of
+    ``max_items + 1`` items has ``max_items`` commas, and nesting takes brackets."""
     if fmt != "openai":
         return None
-    return oversized_arguments(messages, settings.max_json_items)
+    max_items = settings.max_json_items
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not isinstance(calls, list):
+            continue
+        for j, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            arguments = fn.get("arguments") if isinstance(fn, dict) else None
+            if not isinstance(arguments, str) or (
+                arguments.count(",") < max_items
+                and arguments.count("[") + arguments.count("{") <= MAX_JSON_DEPTH
+            ):
+                continue
+            try:
+                parsed = orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                continue  # the append's parse names it (app.messages.service)
+            found = find_oversized(parsed, "", max_items)
+            if found:
+                where, reason = found
+                inside = "" if where == "body" else f" at {where}"
+                return (
+                    f"messages[{i}].tool_calls[{j}].function.arguments",
+                    f"its JSON{inside} {reason}",
+                )
+    return None
 
 
-MESSAGE_CHECKS: tuple[MessageCheck, ...] = (_tool_arguments_in_bounds,)
+MESSAGE_CHECKS: tuple[MessageCheck, ...] = (oversized_arguments,)
 
 
 def refused_messages(messages: list[Any], fmt: str, settings: Settings) -> tuple[str, str] | None:

@@ -26,7 +26,6 @@ from app.core.http import run_sized
 from app.engine import search_text
 from app.engine.accounting import budget, catalog, ledger, provider_usage, tokens
 from app.engine.formats import anthropic_format, openai_format
-from app.engine.formats.storable import MAX_JSON_DEPTH, find_oversized
 from app.engine.model import Entry, InvalidMessage
 from app.engine.window import truncate, view
 from app.history.schemas import Format
@@ -130,41 +129,6 @@ def _pinned(raw: Any, path: str, parsed: list[Entry]) -> bool:
             "their results, and are summarized with them",
         )
     return True
-
-
-def oversized_arguments(messages: list[Any], max_items: int) -> tuple[str, str] | None:
-    """The first OpenAI tool call whose ``arguments`` JSON holds an array or object
-    of more than ``max_items`` items, or nests them more than ``MAX_JSON_DEPTH``
-    deep, and why: the same bounds as for the body's own JSON (an Anthropic
-    ``tool_use`` input is part of it), so that a tool call is refused alike in both
-    formats, and its Anthropic view (the parsed arguments) can always be written.
-    Only arguments that could break a bound are parsed: an array or object of
-    ``max_items + 1`` items has ``max_items`` commas, and nesting takes brackets."""
-    for i, message in enumerate(messages):
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        if not isinstance(calls, list):
-            continue
-        for j, call in enumerate(calls):
-            fn = call.get("function") if isinstance(call, dict) else None
-            arguments = fn.get("arguments") if isinstance(fn, dict) else None
-            if not isinstance(arguments, str) or (
-                arguments.count(",") < max_items
-                and arguments.count("[") + arguments.count("{") <= MAX_JSON_DEPTH
-            ):
-                continue
-            try:
-                parsed = orjson.loads(arguments)
-            except orjson.JSONDecodeError:
-                continue  # parse_pinned_batch names it
-            found = find_oversized(parsed, "", max_items)
-            if found:
-                where, reason = found
-                inside = "" if where == "body" else f" at {where}"
-                return (
-                    f"messages[{i}].tool_calls[{j}].function.arguments",
-                    f"its JSON{inside} {reason}",
-                )
-    return None
 
 
 def request_hash(body: AppendRequest, overhead_tokens: int | None = None) -> str:
