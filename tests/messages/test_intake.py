@@ -9,12 +9,14 @@ from typing import Any
 import httpx
 import pytest
 
+from app.core.database import get_engine
 from app.core.direct import route_of
 from app.core.errors import ProblemError
 from app.core.settings import Settings
-from app.main import create_app
+from app.core.tenancy import get_tenant
+from app.main import create_app, reject_unstorable_text
 from app.messages import intake
-from app.messages.router import append_messages, router
+from app.messages.router import append_messages, batch_in_bounds, router
 from tests.conftest import TEST_SETTINGS, make_session
 from tests.helpers import direct_and_fastapi, history
 
@@ -95,3 +97,17 @@ async def test_a_check_added_to_the_intake_refuses_on_the_proxy(db_url: str) -> 
         assert error["param"] == "messages[1].content", error
         assert "is the word this test refuses" in error["message"]
         assert await history(client, "p1") == []
+
+
+def test_the_fast_path_reads_every_input_and_check_of_the_route() -> None:
+    """The fast path reads what the route declares and runs the checks it depends on;
+    a parameter or check given to the route alone would not be made there (it would
+    fail open), so one added fails here until the intake makes it too."""
+    dependant = route_of(router.routes, append_messages).dependant
+    assert [p.alias for p in dependant.path_params] == ["session_id"]
+    assert [p.alias for p in dependant.query_params] == ["format"]
+    assert [p.alias for p in dependant.header_params] == ["idempotency-key", "if-match"]
+    assert [p.name for p in dependant.body_params] == ["body"]
+    assert [d.call for d in dependant.dependencies] == [batch_in_bounds, get_engine, get_tenant]
+    app = create_app(TEST_SETTINGS)
+    assert [d.dependency for d in app.router.dependencies] == [reject_unstorable_text]
