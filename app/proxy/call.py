@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.context.assembly import Built
 from app.core.settings import Settings
@@ -27,7 +27,6 @@ class ProxyDeps:
     """What the pipeline's steps work with, for one tenant's request."""
 
     engine: AsyncEngine
-    sessionmaker: async_sessionmaker[AsyncSession]
     client: ProxyClient
     http: httpx.AsyncClient
     settings: Settings

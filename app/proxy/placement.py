@@ -308,18 +308,16 @@ async def _create(
 ) -> None:
     """The session, created on first use with the request's model (and under
     ``parent_id``, a side conversation's child)."""
-    async with deps.sessionmaker() as db:
-        try:
-            await sessions.SessionService(db, deps.tenant_id).create(
-                SessionCreate(
-                    model=model,
-                    id=session_id,
-                    config=PROXY_SESSION_CONFIG,
-                    parent_id=parent_id,
-                )
+    try:
+        await sessions.SessionService(deps.engine, deps.tenant_id).create(
+            SessionCreate(
+                model=model,
+                id=session_id,
+                config=PROXY_SESSION_CONFIG,
+                parent_id=parent_id,
             )
-            await db.commit()
-        except Conflict:
-            pass  # a concurrent first call created it
-        except ValidationError as exc:
-            raise BadRequest(f"model: {exc.errors()[0]['msg']}") from None
+        )
+    except Conflict:
+        pass  # a concurrent first call created it
+    except ValidationError as exc:
+        raise BadRequest(f"model: {exc.errors()[0]['msg']}") from None

@@ -105,7 +105,6 @@ def _service(request: Request, tenant: str, engine: Any, settings: Any) -> Proxy
     client: ProxyClient = request.app.state.proxy
     return ProxyService(
         engine=engine,
-        sessionmaker=request.app.state.sessionmaker,
         client=client,
         settings=settings,
         tenant_id=tenant,

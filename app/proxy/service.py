@@ -8,7 +8,7 @@ import asyncio
 import time
 
 import orjson
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection
 from app.core.settings import Settings
@@ -36,7 +36,6 @@ class ProxyService:
         self,
         *,
         engine: AsyncEngine,
-        sessionmaker: async_sessionmaker[AsyncSession],
         client: ProxyClient,
         settings: Settings,
         tenant_id: str,
@@ -44,7 +43,6 @@ class ProxyService:
     ) -> None:
         self.deps = ProxyDeps(
             engine=engine,
-            sessionmaker=sessionmaker,
             client=client,
             http=client.get(),
             settings=settings,
