@@ -20,7 +20,9 @@ from app.history.schemas import Format
 from app.messages.service import AppendResult
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
-from app.store.log import EntryRow, OnPath, read_state_and_marks, read_window
+from app.store.append import EntryRow
+from app.store.context_reads import read_state_and_marks, read_window
+from app.store.paths import OnPath
 from app.store.session_row import SessionState
 
 # Sessions whose last context is kept, and the most characters of views kept over all.
