@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions.service import CompactionService
 from app.core.database import driver_connection
@@ -87,16 +87,9 @@ def _hit_text(hit: SearchHit) -> str:
 class ToolCallService:
     """The recall tools of one tenant's sessions."""
 
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        tenant_id: str | AsyncSession,
-        proxy_tenant_id: str | None = None,
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
         self.engine = engine
-        # The proxy still passes an ORM session before the tenant, until it is switched
-        # to ToolCallService(engine, tenant_id): that session is not used.
-        self.tenant_id = tenant_id if isinstance(tenant_id, str) else proxy_tenant_id or ""
+        self.tenant_id = tenant_id
 
     async def result_tokens(self, session_id: str) -> int:
         """The session's ``recall.result_tokens``."""
