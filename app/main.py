@@ -20,7 +20,6 @@ from app.core.database import (
     create_engine,
     driver_bounds,
     resolve_database_url,
-    sessionmaker,
     worker_settings,
 )
 from app.core.http import install_error_handlers
@@ -97,7 +96,6 @@ def create_app(
         url = database_url or resolve_database_url(settings)
         engine = create_engine(url, settings)
         app.state.engine = engine
-        app.state.sessionmaker = sessionmaker(engine)
         app.state.keys = KeyStore(engine, settings.auth_cache_seconds)
         app.state.proxy = ProxyClient(settings)
         app.state.metrics = metrics.app_registry(engine)

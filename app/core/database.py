@@ -20,12 +20,7 @@ from sqlalchemy import URL, Engine, MetaData, event, make_url
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import (
-    AsyncEngine,
-    AsyncSession,
-    async_sessionmaker,
-    create_async_engine,
-)
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.util import greenlet_spawn
 
@@ -311,12 +306,6 @@ def _skip_closed(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
     driver = record.driver_connection
     if driver is not None and driver.is_closed():
         raise DisconnectionError("the pooled connection was closed by the server")
-
-
-def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """ORM sessions on ``engine``: for the proxy's session creation and recall calls
-    until they take the engine (every route runs on :func:`driver_connection`)."""
-    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
 
 
 # What a database that cannot serve us right now raises: it is down, starting,

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import orjson
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core import model_catalog
 from app.core.database import driver_connection
@@ -194,8 +194,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 class SessionService:
     """Sessions of one tenant, each use case in one transaction of its own."""
 
-    def __init__(self, engine: AsyncEngine | AsyncSession, tenant_id: str) -> None:
-        self.engine = _engine_of(engine)
+    def __init__(self, engine: AsyncEngine, tenant_id: str) -> None:
+        self.engine = engine
         self.tenant_id = tenant_id
 
     async def require(self, session_id: str) -> SessionRow:
@@ -281,16 +281,6 @@ class SessionService:
             session = await _require(driver, self.tenant_id, session_id, for_update=True)
             check_if_match(if_match, session.version)
             await session_row.delete(driver, self.tenant_id, session_id, session.family_id)
-
-
-def _engine_of(engine: AsyncEngine | AsyncSession) -> AsyncEngine:
-    """The engine the service runs on. The proxy still hands it an ORM session (bound
-    to the app's engine) until it passes the engine itself: that session's engine."""
-    if isinstance(engine, AsyncEngine):
-        return engine
-    bind = engine.bind
-    assert isinstance(bind, AsyncEngine)
-    return bind
 
 
 async def _require(

@@ -21,20 +21,8 @@ import orjson
 from app.core.driver import Driver, Record, record_of
 from app.engine import tree
 from app.store.append import INSERT_MARKS_SQL, AppendRepository
-
-# Re-exported for the modules that still import these from here (app.messages.service,
-# app.proxy.repository, app.context.assembly): each one's home is the module it names.
-from app.store.append import Answer as Answer
-from app.store.append import AppendWrite as AppendWrite
-from app.store.append import CallRow as CallRow
-from app.store.append import EntryRow as EntryRow
-from app.store.append import StoredCall as StoredCall
 from app.store.context_reads import read_marks
-from app.store.context_reads import read_state_and_marks as read_state_and_marks
-from app.store.context_reads import read_window as read_window
-from app.store.paths import OnPath as OnPath
-from app.store.paths import on_path
-from app.store.paths import on_session_path as on_session_path
+from app.store.paths import OnPath, on_path
 
 _OPEN = f"{tree.OPEN}::bigint"
 # $5 and $6, and $3 and $4, of the statements below that take a path.

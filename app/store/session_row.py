@@ -89,9 +89,9 @@ def state_of(row: Record) -> SessionState:
     return record_of(SessionState, row)
 
 
-def advance(state: object, event: ledger.LedgerEvent) -> None:
-    """Apply ``event`` to the running totals of ``state`` (a :class:`SessionState`
-    or the ORM row), in place: the arithmetic is :func:`app.engine.accounting.ledger.apply`'s."""
+def advance(state: SessionState, event: ledger.LedgerEvent) -> None:
+    """Apply ``event`` to the running totals of ``state``, in place: the arithmetic is
+    :func:`app.engine.accounting.ledger.apply`'s."""
     values = {name: getattr(state, name) for name in ledger.TOTALS_FIELDS}
     values["pinned_seqs"] = tuple(values["pinned_seqs"] or ())
     before = ledger.Totals(**values)
