@@ -30,6 +30,15 @@ _PATH_56 = on_path("", "$5::bigint[]", "$6::bigint[]")
 _PATH_34 = on_path("", "$3::bigint[]", "$4::bigint[]")
 
 
+# The prune marks of one session's path in a range, as another session's (a fork's).
+_COPY_MARKS_SQL = """
+INSERT INTO prune_mark (session_id, tenant_id, branch, seq, pruned_at, tokens)
+SELECT $3, tenant_id, branch, seq, pruned_at, tokens FROM prune_mark
+WHERE session_id = $1 AND tenant_id = $2 AND seq >= $4 AND seq < $5
+    AND branch = ANY($6::bigint[])
+    AND seq <= ($7::bigint[])[array_position($6::bigint[], branch)]
+"""
+
 _ITEMS_SQL = f"""
 SELECT seq, role, kind, tool_name, tokens, coalesce(view_call_id, tool_call_id) AS link_id,
     is_error, call_id_tokens
@@ -300,6 +309,21 @@ class LogRepository(AppendRepository):
                 [at.path.branch_of(r.seq) for r in erased],
                 at.session_id,
             )
+
+    async def copy_marks(
+        self, driver: Driver, at: OnPath, to_session_id: str, start_seq: int, end_seq: int
+    ) -> None:
+        """The prune marks of ``at`` in ``start_seq <= seq < end_seq`` made
+        ``to_session_id``'s too (a fork's, whose path shares those entries)."""
+        await driver.execute(
+            _COPY_MARKS_SQL,
+            at.session_id,
+            self.tenant_id,
+            to_session_id,
+            start_seq,
+            end_seq,
+            *at.args(start_seq, end_seq),
+        )
 
     async def source(
         self, driver: Driver, at: OnPath, start_seq: int, end_seq: int, *, light: bool = False

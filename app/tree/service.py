@@ -47,16 +47,6 @@ from app.tree.schemas import (
 
 BRANCH_SUMMARY = "branch_summary"
 
-# The source's prune marks in the fork's window: the fork's context is the source's
-# as it was at that entry, outputs hidden as they were.
-_COPY_MARKS_SQL = """
-INSERT INTO prune_mark (session_id, tenant_id, branch, seq, pruned_at, tokens)
-SELECT $3, tenant_id, branch, seq, pruned_at, tokens FROM prune_mark
-WHERE session_id = $1 AND tenant_id = $2 AND seq >= $4 AND seq < $5
-    AND branch = ANY($6::bigint[])
-    AND seq <= ($7::bigint[])[array_position($6::bigint[], branch)]
-"""
-
 _CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
 
 
@@ -473,16 +463,10 @@ class TreeService:
                     )
                 ).start_seq
             )
-            branches_, ends = path.segments(start, at_seq + 1)
-            await driver.execute(
-                _COPY_MARKS_SQL,
-                source_id,
-                self.tenant_id,
-                new_id,
-                start,
-                at_seq + 1,
-                branches_,
-                ends,
+            # The fork's context is the source's as it was at that entry, outputs
+            # hidden as they were.
+            await LogRepository(self.tenant_id).copy_marks(
+                driver, OnPath(source_id, family, path), new_id, start, at_seq + 1
             )
             await move_leaf(unit, landing, prefix, same_as=state)
             document = await session_document(driver, self.tenant_id, new_id)
