@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
@@ -23,6 +20,7 @@ from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import NotFound, UnprocessableContent, invalid
 from app.core.http import run_sized
+from app.core.keyed_locks import KeyedLocks
 from app.engine import search_text
 from app.engine.accounting import budget, catalog, ledger, provider_usage, tokens
 from app.engine.formats import anthropic_format, openai_format
@@ -594,7 +592,7 @@ class AppendService:
         # Appends to one session in this process take turns here, before they
         # hold a connection: they would only lose races to each other in the
         # database. Other processes are still ordered by the version check.
-        async with _turns.turn((self.tenant_id, session_id)):
+        async with _turns.held((self.tenant_id, session_id)):
             if driver is not None:
                 return await self._store_on(driver, session_id, batch, if_match)
             async with driver_connection(self.engine) as own:
@@ -702,28 +700,8 @@ class AppendService:
             )
 
 
-class _Turns:
-    """One asyncio lock per key, kept only while someone holds or awaits it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def turn(self, key: tuple[str, str]) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
-
-
-_turns = _Turns()
+# Appends to one session in this process take turns (see AppendService.append).
+_turns = KeyedLocks()
 
 
 class _Shown(NamedTuple):

@@ -148,14 +148,14 @@ async def test_many_concurrent_appenders_get_gapless_seqs(client: httpx.AsyncCli
 async def test_appends_to_one_session_take_turns_and_leave_no_locks_behind() -> None:
     import asyncio
 
-    from app.messages.service import _Turns
+    from app.core.keyed_locks import KeyedLocks
 
-    turns = _Turns()
+    turns = KeyedLocks()
     inside: list[int] = []
     order: list[int] = []
 
     async def one(k: int, key: tuple[str, str]) -> None:
-        async with turns.turn(key):
+        async with turns.held(key):
             inside.append(k)
             assert len([x for x in inside if x < 100]) <= 1  # one at a time per key
             await asyncio.sleep(0)
@@ -168,7 +168,7 @@ async def test_appends_to_one_session_take_turns_and_leave_no_locks_behind() -> 
     assert turns._locks == {}
 
     task = asyncio.create_task(one(7, ("t", "c")))
-    async with turns.turn(("t", "c")):
+    async with turns.held(("t", "c")):
         await asyncio.sleep(0)
         task.cancel()  # cancelled while waiting for its turn
     with contextlib.suppress(asyncio.CancelledError):
