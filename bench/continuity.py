@@ -1,4 +1,4 @@
-"""Continuity after compaction (issue 14): what the agent still knows once its history
+"""Continuity after compaction (docs/how-it-works.md, "Compaction"): what the agent still knows once its history
 is compacted.
 
 ``python -m bench continuity`` (or ``make continuity``, or ``python -m bench.continuity``)
@@ -188,7 +188,7 @@ class Session:
     # Appends and usage reports, as the service takes them.
 
     def _shown(self, entry: Entry) -> Entry:
-        """The entry after ingest truncation (seed 002), as the append shows it."""
+        """The entry after ingest truncation (docs/how-it-works.md), as the append shows it."""
         cfg = self.config.truncate
         if entry.role != "tool" or not cfg.enabled:
             return entry

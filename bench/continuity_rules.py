@@ -1,4 +1,4 @@
-"""The continuity measurement's own rules (issue 14), independent of the summarizer.
+"""The continuity measurement's own rules (docs/how-it-works.md, "Compaction"), independent of the summarizer.
 
 What an agent needs after a compaction, read from the trace itself: the task's
 distinctive terms, every file modified so far, and the last failure before the cut;

@@ -1,4 +1,4 @@
-"""Events and webhooks: what they cost and how fast they go out (issue 17).
+"""Events and webhooks: what they cost and how fast they go out (docs/events.md).
 
 Over real HTTP against the bench's ``compactd serve`` (embedded PostgreSQL), with a
 ``compactd worker`` of its own (it runs the webhook dispatcher):
@@ -225,7 +225,7 @@ async def bench_delivery(host: str, port: int, pg: asyncpg.Connection[Any]) -> N
 
 
 async def bench_events(host: str, port: int, base_url: str, env: dict[str, str]) -> None:
-    print("\nEvents and webhooks (issue 17)")
+    print("\nEvents and webhooks")
     dsn = base_url.replace("postgresql+asyncpg://", "postgresql://", 1)
     pg = await asyncpg.connect(dsn)
     worker = subprocess.Popen(  # noqa: ASYNC220 - started once, not awaited

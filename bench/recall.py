@@ -1,4 +1,4 @@
-"""Recall: what search costs, what its indexes add to an append, and their size (issue 16).
+"""Recall: what search costs, what its indexes add to an append, and their size (docs/how-it-works.md, "Recall").
 
 - **search** over real HTTP (``GET /v1/sessions/{id}/search``), against one session of
   10,000 entries (target: p50 <= 20 ms) and against 1,000 sessions of 1,000 entries
@@ -344,7 +344,7 @@ async def bench_size(pg: asyncpg.Connection) -> None:
 
 
 async def bench_recall(host: str, port: int, base_url: str) -> None:
-    print("\nRecall (issue 16)")
+    print("\nRecall")
     dsn = base_url.replace("postgresql+asyncpg://", "postgresql://", 1)
     rng = random.Random(SEED)
     rows = recall_data.corpus_rows(recall_data.corpus_messages())

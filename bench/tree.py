@@ -1,4 +1,4 @@
-"""The history is a tree: what a tree costs over a line (issue 15).
+"""The history is a tree: what a tree costs over a line (docs/how-it-works.md, "The tree").
 
 Over real HTTP against the bench's ``compactd serve`` (embedded PostgreSQL), with a
 ``compactd worker`` of its own for the two compactions below:
@@ -324,7 +324,7 @@ async def bench_tree(
 ) -> None:
     """``meter``: the service's and the database's CPU; ``dsn``: the database (asyncpg),
     for its ``ANALYZE``."""
-    print("\nTree (issue 15)")
+    print("\nTree")
     rng = random.Random(SEED)
     async with Connection(host, port) as conn:
         t = time.perf_counter()
