@@ -188,11 +188,9 @@ def _words(value: Any, depth: int) -> Iterator[str]:
 # The regex of a word character next to the query: where it is, the query is inside a
 # longer word (a Postgres ARE class, as the database's ``~*`` reads it).
 _WORD_CLASS = "[:alnum:]_"
-SNIPPET_CHARS = 300
 MARK_START = "«"
 MARK_END = "»"
 _PUNCTUATION = frozenset(string.punctuation)
-_SPACES = re.compile(r"\s+")
 _TRIGRAM = re.compile(r"[^\W_]{3}")
 
 
@@ -246,39 +244,175 @@ def _is_word_char(c: str) -> bool:
     return c.isalnum() or c == "_"
 
 
-def snippet(text: str, literal: str) -> str:
-    """About :data:`SNIPPET_CHARS` characters of ``text`` around the first place it
-    holds ``literal`` (any case), marked; the text's start when it holds none."""
-    found = re.search(re.escape(literal), text, re.IGNORECASE)
-    if found is None:
-        return _tidy(text[:SNIPPET_CHARS]) + (" …" if len(text) > SNIPPET_CHARS else "")
-    start, end = found.span()
-    shown = min(end, start + SNIPPET_CHARS)
-    room = max(0, SNIPPET_CHARS - (shown - start))
-    lo = max(0, start - room // 3)
-    hi = min(len(text), shown + room - (start - lo))
-    out = [
-        "… " if lo > 0 else "",
-        _tidy(text[lo:start]),
-        MARK_START,
-        _tidy(text[start:shown]),
-        MARK_END,
-        _tidy(text[shown:hi]),
-        " …" if hi < len(text) else "",
-    ]
-    return "".join(out).strip()
+# --- snippets ------------------------------------------------------------------------
+
+# A snippet shows at most this many of the entry's characters (besides the marks).
+SNIPPET_CHARS = 600
+# Lines of context shown on each side of the matching line (blank ones not counted).
+CONTEXT_LINES = 2
+# Where a snippet leaves out the rest of a line (" … ") or whole lines (a line "…").
+CUT = " … "
+_MORE = "…"
+# A cut line starts and ends at a space when one is this close.
+_SNAP = 16
+_WORD = re.compile(r"[^\W_]+")
+# Postgres' english stop words: the full-text query ignores them, and so does the
+# choice of a word hit's line.
+_STOP = (
+    "i me my myself we our ours ourselves you your yours yourself yourselves he him his"
+    " himself she her hers herself it its itself they them their theirs themselves what"
+    " which who whom this that these those am is are was were be been being have has had"
+    " having do does did doing a an the and but if or because as until while of at by for"
+    " with about against between into through during before after above below to from up"
+    " down in out on off over under again further then once here there when where why how"
+    " all any both each few more most other some such no nor not only own same so than too"
+    " very s t can will just don should now"
+)
+_STOP_WORDS = frozenset(_STOP.split())
 
 
-def headline(text: str) -> str:
-    """A snippet Postgres marked (``ts_headline``), tidied and bounded like
-    :func:`snippet`'s."""
-    tidy = _tidy(text).strip()
-    if len(tidy) > SNIPPET_CHARS + 100:
-        tidy = tidy[: SNIPPET_CHARS + 100] + " …"
-    if tidy.count(MARK_START) > tidy.count(MARK_END):
-        tidy += MARK_END
-    return tidy
+def snippet(text: str, query: str, *, exact: bool = True) -> str:
+    """Whole lines of ``text`` around its best matching line, the matches marked
+    «like this», every character as written (no line numbers added: the text's own
+    are kept, as in a traceback or ``grep -n``).
+
+    ``exact``: ``query`` is a literal (any case) and the line is the one holding its
+    first place; else ``query`` is words and the line is the one holding the most
+    distinct of them (stop words aside), the earliest of those. A word is found where
+    a word of the line starts with it (a number, or a word of at most 3 letters: is
+    it), or with its stem: the word less its last 3 letters, at least 4 (``failing``
+    finds ``failed``). Around that line, up to :data:`CONTEXT_LINES` lines before and
+    after while they fit in :data:`SNIPPET_CHARS`; a line too long for it is cut
+    around the match (``" … "``), and a line ``…`` stands for the lines left out. No
+    match (a case folding Python and Postgres disagree on, a stem Postgres finds and
+    this does not): the text's first lines."""
+    spans: Sequence[tuple[int, ...]]
+    if exact:
+        spans = _literal_spans(text, query)
+        start, end = spans[0] if spans else (0, 0)
+    else:
+        spans = words = _word_spans(text, query)
+        start, end = _best_line(text, words)
+    first = text.rfind("\n", 0, start) + 1
+    last = text.find("\n", end)
+    last = len(text) if last < 0 else last
+    if last - first > SNIPPET_CHARS:
+        lo, hi = _window(text, first, last, start, end)
+        return _render(text, lo, hi, spans, first, last)
+    used = last - first
+    before, after = first, last
+    taken_before = taken_after = 0
+    more_before = more_after = True
+    while more_before or more_after:
+        if more_before:
+            more_before = False
+            if before > 0 and taken_before < CONTEXT_LINES:
+                lo = text.rfind("\n", 0, before - 1) + 1
+                if used + (before - lo) <= SNIPPET_CHARS:
+                    used += before - lo
+                    taken_before += bool(text[lo : before - 1].strip())
+                    before, more_before = lo, True
+        if more_after:
+            more_after = False
+            if after < len(text) and taken_after < CONTEXT_LINES:
+                hi = text.find("\n", after + 1)
+                hi = len(text) if hi < 0 else hi
+                if used + (hi - after) <= SNIPPET_CHARS:
+                    used += hi - after
+                    taken_after += bool(text[after + 1 : hi].strip())
+                    after, more_after = hi, True
+    return _render(text, before, after, spans, before, after)
 
 
-def _tidy(text: str) -> str:
-    return _SPACES.sub(" ", text)
+def _literal_spans(text: str, literal: str) -> list[tuple[int, int]]:
+    if not literal:
+        return []
+    return [m.span() for m in re.finditer(re.escape(literal), text, re.IGNORECASE)]
+
+
+def _stems(words: str) -> list[tuple[str, bool]]:
+    """The query's words to look for: (a stem, whether a line's word must be it)."""
+    found: dict[str, bool] = {}
+    for word in _WORD.findall(words.casefold()):
+        if word in _STOP_WORDS:
+            continue
+        if word.isdigit() or len(word) <= 3:
+            found.setdefault(word, True)
+        else:
+            found.setdefault(word[: max(4, len(word) - 3)], False)
+    return list(found.items())
+
+
+def _word_spans(text: str, words: str) -> list[tuple[int, int, int]]:
+    """Where ``text`` holds the query's words: (start, end, which of them: a bit each)."""
+    stems = _stems(words)
+    spans: list[tuple[int, int, int]] = []
+    if not stems:
+        return spans
+    for m in _WORD.finditer(text):
+        word = m.group().casefold()
+        which = 0
+        for i, (stem, whole) in enumerate(stems):
+            if word == stem if whole else word.startswith(stem):
+                which |= 1 << i
+        if which:
+            spans.append((m.start(), m.end(), which))
+    return spans
+
+
+def _best_line(text: str, spans: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
+    """The first span of the line with the most distinct words (the earliest of them);
+    (0, 0) when there is none."""
+    best, best_count = (0, 0), 0
+    line_end = -1
+    line_words = 0
+    line_first = (0, 0)
+    for start, end, which in spans:
+        if start > line_end:
+            line_end = text.find("\n", start)
+            line_end = len(text) if line_end < 0 else line_end
+            line_words, line_first = 0, (start, end)
+        line_words |= which
+        if line_words.bit_count() > best_count:
+            best, best_count = line_first, line_words.bit_count()
+    return best
+
+
+def _window(text: str, first: int, last: int, start: int, end: int) -> tuple[int, int]:
+    """The part of the line ``text[first:last]`` shown around a match at ``start:end``:
+    :data:`SNIPPET_CHARS` characters, a third before it, at a space when one is near."""
+    lo = max(first, start - SNIPPET_CHARS // 3)
+    hi = min(last, lo + SNIPPET_CHARS)
+    lo = max(first, hi - SNIPPET_CHARS)
+    if lo > first:
+        space = text.find(" ", lo, min(start, lo + _SNAP))
+        lo = space + 1 if space >= 0 else lo
+    if hi < last:
+        space = text.rfind(" ", max(end, hi - _SNAP), hi)
+        hi = space if space >= 0 else hi
+    return lo, hi
+
+
+def _render(
+    text: str, lo: int, hi: int, spans: Sequence[tuple[int, ...]], first: int, last: int
+) -> str:
+    """``text[lo:hi]``, its spans marked, and where it leaves something out: " … " where
+    it starts after ``first`` or ends before ``last`` (inside a line), a line "…" where
+    lines before or after it are left out."""
+    out: list[str] = []
+    if lo > first:
+        out.append(CUT.lstrip())
+    elif text[:lo].strip():
+        out.append(_MORE + "\n")
+    at = lo
+    for span in spans:
+        s, e = max(span[0], at), min(span[1], hi)
+        if s < e:
+            out += [text[at:s], MARK_START, text[s:e], MARK_END]
+            at = e
+    out.append(text[at:hi])
+    if hi < last:
+        out.append(CUT.rstrip())
+    elif text[hi:].strip():
+        out.append("\n" + _MORE)
+    return "".join(out)

@@ -22,8 +22,9 @@ written with other punctuation (``parse-iso-week``) first among them.
 
 Bounded work: each source reads at most ``cap`` matching rows (a query as common as
 "the" in a session of 10,000 entries stops there; the page then says it is not
-complete), and the costly functions (``word_similarity``, ``ts_headline``) run on a
-fixed number of rows: the best :data:`NEAR_RANKED`, and the page.
+complete), and the costly ones run on a fixed number of rows: ``word_similarity`` on
+the best :data:`NEAR_RANKED`; the searchable text (bounded when written) is read for
+the page's rows only, for their snippets (``app.engine.search_text.snippet``).
 """
 
 from __future__ import annotations
@@ -33,21 +34,13 @@ from dataclasses import dataclass
 
 from app.core.driver import Driver
 from app.engine import tree
-from app.engine.search_text import MARK_END, MARK_START, Query
+from app.engine.search_text import Query
 from app.store.paths import on_path
 
 # The word-only hits whose similarity to the query is measured (and how much of each
 # text is measured: word_similarity costs about 0.15 ms per 1,000 characters).
 NEAR_RANKED = 10
 NEAR_CHARS = 1_000
-
-# ts_headline's options: a short snippet, the matches marked.
-_HEADLINE = (
-    f"StartSel={MARK_START}, StopSel={MARK_END}, MaxWords=30, MinWords=12,"
-    ' MaxFragments=2, FragmentDelimiter=" … "'
-)
-# ts_headline reads the whole text it is given: a snippet is looked for in this much.
-HEADLINE_CHARS = 8_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +69,8 @@ class Hit:
     kind: str
     tool_name: str | None
     score: float
-    exact: bool  # found as a substring (the snippet is cut around it)
-    text: str | None  # the searchable text, for an exact hit's snippet
-    headline: str | None  # ts_headline's snippet, for the others
+    exact: bool  # found as a substring (else by its words alone)
+    text: str | None  # the searchable text, for the snippet
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +184,11 @@ WITH q AS (
     LIMIT {limit}::int
 )
 SELECT e.id, p.branch, p.seq, e.role, e.kind, e.tool_name, p.score, p.exact,
-    CASE WHEN p.exact THEN e.search_text END AS text,
-    CASE WHEN NOT p.exact THEN ts_headline('english', left(e.search_text, {HEADLINE_CHARS}),
-        q.tsq, '{_HEADLINE}') END AS headline,
+    e.search_text AS text,
     (SELECT count(*) FROM words) >= {cap}::int OR (SELECT count(*) FROM exact) >= {cap}::int
         AS capped
 FROM page AS p
 JOIN entry AS e ON {key} AND e.branch = p.branch AND e.seq = p.seq
-CROSS JOIN q
 ORDER BY p.score DESC, p.seq DESC, p.branch DESC
 """
 
@@ -244,7 +233,6 @@ async def search(
             score=r["score"],
             exact=r["exact"],
             text=r["text"],
-            headline=r["headline"],
         )
         for r in rows
     ]

@@ -51,8 +51,12 @@ class SearchHit(BaseModel):
         "only its words match (stems, any order; the closer together, the higher)."
     )
     snippet: str = Field(
-        description="Up to about 300 characters of the entry around the match, the matches "
-        "marked «like this»; whitespace runs shown as one space."
+        description="Whole lines of the entry (up to about 600 characters) around its best "
+        "matching line, from anywhere in its searchable text: the line of the query's first "
+        "place as written, else the line holding the most of its words; a line or two of "
+        "context each side, every character as written (no line numbers added), the "
+        "matches marked «like this». A line too long is cut around the match (` … `); a "
+        "line `…` stands for lines left out. No match found again: the entry's first lines."
     )
 
 

@@ -155,10 +155,9 @@ class RecallService:
         hits = []
         for row in rows:
             on_path = 1 <= row.seq <= leaf and path.branch_of(row.seq) == row.branch
-            if row.exact and row.text is not None:
-                shown = search_text.snippet(row.text, read.literal)
-            else:
-                shown = search_text.headline(row.headline or "")
+            shown = search_text.snippet(
+                row.text or "", read.literal if row.exact else read.words, exact=row.exact
+            )
             hits.append(
                 SearchHit(
                     id=row.id,

@@ -81,6 +81,42 @@ async def test_identifiers_with_punctuation_rank_where_they_stand_alone_first(
     assert seqs(await search(client, "s", '"--flag"'))[:2] == [5, 6]
 
 
+async def test_a_snippet_is_the_matching_line_from_anywhere_in_the_entry(
+    client: httpx.AsyncClient,
+) -> None:
+    await make_session(client, id="s", config=MANUAL)
+    frames = "".join(
+        f'  File "/srv/app/lib/mod{i}.py", line {10 + i}, in step{i}\n    step{i + 1}()\n'
+        for i in range(12)
+    )
+    traceback = (
+        f"Traceback (most recent call last):\n{frames}"
+        '  File "/srv/app/lib/registry.py", line 135, in <module>\n'
+        "    register(name)\nKeyError: 'plugin'"
+    )
+    run = "".join(f"test_case_{i:05d} (tests.test_mod.Case) ... ok\n" for i in range(500))
+    run += "----\nRan 501 tests in 3.2s\n\nFAILED (failures=1)"
+    assert len(run) > 20_000
+    await append_ok(
+        client,
+        "s",
+        [calling("c1"), result("c1", traceback), calling("c2"), result("c2", run)],
+    )
+    # By words: the frame with all of them, not the traceback's top; as written.
+    hit = (await search(client, "s", "registry.py line 135"))["hits"][0]
+    assert hit["seq"] == 2, hit
+    assert hit["score"] < 2, hit
+    assert '"/srv/app/lib/«registry».«py»", «line» «135», in <module>' in hit["snippet"]
+    assert "Traceback" not in hit["snippet"]
+    # As written: the line of its first place, past the first 8,000 characters too.
+    hit = (await search(client, "s", "FAILED (failures=1)"))["hits"][0]
+    assert hit["seq"] == 4, hit
+    assert hit["score"] >= 4, hit
+    assert hit["snippet"] == "…\n----\nRan 501 tests in 3.2s\n\n«FAILED (failures=1)»"
+    hit = (await search(client, "s", "failures tests ran"))["hits"][0]
+    assert "«Ran» 501 «tests» in 3.2s" in hit["snippet"], hit
+
+
 async def test_unicode_accents_and_cjk(client: httpx.AsyncClient) -> None:
     await make_session(client, id="s", config=MANUAL)
     await append_ok(
