@@ -4,27 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from app.compactions.router import WakeDep
 from app.core.database import EngineDep
 from app.core.openapi import problems
 from app.core.tenancy import TenantDep
+from app.messages.intake import IdempotencyKey
 from app.sessions.router import IfMatch, SessionIdPath, checked_id
 from app.sessions.schemas import SessionOut
 from app.tree.schemas import ForkRequest, NavigateRequest, NavigateResponse, TreePage
 from app.tree.service import TreeService
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["tree"])
-
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        min_length=1,
-        max_length=255,
-        description="A retry with the same key returns the first response.",
-    ),
-]
 
 
 def _json(document: dict[str, object], code: int, replayed: bool, **headers: str) -> Response:
