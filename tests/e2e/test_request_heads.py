@@ -55,7 +55,10 @@ async def trickle_head(
     """Send ``head`` a byte every 0.2 s (never its end) until the server answers or
     closes; gives what it sent back and how long that took."""
     started = time.perf_counter()
-    answer = asyncio.ensure_future(reader.read())
+    # The first bytes of the answer (or the close) end the trickle: a byte sent after the
+    # server has answered and closed would be met by a reset, which can discard the
+    # answer before it is read.
+    answer = asyncio.ensure_future(reader.read(65536))
     with contextlib.suppress(ConnectionError):
         for byte in head * 1000:
             if answer.done() or time.perf_counter() - started > GIVE_UP_SECONDS:
@@ -67,6 +70,9 @@ async def trickle_head(
         got = await asyncio.wait_for(answer, timeout=GIVE_UP_SECONDS)
     except ConnectionError:
         got = b""
+    with contextlib.suppress(ConnectionError):
+        if got:  # the rest of the answer, up to the close
+            got += await asyncio.wait_for(reader.read(), timeout=GIVE_UP_SECONDS)
     return got, time.perf_counter() - started
 
 
