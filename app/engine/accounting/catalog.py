@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.engine.accounting.tokens import EncodingName
+from app.engine.accounting.tokens import EncodingName, ImageRule
 
 UNKNOWN_CONTEXT_WINDOW = 128_000
 UNKNOWN_MAX_OUTPUT = 16_384
@@ -33,6 +33,8 @@ class ModelSpec:
     input_limit: int | None = None
     encoding: EncodingName = "o200k_base"
     known: bool = True
+    # Whose rule the model's images are counted by (app.engine.accounting.tokens.image_tokens).
+    images: ImageRule = "openai"
 
 
 # (prefix, context window, max output[, input limit][, encoding])
@@ -126,6 +128,23 @@ _CATALOG: list[tuple[str, int, int, int | None, EncodingName]] = [
     ("glm-4", 131_072, 16_384, None, "o200k_base"),
 ]
 _CATALOG.sort(key=lambda row: len(row[0]), reverse=True)
+
+# The providers whose image rule differs from OpenAI's, by normalized name prefix
+# (longest first); every other model, known or not, is counted by OpenAI's tiles.
+_IMAGE_RULES: tuple[tuple[str, ImageRule], ...] = (
+    ("gpt-4o-mini", "openai-mini"),
+    ("claude", "anthropic"),
+    ("gemini", "gemini"),
+    ("gemma", "gemini"),
+)
+
+
+def image_rule(model: str) -> ImageRule:
+    """Whose rule ``model``'s images are counted by: Anthropic's for Claude, Google's
+    for Gemini and Gemma, gpt-4o-mini's own tile figures, else OpenAI's tiles."""
+    name = normalize(model)
+    return next((rule for prefix, rule in _IMAGE_RULES if name.startswith(prefix)), "openai")
+
 
 _BEDROCK_VENDOR = re.compile(r"^(?:[a-z]{2,6}(?:-[a-z]+)?\.)?(?:anthropic|meta|mistral)\.")
 
@@ -224,7 +243,7 @@ def unknown_max_output(context_window: int) -> int:
 def _built_in(name: str) -> ModelSpec | None:
     for prefix, window, max_output, input_limit, encoding in _CATALOG:
         if name.startswith(prefix):
-            return ModelSpec(window, max_output, input_limit, encoding)
+            return ModelSpec(window, max_output, input_limit, encoding, images=image_rule(name))
     return None
 
 
@@ -245,8 +264,17 @@ def lookup(model: str, catalog: Catalog = BUILT_IN) -> ModelSpec:
                 else:
                     max_output = unknown_max_output(window)
             encoding = built_in.encoding if built_in is not None else "o200k_base"
-            return ModelSpec(window, max_output, override.input_limit, encoding)
+            return ModelSpec(
+                window, max_output, override.input_limit, encoding, images=image_rule(name)
+            )
     if built_in is not None:
         return built_in
     window = catalog.default_context_window
-    return ModelSpec(window, unknown_max_output(window), None, "o200k_base", known=False)
+    return ModelSpec(
+        window,
+        unknown_max_output(window),
+        None,
+        "o200k_base",
+        known=False,
+        images=image_rule(name),
+    )

