@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -28,6 +29,7 @@ from app.core.driver import Driver
 from app.engine import tree
 from app.engine.accounting import catalog
 from app.engine.accounting.relief import FAILURE_LIMIT
+from app.engine.accounting.summarizer_spend import Spend, hour_of
 from app.engine.compaction import pivot_rules
 from app.engine.compaction import prepare as compaction
 from app.engine.compaction.pivot_rules import CONTINUE_TEXT as CONTINUE_TEXT
@@ -38,9 +40,10 @@ from app.engine.search_text import search_text
 from app.engine.window.view import render_view
 from app.sessions import service as sessions
 from app.sessions.schemas import SessionConfig
+from app.store import spend as tenant_spend
 from app.store.log import LogRepository, NewEntry, SourceRow
 from app.store.paths import OnPath
-from app.store.session_row import SessionState, Unit
+from app.store.session_row import SessionState, Unit, add_compaction_cost
 
 log = logging.getLogger("compactd.compaction")
 
@@ -390,6 +393,47 @@ def outcome(
     )
 
 
+async def record_cost(
+    unit: Unit,
+    usage: Mapping[str, int] | None,
+    *,
+    saved_tokens: int,
+    committed: bool,
+    limited: bool = False,
+    now: datetime,
+) -> Spend:
+    """Add what a compaction (or branch summary) cost, its summarizer calls' ``usage``
+    summed (:class:`~app.engine.accounting.summarizer_spend.Spend`), and the context
+    tokens it removed to the session's sums and the tenant's (its totals and the hour
+    of ``now``), in ``unit``'s transaction: counted once, when it commits.
+    ``committed``: a compaction moved the pivot (counted in the tenant's
+    ``compactions``); ``limited``: the spend limit made it extractive."""
+    spend = Spend.of(usage)
+    saved = max(0, saved_tokens)
+    if spend.empty and not saved and not committed and not limited:
+        return spend
+    await add_compaction_cost(
+        unit.driver,
+        unit.tenant_id,
+        unit.session_id,
+        calls=spend.calls,
+        input_tokens=spend.input_tokens,
+        output_tokens=spend.output_tokens,
+        cached_tokens=spend.cached_tokens,
+        saved_tokens=saved,
+    )
+    await tenant_spend.record(
+        unit.driver,
+        unit.tenant_id,
+        hour_of(now),
+        spend,
+        compactions=int(committed),
+        saved_tokens=saved,
+        limited=limited,
+    )
+    return spend
+
+
 async def compact_now(
     unit: Unit, config: SessionConfig, *, now: datetime
 ) -> CompactionStarted | None:
@@ -429,6 +473,13 @@ async def compact_now(
         job_id,
         outcome(prepared, summarized, committed),
         reason="emergency",
+        now=now,
+    )
+    await record_cost(
+        unit,
+        None,  # extractive: no summarizer call
+        saved_tokens=committed.tokens_before - committed.tokens_after,
+        committed=True,
         now=now,
     )
     seconds = time.perf_counter() - started

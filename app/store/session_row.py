@@ -284,6 +284,13 @@ class SessionRow(SessionState):
     last_usage: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
+    # What compaction cost and saved (add_compaction_cost): read by the document only,
+    # so not in SessionState, which every append and context read loads.
+    summarizer_calls: int = 0
+    summarizer_input_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    summarizer_cached_tokens: int = 0
+    compaction_saved_tokens: int = 0
 
 
 ROW_FIELDS = column_names(SessionRow)
@@ -295,6 +302,43 @@ _ROW_SQL = f"SELECT {_ROW_COLUMNS} FROM session AS s WHERE s.id = $1 AND s.tenan
 
 def row_of(record: Record) -> SessionRow:
     return record_of(SessionRow, record)
+
+
+_ADD_COST_SQL = """
+UPDATE session SET summarizer_calls = summarizer_calls + $3,
+    summarizer_input_tokens = summarizer_input_tokens + $4,
+    summarizer_output_tokens = summarizer_output_tokens + $5,
+    summarizer_cached_tokens = summarizer_cached_tokens + $6,
+    compaction_saved_tokens = compaction_saved_tokens + $7
+WHERE id = $1 AND tenant_id = $2
+"""
+
+
+async def add_compaction_cost(
+    driver: Driver,
+    tenant_id: str,
+    session_id: str,
+    *,
+    calls: int,
+    input_tokens: int,
+    output_tokens: int,
+    cached_tokens: int,
+    saved_tokens: int,
+) -> None:
+    """Add a compaction's summarizer usage and the context tokens it removed to the
+    session's sums, in the caller's transaction (the row locked by its unit of work).
+    Columns no unit writes (they are not in :class:`SessionState`): added in place,
+    so the version and ``updated_at`` stay the session's own."""
+    await driver.execute(
+        _ADD_COST_SQL,
+        session_id,
+        tenant_id,
+        calls,
+        input_tokens,
+        output_tokens,
+        cached_tokens,
+        saved_tokens,
+    )
 
 
 async def read_row(

@@ -1,6 +1,7 @@
 """The tables of the storage floor: ``session`` (one row per conversation, with
-its running totals) and the message log (``entry``, ``prune_mark``,
-``tool_call``, ``idempotency_record``). The compaction queue's table is
+its running totals), the message log (``entry``, ``prune_mark``,
+``tool_call``, ``idempotency_record``) and the summarizer's spend per tenant
+(``tenant_summarizer_usage``, ``tenant_summarizer_hour``). The compaction queue's table is
 :mod:`app.compactions.models`."""
 
 from __future__ import annotations
@@ -115,8 +116,49 @@ class Session(Base):
     served_version: Mapped[int | None] = mapped_column(BigInteger)
     served_context_tokens: Mapped[int | None] = mapped_column(BigInteger)
     served_compaction_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # What compaction cost (the summarizer's usage, its compactions and branch summaries)
+    # and what it saved (context tokens removed), added as each one commits (0013).
+    summarizer_calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    summarizer_input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    summarizer_output_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    summarizer_cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    compaction_saved_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class TenantSummarizerUsage(Base):
+    """A tenant's summarizer usage and compactions' savings, summed as each compaction
+    commits (app.store.spend): keyed by tenant, a small reference table like
+    ``api_key``."""
+
+    __tablename__ = "tenant_summarizer_usage"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    compactions: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    saved_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Compactions the hourly spend limit sent to the extractive summarizer.
+    limited_compactions: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class TenantSummarizerHour(Base):
+    """A tenant's summarizer usage in one hour (``hour_start``, UTC): what the spend
+    limit reads. Rows older than a week are deleted as new ones are written."""
+
+    __tablename__ = "tenant_summarizer_hour"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    hour_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    calls: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    input_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    limited_compactions: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class Entry(Base):
