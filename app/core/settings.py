@@ -306,6 +306,13 @@ class Settings(BaseSettings):
     )
     upstream_timeout_seconds: float = Field(default=120.0, gt=0)
     upstream_max_output_tokens: int = Field(default=4096, ge=256, le=200_000)
+    summarizer_tokens_per_tenant_hour: int = Field(
+        default=0,
+        ge=0,
+        description="Summarizer tokens (input + output) a tenant's compactions may spend per "
+        "hour of the clock (UTC); past it, a compaction uses the extractive summarizer and its "
+        "notes say why. 0: no limit.",
+    )
     proxy_openai_url: str = Field(
         default="https://api.openai.com/v1",
         description="Where POST /proxy/openai/v1/chat/completions sends its calls (an "
