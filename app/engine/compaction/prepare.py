@@ -47,6 +47,7 @@ from app.engine.accounting import tokens as token_counts
 from app.engine.compaction import anchors as anchor_rules
 from app.engine.compaction import continuity, dropped
 from app.engine.compaction import cut as cuts
+from app.engine.compaction import verbatim as verbatim_rules
 from app.engine.compaction.fileops import FileOps, collect
 from app.engine.compaction.summary import (
     KeptRequest,
@@ -130,6 +131,13 @@ class Plan:
     # previous summary (tokens as counted); and the session's encoding.
     replaced_tokens: int = 0
     encoding: token_counts.EncodingName = "o200k_base"
+    # The seqs of ``history`` and ``turn_prefix``, entry for entry.
+    history_seqs: tuple[int, ...] = ()
+    prefix_seqs: tuple[int, ...] = ()
+    # The session's compaction policy (:func:`with_policy`): under "verbatim_first"
+    # ``history`` is what is left to summarize and ``verbatim`` the block kept as written.
+    policy: str = "summarize"
+    verbatim: verbatim_rules.Verbatim | None = None
 
     @property
     def split_turn(self) -> bool:
@@ -388,8 +396,10 @@ def plan(
     summarized = [s.entry for s in summarized_sources]
     turn_start = cut.turn_start if cut.turn_start is not None else cut.first_kept
     # The summarizer reads the user's words only: the service's prompts are left out.
-    history = [s.entry for s in summarized_sources[:turn_start] if s.kind not in SYNTHETIC_KINDS]
-    prefix = [s.entry for s in summarized_sources[turn_start:] if s.kind not in SYNTHETIC_KINDS]
+    history_sources = [s for s in summarized_sources[:turn_start] if s.kind not in SYNTHETIC_KINDS]
+    prefix_sources = [s for s in summarized_sources[turn_start:] if s.kind not in SYNTHETIC_KINDS]
+    history = [s.entry for s in history_sources]
+    prefix = [s.entry for s in prefix_sources]
     pinned = [s.seq for s in sources if s.kept_whole and s.seq < first_kept_seq]
     workdir = _workdir(sources, previous_details)
     previous = FileOps.from_details(previous_details) if previous_details else None
@@ -428,6 +438,8 @@ def plan(
         kept=kept,
         replaced_tokens=replaced,
         encoding=encoding,
+        history_seqs=tuple(s.seq for s in history_sources),
+        prefix_seqs=tuple(s.seq for s in prefix_sources),
         details={
             **ops.to_details(),
             "split_turn": bool(prefix),
@@ -444,6 +456,69 @@ def plan(
             "dropped": dropped.index([*history, *prefix], files=ops),
         },
     )
+
+
+def with_policy(
+    plan: Plan,
+    policy: str,
+    *,
+    verbatim_share: float,
+    usable_tokens: int,
+    trigger_tokens: int,
+    previous_details: Mapping[str, Any] | None,
+) -> Plan:
+    """``plan`` under the session's compaction ``policy``. "summarize" changes
+    nothing. "verbatim_first" (:mod:`app.engine.compaction.verbatim`): the tool outputs
+    leave pointers, the user's and the assistant's text stays as written while it
+    fits ``verbatim_share`` of ``usable_tokens`` (with what the previous block kept,
+    read from ``previous_details``; and never so much that the context would stand
+    near ``trigger_tokens`` again), and ``history`` becomes what is left to
+    summarize (the split turn's start included: the block carries it on). The
+    latest user request steers which older messages are kept; the requests the
+    summary quotes whole are not repeated."""
+    if policy != "verbatim_first":
+        return replace(plan, policy=policy)
+    entries = [
+        *zip(plan.history_seqs, plan.history, strict=True),
+        *zip(plan.prefix_seqs, plan.turn_prefix, strict=True),
+    ]
+    requests = plan.requests
+    committed = plan.kept_tokens + plan.summary_chars // 4 + (requests.tokens if requests else 0)
+    budget = verbatim_rules.budget_tokens(
+        verbatim_share,
+        usable_tokens,
+        trigger_tokens=trigger_tokens,
+        committed_tokens=committed,
+    )
+    quoted = {r.seq for r in requests.quoted if not r.clipped} if requests is not None else set()
+    split = verbatim_rules.select(
+        entries,
+        verbatim_rules.Verbatim.from_details(previous_details),
+        budget,
+        lambda text: token_counts.count_text(text, plan.encoding),
+        quoted=quoted,
+        steer=_latest_request([*(e for _, e in entries), *plan.kept]),
+    )
+    return replace(
+        plan,
+        history=split.remainder,
+        history_seqs=split.remainder_seqs,
+        turn_prefix=[],
+        prefix_seqs=(),
+        policy=policy,
+        verbatim=split.verbatim,
+        details={**plan.details, "policy": policy, "verbatim": split.verbatim.to_details()},
+    )
+
+
+def _latest_request(entries: Sequence[Entry]) -> str | None:
+    """The newest user message that names something (the service's "continue"
+    names nothing the task terms count)."""
+    for entry in reversed(entries):
+        text = _request_text(entry) if entry.role == "user" else ""
+        if text and anchor_rules.task_terms(text):
+            return text
+    return None
 
 
 def _workdir(sources: Sequence[Source], previous: Mapping[str, Any] | None) -> str | None:
@@ -591,22 +666,26 @@ def final_summary(
     max_chars: int = 12_000,
     requests: KeptRequests | None = None,
     anchors: str = "",
+    kept_verbatim: verbatim_rules.Verbatim | None = None,
 ) -> str:
     """The stored summary: the history, the split turn's prefix under its own
     heading, the continuity gate's ``<continuity-anchors>`` block (``anchors``,
     when the gate completed the summary), the files read and modified so far
-    (:func:`capped_files` of ``max_chars``, the summary's size), and last the
-    user's requests quoted verbatim (``requests``' block, within its own token
-    budget). Blocks or file tags the summarizer echoed are replaced, never
-    repeated."""
+    (:func:`capped_files` of ``max_chars``, the summary's size), then the
+    ``verbatim_first`` policy's ``<verbatim-history>`` block (``kept_verbatim``,
+    within its own budget), and last the user's requests quoted verbatim
+    (``requests``' block, within its own token budget). Blocks or file tags the
+    summarizer echoed are replaced, never repeated."""
     text = history_summary
     if turn_prefix_summary:
         text = merge_split_turn(history_summary, turn_prefix_summary)
-    text = continuity.strip_block(with_user_requests(text, ""))
+    text = verbatim_rules.strip_block(continuity.strip_block(with_user_requests(text, "")))
     if anchors:
         text = f"{text}\n\n{anchors}" if text else anchors
     read, modified = capped_files(ops, max_chars)
     text = with_file_tags(text, read, modified)
+    if kept_verbatim is not None:
+        text = verbatim_rules.with_block(text, kept_verbatim.block())
     return with_user_requests(text, requests.block() if requests is not None else "")
 
 
@@ -627,6 +706,7 @@ class Draft:
             p.summary_chars,
             p.requests,
             anchors,
+            p.verbatim,
         )
 
 
