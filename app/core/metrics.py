@@ -119,6 +119,30 @@ UPSTREAM_SECONDS = Histogram(
     ["api"],
     buckets=_JOB_SECONDS,
 )
+# The summarizer's spend (app.engine.accounting.summarizer_spend), counted when the
+# compaction or branch summary that spent it commits. No tenant label: tenants are
+# not a bounded set (GET /v1/usage answers per tenant); the reason is.
+SUMMARIZER_TOKENS = Counter(
+    "compactd_summarizer_tokens",
+    "Summarizer tokens of committed compactions and branch summaries, by kind: input (the "
+    "whole prompt), output, cached (prompt tokens read from the provider's cache, part of "
+    "input).",
+    ["kind"],
+)
+for _kind in ("input", "output", "cached"):
+    SUMMARIZER_TOKENS.labels(_kind)  # shown at 0 before the first compaction
+SUMMARIZER_CALLS = Counter(
+    "compactd_summarizer_calls",
+    "Requests to the summarizer (upstream or remote) of committed compactions and branch "
+    "summaries, failed ones included, by job reason.",
+    ["reason"],
+)
+SUMMARIZER_LIMITED = Counter(
+    "compactd_summarizer_limited",
+    "Compactions that used the extractive summarizer because their tenant had reached "
+    "COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR, by job reason.",
+    ["reason"],
+)
 PRUNE_RUNS = Counter(
     "compactd_prunes", "Prunes that hid tool outputs, by trigger (auto or manual).", ["trigger"]
 )
@@ -166,6 +190,30 @@ def committed(reason: str, summarizer: str, seconds: float, before: int, after: 
         COMPACTION_TOKENS_SAVED.labels(reason).inc(max(0, before - after))
 
     observe(report)
+
+
+def summarizer_spent(
+    reason: str, calls: int, input_tokens: int, output_tokens: int, cached_tokens: int
+) -> None:
+    """A committed job's summarizer usage."""
+
+    def report() -> None:
+        if calls:
+            SUMMARIZER_CALLS.labels(reason).inc(calls)
+        for kind, value in (
+            ("input", input_tokens),
+            ("output", output_tokens),
+            ("cached", cached_tokens),
+        ):
+            if value:
+                SUMMARIZER_TOKENS.labels(kind).inc(value)
+
+    observe(report)
+
+
+def summarizer_limited(reason: str) -> None:
+    """A compaction the spend limit sent to the extractive summarizer."""
+    observe(lambda: SUMMARIZER_LIMITED.labels(reason).inc())
 
 
 def pruned(trigger: str, tokens: int) -> None:
