@@ -193,6 +193,8 @@ async def prepare(
     # the plan reads every text since the pivot (its anchors, requests and file
     # operations), seconds of CPU for a history of megabytes, which on the event loop
     # would hold every other request (the emergency path runs inside an append).
+    trigger = sessions.thresholds_of(config).trigger_tokens(window.usable_tokens)
+    previous_details = previous[1] if previous else None
     plan = await anyio.to_thread.run_sync(
         functools.partial(
             pivot_rules.plan,
@@ -201,13 +203,27 @@ async def prepare(
             start_seq=state.context_start_seq,
             end_seq=state.next_seq,
             context_tokens=state.context_tokens,
-            trigger_tokens=sessions.thresholds_of(config).trigger_tokens(window.usable_tokens),
+            trigger_tokens=trigger,
             keep_recent_tokens=config.compaction.keep_recent_tokens,
             keep_requests_tokens=config.compaction.keep_requests_tokens,
-            previous_details=previous[1] if previous else None,
+            previous_details=previous_details,
             encoding=catalog.lookup(state.model).encoding,
         )
     )
+    if plan is not None and not light:
+        # The session's policy: under "verbatim_first" the plan's history becomes what
+        # is left to summarize, and the plan carries the block kept as written.
+        plan = await anyio.to_thread.run_sync(
+            functools.partial(
+                compaction.with_policy,
+                plan,
+                config.compaction.policy,
+                verbatim_share=config.compaction.verbatim_share,
+                usable_tokens=window.usable_tokens,
+                trigger_tokens=trigger,
+                previous_details=previous_details,
+            )
+        )
     if plan is None:
         return None
     return Prepared(

@@ -40,6 +40,24 @@ class CompactionConfig(Strict):
     )
     strategy: Literal["structured", "narrative"] = "structured"
     summarizer: Literal["llm", "extractive"] = "llm"
+    policy: Literal["summarize", "verbatim_first"] = Field(
+        "summarize",
+        description="What a compaction does with the history it replaces. `summarize`: all "
+        "of it goes to the summarizer. `verbatim_first`: the tool outputs leave first, each "
+        "leaving a one-line pointer (tool, command or path, size, and the history_read "
+        "from_seq/to_seq that reads it back); the user's and the assistant's text stays as "
+        "written, newest first, while it fits `verbatim_share`; only what does not fit is "
+        "summarized.",
+    )
+    verbatim_share: float = Field(
+        0.25,
+        gt=0,
+        le=0.5,
+        description="Under the `verbatim_first` policy, the share of the window's usable "
+        "tokens that the summary's verbatim text and pointers may take, the previous "
+        "compaction's included (so it never grows past it); less when the context after the "
+        "compaction would otherwise stand near the compaction threshold.",
+    )
     model: str | None = Field(None, max_length=200)
     models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
