@@ -29,6 +29,11 @@ Where the summarizer's requests go (:class:`Llm`):
   later (from the first candidate again). The notes say which models failed, why,
   and which one wrote the summary.
 
+Under the ``verbatim_first`` policy the plan's history is only what its verbatim
+block could not keep (:func:`app.engine.compaction.prepare.with_policy`); the
+block is rendered with the summary, never summarized, and a previous summary's
+block is left out of what the summarizer reads.
+
 A hook may hand :func:`summarize` a ``prompt`` (in place of the strategy's
 instructions for the history summary) and ``context`` lines (an
 ``<additional-context>`` list in the history's prompt, or the split turn's when
@@ -48,6 +53,7 @@ from app.core import model_catalog
 from app.core.outbound import Lane
 from app.engine.accounting import tokens
 from app.engine.compaction import continuity
+from app.engine.compaction import verbatim as verbatim_rules
 from app.engine.compaction.extractive import (
     FOCUS_LABEL,
     QUOTED_NOTE,
@@ -167,11 +173,7 @@ def extractive(
     entries = [*plan.history, *plan.turn_prefix]
     body = extractive_summary(
         entries,
-        # The gate's block of the previous summary is its own, rebuilt every time:
-        # not a section to carry forward.
-        previous_summary=(
-            continuity.strip_block(previous_summary) if previous_summary is not None else None
-        ),
+        previous_summary=_carried(previous_summary),
         read_files=plan.file_ops.read,
         modified_files=plan.file_ops.modified,
         max_chars=plan.summary_chars,
@@ -191,6 +193,16 @@ def extractive(
         gate=gate,
         draft=draft,
     )
+
+
+def _carried(previous_summary: str | None) -> str | None:
+    """The previous summary as the summarizer reads it: without the gate's block nor
+    the verbatim block (a ``verbatim_first`` plan's): both are rebuilt every time, the
+    verbatim one from the details (what no longer fits it is in the plan's history),
+    so neither is a section to carry forward."""
+    if previous_summary is None:
+        return None
+    return verbatim_rules.strip_block(continuity.strip_block(previous_summary))
 
 
 def _focus_note(instructions: str, body: str) -> str:
@@ -500,6 +512,10 @@ async def summarize(
         return await anyio.to_thread.run_sync(
             extractive, plan, previous_summary, instructions, context
         )
+    if previous_summary is not None:
+        # A verbatim_first summary's block is rebuilt from the details (what no longer
+        # fits it is in the plan's history): not for the model to summarize again.
+        previous_summary = verbatim_rules.strip_block(previous_summary)
     call = _Call(llm)
     budget = input_budget(llm.model, llm.max_output_tokens)
     candidates = llm.candidates

@@ -31,6 +31,12 @@ The details also index what the summarized entries named (:func:`app.engine.comp
 paths, commands, error lines, identifiers, numbers, URLs), so that what left the
 context can be seen.
 
+Under the session's ``verbatim_first`` policy (:func:`with_policy`,
+:mod:`app.engine.compaction.verbatim`) the summarized entries are split before the
+summarizer sees them: the tool outputs leave one-line pointers, the user's and the
+assistant's text is kept as written within a capped share of the window, and the
+plan's ``history`` is what is left to summarize.
+
 The file lists end the summary (:func:`capped_files`): the modified files first and
 whole up to half the summary's size, the read ones in what is left of a quarter of
 it; an absolute path under the stated working directory is dropped when its
