@@ -132,7 +132,7 @@ def test_serialize_example() -> None:
     ]
     assert serialize_conversation(entries) == (
         "[System]: Be terse.\n\n"
-        "[User]: Fix the bug in app/x.py\n[image]\n\n"
+        "[User]: Fix the bug in app/x.py\n[image https://i/x.png]\n\n"
         "[Assistant thinking]: The bug is in parse().\n\n"
         "[Assistant]: Looking at the file.\n\n"
         '[Assistant tool calls]: bash(command="cat app/x.py", timeout=10); read()\n\n'

@@ -109,7 +109,7 @@ def count_text(text: str, encoding: EncodingName = "o200k_base") -> int:
     return len(get_encoding(encoding).encode_ordinary(text))
 
 
-def _image_size(part: Part) -> tuple[int, int] | None:
+def image_size(part: Part) -> tuple[int, int] | None:
     """Width and height from an inline PNG, GIF or JPEG header, when there is one."""
     data = part.get("data")
     url = part.get("url", "")
@@ -169,7 +169,7 @@ def _image_tokens(part: Part, images: ImageRule = "openai") -> int:
     detail = part.get("detail")
     if images in ("openai", "openai-mini") and detail == "low":
         return image_tokens(None, images, detail="low")
-    return image_tokens(_image_size(part), images, detail=detail)
+    return image_tokens(image_size(part), images, detail=detail)
 
 
 def image_tokens(

@@ -10,6 +10,14 @@ tags when this is not the first compaction and the lines a hook supplied in an
 strategy (``structured`` sections or ``narrative`` prose), or the prompt a hook
 supplied in their place.
 
+Images and documents never reach a summarizer: each one is a pointer line in the
+transcript (:func:`media_pointer`: what it is, its size or title, and where
+``history_read`` opens it), never its bytes, and base64 that a text or a tool
+call's arguments carry is left out too (:func:`without_inline_data`). The
+compaction's plan hands the summarizer entries whose media parts are already
+pointers with their seq (:func:`media_as_pointers`), and the summary lists them
+in a ``<media>`` block (:func:`with_media`), so they stay readable through recall.
+
 What comes back is cleaned (:func:`clean_reply`), merged with the summary of a
 split turn's first part (:func:`merge_split_turn`), given the lists of files
 read and modified (:func:`with_file_tags`), followed by the user's requests
@@ -29,10 +37,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Literal
 
+from app.engine.accounting.tokens import image_size
 from app.engine.compaction.anchors import clip_keeping_anchors
 from app.engine.model import Entry, Part
 from app.prompts import load_prompt
@@ -84,14 +93,225 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:head]}\n{marker}\n{text[-tail:]}"
 
 
+# --- Media: pointers, never bytes ----------------------------------------------------
+
+MEDIA_OPEN = "<media>"
+MEDIA_CLOSE = "</media>"
+MEDIA_INTRO = "Images and documents of the history (read one back with history_read):"
+# The most media pointers a summary lists (the latest ones).
+MAX_MEDIA_POINTERS = 20
+_URL_CHARS = 160
+_TITLE_CHARS = 120
+# A data URL, and a bare run of base64 long enough that it is surely a payload and
+# not a word, a hash or a path (those are short, or hold '.', '-', '_').
+_DATA_URL = re.compile(
+    r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[^;,\s]*)*);base64,[A-Za-z0-9+/=_-]*"
+)
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{400,}={0,2}")
+
+
+def _approx_bytes(chars: int) -> str:
+    return f"{chars * 3 // 4:,} bytes"
+
+
+def without_inline_data(text: str) -> str:
+    """``text`` with each base64 payload in it (a data URL, or a bare run of 400 or
+    more base64 characters mixing digits and both cases) replaced by a short note
+    of what it was: a summarizer reads no bytes."""
+    if "base64," not in text and len(text) < 400:
+        return text
+
+    def data_url(m: re.Match[str]) -> str:
+        payload = m[0].split("base64,", 1)[1]
+        return f"[{m[1] or 'data'} data omitted, {_approx_bytes(len(payload))}]"
+
+    text = _DATA_URL.sub(data_url, text)
+
+    def run(m: re.Match[str]) -> str:
+        chunk = m[0]
+        if not (any(c.isdigit() for c in chunk) and chunk.lower() != chunk != chunk.upper()):
+            return chunk
+        return f"[base64 data omitted, {_approx_bytes(len(chunk))}]"
+
+    return _BASE64_RUN.sub(run, text)
+
+
+def _clipped_title(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return None
+    title = " ".join(value.split())
+    if len(title) > _TITLE_CHARS:
+        title = title[: _TITLE_CHARS - 1] + "…"
+    return '"' + title.replace('"', "'") + '"'
+
+
+def _url(value: Any) -> str | None:
+    """A URL as a pointer shows it: a data URL never (its media type only), another
+    clipped."""
+    if not isinstance(value, str) or not value:
+        return None
+    if value.startswith("data:"):
+        return None
+    return value if len(value) <= _URL_CHARS else value[: _URL_CHARS - 1] + "…"
+
+
+def _data_url_type(value: Any) -> str | None:
+    if isinstance(value, str) and value.startswith("data:"):
+        head = value[5:].split(",", 1)[0].split(";", 1)[0]
+        return head or None
+    return None
+
+
+def _size(data: Any) -> str | None:
+    if not isinstance(data, str):
+        return None
+    size = image_size({"data": data}) if not data.startswith("data:") else image_size({"url": data})
+    return f"{size[0]}x{size[1]}" if size else None
+
+
+def _label(*words: str | None) -> str:
+    return " ".join(w for w in words if w)
+
+
+def _image_label(part: Part) -> str:
+    url = part.get("url")
+    media_type = part.get("media_type") or _data_url_type(url)
+    size = image_size(part)
+    where = _url(url)
+    return _label("image", media_type, f"{size[0]}x{size[1]}" if size else None, where)
+
+
+def _source_label(kind: str, block: Mapping[str, Any]) -> str:
+    """An Anthropic ``image`` or ``document`` block (its ``source``: base64, url,
+    text, content or file)."""
+    source = block.get("source") if isinstance(block.get("source"), Mapping) else {}
+    assert isinstance(source, Mapping)
+    stype = source.get("type")
+    media_type = source.get("media_type") if isinstance(source.get("media_type"), str) else None
+    size = _size(source.get("data")) if stype == "base64" and kind == "image" else None
+    where = None
+    if stype == "url":
+        where = _url(source.get("url"))
+    elif stype == "file":
+        where = f"file {source.get('file_id')}"
+    elif stype == "content":
+        media_type = media_type or "content"
+    return _label(kind, media_type, size, _clipped_title(block.get("title")), where)
+
+
+def _file_label(file: Mapping[str, Any], kind: str = "document") -> str:
+    """An OpenAI ``file`` part's ``file`` (or a Responses ``input_file``)."""
+    data = file.get("file_data")
+    media_type = _data_url_type(data)
+    name = _clipped_title(file.get("filename"))
+    where = _url(file.get("file_url"))
+    if where is None and isinstance(file.get("file_id"), str):
+        where = f"file {file['file_id']}"
+    return _label(kind, media_type, name, where)
+
+
+def block_label(block: Mapping[str, Any]) -> str | None:
+    """What a content block or part of either API's wire format is, in a few words,
+    when it is media (an image, a document, a file, audio): ``image image/png
+    1024x768``, ``document application/pdf "Q3 report"``; None for anything else.
+    Never its bytes."""
+    kind = block.get("type")
+    if kind in ("image", "document"):
+        return _source_label(str(kind), block)
+    if kind == "image_url":
+        image = block.get("image_url")
+        url = image.get("url") if isinstance(image, Mapping) else image
+        size = _size(url) if isinstance(url, str) and url.startswith("data:") else None
+        return _label("image", _data_url_type(url), size, _url(url))
+    if kind == "input_image":
+        url = block.get("image_url")
+        size = _size(url) if isinstance(url, str) and url.startswith("data:") else None
+        file_id = block.get("file_id")
+        where = _url(url) or (f"file {file_id}" if isinstance(file_id, str) else None)
+        return _label("image", _data_url_type(url), size, where)
+    if kind == "file" and isinstance(block.get("file"), Mapping):
+        return _file_label(block["file"])
+    if kind == "input_file":
+        return _file_label(block)
+    if kind == "input_audio":
+        audio = block.get("input_audio")
+        fmt = audio.get("format") if isinstance(audio, Mapping) else None
+        return _label("audio", fmt if isinstance(fmt, str) else None)
+    if kind == "container_upload":
+        return _label("file", f"file {block.get('file_id')}")
+    if kind == "response_part" and isinstance(block.get("response_part"), Mapping):
+        return block_label(block["response_part"])
+    return None
+
+
+def media_label(part: Part) -> str | None:
+    """What a stored part is when it is media (an image part, or an opaque block
+    that is a document, a file, audio or a Files API image), else None."""
+    kind = part.get("type")
+    if kind == "image":
+        return _image_label(part)
+    if kind == "opaque" and isinstance(part.get("block"), Mapping):
+        return block_label(part["block"])
+    return None
+
+
+def media_pointer(label: str, seq: int | None = None) -> str:
+    """The line that stands for a medium: ``[image image/png 1024x768, seq 42:
+    history_read from_seq=42 to_seq=42]``; without a seq, the label alone."""
+    if seq is None:
+        return f"[{label}]"
+    return f"[{label}, seq {seq}: history_read from_seq={seq} to_seq={seq}]"
+
+
+def media_as_pointers(entry: Entry, seq: int) -> Entry:
+    """``entry`` (stored at ``seq``) for a summarizer: each media part a text part
+    holding its :func:`media_pointer`; the entry itself when it holds none. The
+    stored entry is not changed."""
+    if not any(media_label(p) is not None for p in entry.parts):
+        return entry
+    parts: list[Part] = []
+    for p in entry.parts:
+        label = media_label(p)
+        parts.append(p if label is None else {"type": "text", "text": media_pointer(label, seq)})
+    return replace(entry, parts=parts)
+
+
+def media_pointers(entries: Sequence[tuple[int, Entry]]) -> list[str]:
+    """The :func:`media_pointer` of every medium in ``entries`` (seq, entry), in order."""
+    return [
+        media_pointer(label, seq)
+        for seq, entry in entries
+        for p in entry.parts
+        if (label := media_label(p)) is not None
+    ]
+
+
+def carried_media(previous: Sequence[str], new: Sequence[str]) -> list[str]:
+    """The pointers a summary lists: the previous summary's, then the new ones, each
+    once, the latest :data:`MAX_MEDIA_POINTERS`."""
+    merged = list(dict.fromkeys([*previous, *new]))
+    return merged[-MAX_MEDIA_POINTERS:]
+
+
+def with_media(summary: str, pointers: Sequence[str]) -> str:
+    """``summary`` followed by its ``<media>`` block (one pointer a line); a block the
+    summary already held (echoed by a model) is removed first
+    (:func:`strip_file_tags` removes it); unchanged without pointers."""
+    text = strip_file_tags(summary)
+    if not pointers:
+        return text
+    block = "\n".join([MEDIA_OPEN, MEDIA_INTRO, *pointers, MEDIA_CLOSE])
+    return f"{text}\n\n{block}" if text else block
+
+
 def _content(parts: Sequence[Part]) -> str:
     pieces: list[str] = []
     for p in parts:
         kind = p.get("type")
         if kind == "text":
-            pieces.append(p["text"])
-        elif kind == "image":
-            pieces.append("[image]")
+            pieces.append(without_inline_data(p["text"]))
+        elif (label := media_label(p)) is not None:
+            pieces.append(media_pointer(label))
     return "\n".join(pieces)
 
 
@@ -112,7 +332,7 @@ def render_call(part: Part, limit: int) -> str:
         )
     else:
         inner = raw
-    return clip(f"{name}({inner})", limit)
+    return clip(without_inline_data(f"{name}({inner})"), limit)
 
 
 def serialize_conversation(entries: Sequence[Entry], clip_chars: int = DEFAULT_CLIP_CHARS) -> str:
@@ -121,7 +341,9 @@ def serialize_conversation(entries: Sequence[Entry], clip_chars: int = DEFAULT_C
     One block per message, blocks separated by a blank line:
     ``[System]``, ``[User]``, ``[Assistant thinking]``, ``[Assistant]``,
     ``[Assistant tool calls]`` and ``[Tool result <name> <call id>]`` (with
-    ``(error)`` when the tool failed). Images become ``[image]``; redacted
+    ``(error)`` when the tool failed). An image or a document becomes its
+    :func:`media_pointer` line and base64 in any text is left out
+    (:func:`without_inline_data`): no bytes reach a summarizer. Redacted
     reasoning is left out. Tool output, reasoning and tool calls are clipped to
     ``clip_chars`` (head and tail kept); user and assistant text to four times
     that. Tool results get their tool's name from the call they answer when
@@ -141,11 +363,12 @@ def serialize_conversation(entries: Sequence[Entry], clip_chars: int = DEFAULT_C
                 if kind == "reasoning":
                     thought = p.get("text")
                     if thought and thought.strip():
+                        thought = without_inline_data(thought)
                         blocks.append(f"[Assistant thinking]: {clip(thought, clip_chars)}")
                 elif kind == "tool_call":
                     call_names[p["id"]] = p["name"]
                     calls.append(render_call(p, clip_chars))
-            text = entry.text()
+            text = _content(entry.parts)
             if text.strip():
                 blocks.append(f"[Assistant]: {clip(text, text_limit)}")
             if calls:
@@ -293,13 +516,13 @@ def merge_split_turn(history_summary: str, turn_prefix_summary: str) -> str:
     return history_summary.strip() + SPLIT_TURN_SEPARATOR + turn_prefix_summary.strip()
 
 
-_FILE_TAGS = re.compile(r"[ \t]*<(read|modified)-files>.*?</\1-files>[ \t]*(?:\n|\Z)", re.S)
+_FILE_TAGS = re.compile(r"[ \t]*<((?:read|modified)-files|media)>.*?</\1>[ \t]*(?:\n|\Z)", re.S)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
 
 def strip_file_tags(summary: str) -> str:
-    """``summary`` without any ``<read-files>`` or ``<modified-files>`` blocks."""
-    if "-files>" not in summary:
+    """``summary`` without any ``<read-files>``, ``<modified-files>`` or ``<media>`` blocks."""
+    if "-files>" not in summary and MEDIA_OPEN not in summary:
         return summary.strip()
     return _BLANK_RUNS.sub("\n\n", _FILE_TAGS.sub("", summary)).strip()
 
