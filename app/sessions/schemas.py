@@ -224,6 +224,20 @@ class SessionWarning(BaseModel):
     detail: str = Field(description="What was assumed and what to set instead.")
 
 
+class SummarizerUsage(BaseModel):
+    """What summarizer requests took, summed over calls: as each upstream reported it
+    (a remote endpoint reports no tokens, only its calls are counted)."""
+
+    calls: int = Field(description="Requests sent to the summarizer, failed ones included.")
+    input_tokens: int = Field(description="Prompt tokens, the cached ones included.")
+    output_tokens: int = Field(description="Output tokens (reasoning included).")
+    cached_tokens: int = Field(
+        description="Prompt tokens the provider read from its cache (OpenAI's "
+        "`prompt_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens`): "
+        "part of `input_tokens`."
+    )
+
+
 class SessionOut(BaseModel):
     id: str
     parent_id: str | None = Field(
@@ -258,6 +272,15 @@ class SessionOut(BaseModel):
     pruned_tokens: int = Field(description="Tokens pruning has taken out of the context.")
     prune_count: int
     compaction_count: int
+    compaction_cost: SummarizerUsage = Field(
+        description="What compaction cost this session: the summarizer's requests and tokens "
+        "for its compactions and branch summaries, added as each one commits (a compaction "
+        "whose summary saved nothing included; one retried later counts its last attempt)."
+    )
+    compaction_saved_tokens: int = Field(
+        description="What compaction saved this session: the context tokens its committed "
+        "compactions removed (`tokens_before - tokens_after`, summed), emergency ones included."
+    )
     active_compaction_id: uuid.UUID | None = Field(
         description="The compaction queued or running for this session, if any."
     )

@@ -30,6 +30,7 @@ from app.sessions.schemas import (
     SessionPage,
     SessionPatch,
     SessionWarning,
+    SummarizerUsage,
     _check_window,
 )
 from app.store import session_row
@@ -148,6 +149,13 @@ def to_schema(session: SessionRow) -> SessionOut:
         pruned_tokens=session.pruned_tokens,
         prune_count=session.prune_count,
         compaction_count=session.compaction_count,
+        compaction_cost=SummarizerUsage(
+            calls=session.summarizer_calls,
+            input_tokens=session.summarizer_input_tokens,
+            output_tokens=session.summarizer_output_tokens,
+            cached_tokens=session.summarizer_cached_tokens,
+        ),
+        compaction_saved_tokens=session.compaction_saved_tokens,
         active_compaction_id=session.active_compaction_id,
         compaction_failures=session.compaction_failures,
         auto_compaction=auto_compaction_state(session, config),
