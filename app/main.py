@@ -36,6 +36,7 @@ from app.events.hub import EventHub
 from app.events.router import router as events_router
 from app.health.router import router as health_router
 from app.keys.auth import AuthMiddleware, KeyStore, document_bearer_auth
+from app.mcp import server as mcp_server
 from app.messages.router import fast_routes as messages_fast
 from app.messages.router import router as messages_router
 from app.proxy.errors import ProviderErrorShape
@@ -119,7 +120,8 @@ def create_app(
         # (app.serving.server.serve): serve-only work, which test apps do not pay.
         workers.start()
         try:
-            yield
+            async with mcp_server.running(app.state):  # /mcp's session manager
+                yield
         finally:
             await hub.close()
             await workers.close()
@@ -170,6 +172,7 @@ def create_app(
         proxy_router,
     ):
         app.include_router(router)
+    app.router.routes.append(mcp_server.route())  # /mcp
     if direct:
         fast.install(app, [*messages_fast(), *context_fast()])  # at the router's head
     return app

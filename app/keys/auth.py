@@ -3,8 +3,8 @@ without them.
 
 Every ``/v1`` request must carry ``Authorization: Bearer <key>`` while any key exists,
 and every ``/proxy`` request ``X-Compactd-Key: <key>`` (its Authorization is the
-provider's, passed upstream). Revoked keys count, so revoking the last key locks
-everyone out rather than opening the service; deleting every key (``compactd keys
+provider's, passed upstream); ``/mcp`` takes either. Revoked keys count, so revoking the
+last key locks everyone out rather than opening the service; deleting every key (``compactd keys
 delete``) opens it again, within the cache period. With no key at all the service is open
 and every request acts for the default tenant; ``compactd serve`` allows that only on
 a loopback address, unless told ``--insecure-no-auth``.
@@ -205,6 +205,10 @@ class AuthMiddleware:
         path: str = scope["path"]
         if path.startswith("/v1/"):
             header = b"authorization"
+        elif path == "/mcp" or path.startswith("/mcp/"):
+            # The MCP server (app.mcp) takes the key as the API does, or in the proxy's
+            # header: some MCP clients keep Authorization for an OAuth flow of their own.
+            header = _mcp_key_header(scope["headers"])
         elif scope["method"] == "HEAD" and path in OPEN_PROXY_BASES:
             await self.app(scope, receive, send)
             return
@@ -252,6 +256,11 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
+
+
+def _mcp_key_header(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``X-Compactd-Key`` when the request has one, else ``Authorization``."""
+    return next((name for name, _ in headers if name == b"x-compactd-key"), b"authorization")
 
 
 async def _send_problem(error: ProblemError, scope: Scope, receive: Receive, send: Send) -> None:
