@@ -54,6 +54,8 @@ POINTER_SHARE = 0.25
 POINTER_COMMAND_CHARS = 80
 # Older messages the latest request steers in share at least this many of its terms.
 STEER_MIN_TERMS = 2
+# The share of the messages' room the older messages it steers in may take.
+STEER_SHARE = 0.25
 # Room the block keeps for its frame and the omitted-pointers line, in tokens.
 FRAME_TOKENS = 96
 
@@ -303,8 +305,9 @@ def select(
 
     ``quoted``: the seqs of user messages the summary quotes whole already (its
     ``<user-requests>`` block): not repeated, not summarized again. ``steer``: the
-    latest user request, whose distinctive terms let an older message in once the
-    newest run stops fitting.
+    latest user request; with it, :data:`STEER_SHARE` of the messages' room waits
+    for older messages that share at least :data:`STEER_MIN_TERMS` of its
+    distinctive terms, once the newest run stops fitting.
 
     The pointers come first (the newest, up to :data:`POINTER_SHARE` of the
     budget; the others counted), then the messages, newest first, whole, while
@@ -338,13 +341,18 @@ def select(
 
     keep: set[int] = set()
     stopped_at = -1
+    wanted = {t.lower() for t in task_terms(steer)} if steer else set()
+    # With a request to steer by, a share of the room waits for the older messages
+    # that share its terms; what they leave is not used by the newest run.
+    reserve = int(room * STEER_SHARE) if wanted else 0
+    room -= reserve
     for index in range(len(candidates) - 1, -1, -1):
         if costs[index] > room:
             stopped_at = index
             break
         keep.add(index)
         room -= costs[index]
-    wanted = {t.lower() for t in task_terms(steer)} if steer else set()
+    room += reserve
     if wanted and stopped_at >= 0:
         for index in range(stopped_at - 1, -1, -1):
             message = candidates[index][0]
