@@ -20,6 +20,14 @@ summary is committed or not. Its block never makes a compaction that would save
 tokens without it into one that does not: when the commit finds the context would
 not be smaller, and would be without the block, the block's last items are
 dropped to fit (``gate.trimmed``) and the commit is made again.
+
+What the summarizer cost is counted when the job commits, in that transaction
+(:func:`app.compactions.pivot.record_cost`): its usage summed over every request
+of the claim (a plan made again after the pivot moved included), ``calls``
+counted at the lane each request takes (:class:`_CountedLane`). Before asking the
+operator's upstream, the worker reads what the tenant spent this hour: at or past
+``COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR`` the summary is extractive, and its
+notes say why.
 """
 
 from __future__ import annotations
@@ -32,12 +40,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
+import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions import branch, hooks
@@ -48,6 +57,7 @@ from app.compactions.pivot import (
     outcome,
     pivot_unchanged,
     prepare,
+    record_cost,
     transition,
 )
 from app.compactions.repository import CHANNEL, CompactionRepository, JobRow
@@ -61,14 +71,22 @@ from app.core.database import (
     unavailable_cause,
 )
 from app.core.driver import Driver
-from app.core.outbound import Outbound
+from app.core.outbound import Lane, Outbound
 from app.core.settings import Settings
 from app.engine.accounting import catalog, tokens
 from app.engine.accounting.relief import FAILURE_LIMIT
+from app.engine.accounting.summarizer_spend import (
+    Spend,
+    add_usage,
+    hour_of,
+    limit_note,
+    over_limit,
+)
 from app.engine.compaction import branch_summary, continuity
 from app.engine.compaction.prepare import summary_entry_tokens
 from app.engine.compaction.summary import serialize_conversation
 from app.sessions import service as sessions
+from app.store import spend as tenant_spend
 from app.store.search_index import Indexer
 from app.store.session_row import Unit, lock, read_state
 from app.upstream.client import UpstreamConfig, backoff_delay
@@ -106,6 +124,8 @@ class WorkerConfig:
     upstream_model: str | None = None
     # A session's compaction.remote_endpoint: how long one request may take.
     remote_timeout_seconds: float = 120.0
+    # COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR (0: no limit).
+    summarizer_tokens_per_tenant_hour: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WorkerConfig:
@@ -130,6 +150,7 @@ class WorkerConfig:
             upstream=upstream,
             upstream_model=settings.upstream_model,
             remote_timeout_seconds=settings.upstream_timeout_seconds,
+            summarizer_tokens_per_tenant_hour=settings.summarizer_tokens_per_tenant_hour,
         )
 
 
@@ -202,6 +223,9 @@ class Worker:
                 await self._branch_summary(job, repo)
                 return
             hooked: hooks.Answered | None = None
+            # The usage of every summary this claim has had written (a plan made
+            # again after the pivot moved asks again): all of it is counted.
+            spent: dict[str, int] = {}
             for _ in range(REPLANS):
                 loaded = await self._prepare(job)
                 if loaded is None:
@@ -261,8 +285,11 @@ class Worker:
                     continue
                 # Claims beyond max_attempts come from crashes: no more upstream calls.
                 llm = None
+                limited: str | None = None
                 if job.attempts <= self.config.backoff.max_attempts:
                     llm = await self._llm(job, state_model, prepared.plan.summary_chars)
+                    llm, limited = await self._within_limit(job, llm)
+                llm, lane = _counted(llm)
                 summarized = await self._heartbeat_while(
                     job,
                     summarize(
@@ -277,9 +304,13 @@ class Worker:
                         context=hooked.context,
                     ),
                 )
+                spent = add_usage(spent, summarized.usage, lane.calls if lane else 0)
+                summarized.usage = dict(spent)
+                if limited is not None:
+                    summarized.notes.append(limited)
                 if llm is None and self.config.upstream is None and job.summarizer == "llm":
                     summarized.notes.append("no upstream LLM is configured: extractive summary")
-                if await self._commit(job, prepared, summarized, repo):
+                if await self._commit(job, prepared, summarized, repo, limited=limited is not None):
                     return
                 log.info("compaction %s: the pivot moved meanwhile; planning again", job.id)
             await self._finish(job, "failed", "the session's pivot kept moving; try again")
@@ -377,6 +408,21 @@ class Worker:
             tenant_id=job.tenant_id,
         )
 
+    async def _within_limit(self, job: JobRow, llm: Llm | None) -> tuple[Llm | None, str | None]:
+        """``llm``, or None and why when the job's tenant has spent its summarizer
+        tokens for this hour (``COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR``). Only the
+        operator's upstream is limited: a session's remote endpoint is the tenant's
+        own (and reports no usage)."""
+        limit = self.config.summarizer_tokens_per_tenant_hour
+        if llm is None or llm.remote is not None or limit <= 0:
+            return llm, None
+        hour = hour_of(datetime.now(UTC))
+        async with driver_connection(self.engine) as driver:
+            spent = await tenant_spend.hour_tokens(driver, job.tenant_id, hour)
+        if not over_limit(spent, limit):
+            return llm, None
+        return None, limit_note(spent, limit, hour)
+
     async def _hooks(self, job: JobRow, prepared: Prepared) -> hooks.Answered:
         """What the session's ``compaction.before`` hooks say (app.compactions.hooks)."""
         if self.outbound is None:
@@ -445,9 +491,17 @@ class Worker:
         return now
 
     async def _commit(
-        self, job: JobRow, prepared: Prepared, summarized: Summarized, repo: CompactionRepository
+        self,
+        job: JobRow,
+        prepared: Prepared,
+        summarized: Summarized,
+        repo: CompactionRepository,
+        *,
+        limited: bool = False,
     ) -> bool:
-        """Commit the summary; False when the pivot moved and the plan must be made again."""
+        """Commit the summary, and count what it cost and saved; False when the pivot
+        moved and the plan must be made again. ``limited``: the spend limit made it
+        extractive."""
         async with driver_connection(self.engine) as driver, driver.transaction():
             unit = await lock(driver, job.tenant_id, job.session_id)
             if unit is None:
@@ -489,6 +543,19 @@ class Worker:
                         now=datetime.now(UTC),
                     )
             prepared = _with_gate(prepared, summarized)
+            # What the summarizer cost is counted even when nothing is committed.
+            spend = await record_cost(
+                unit,
+                summarized.usage,
+                saved_tokens=(
+                    0
+                    if isinstance(committed, NoGain)
+                    else committed.tokens_before - committed.tokens_after
+                ),
+                committed=not isinstance(committed, NoGain),
+                limited=limited,
+                now=datetime.now(UTC),
+            )
             if isinstance(committed, NoGain):
                 # Nothing went wrong, there was nothing to gain: not a failure, and
                 # held until new history arrives, as after a low-yield compaction.
@@ -508,6 +575,7 @@ class Worker:
                     job,
                     outcome(prepared, summarized, committed, error=error),
                 )
+        _spent(job, spend, limited)
         if isinstance(committed, NoGain):
             _transition(job, "cancelled", detail=committed.reason)
             return True
@@ -553,8 +621,11 @@ class Worker:
             )
         else:
             llm = None
+            limited: str | None = None
             if job.attempts <= self.config.backoff.max_attempts:
                 llm = await self._llm(job, state.model, plan.summary_chars)
+                llm, limited = await self._within_limit(job, llm)
+            llm, lane = _counted(llm)
             summarized = await self._heartbeat_while(
                 job,
                 summarize(
@@ -567,6 +638,9 @@ class Worker:
                     backoff=self.config.backoff,
                 ),
             )
+            summarized.usage = add_usage({}, summarized.usage, lane.calls if lane else 0)
+            if limited is not None:
+                summarized.notes.append(limited)
         async with driver_connection(self.engine) as driver, driver.transaction():
             unit = await lock(driver, job.tenant_id, job.session_id)
             if unit is None:
@@ -584,6 +658,11 @@ class Worker:
                     unit, job, nav, plan, summarized, now=datetime.now(UTC)
                 )
                 await repo.succeed(driver, job, done)
+            # Spent whether or not the navigation still stands.
+            spend = await record_cost(
+                unit, summarized.usage, saved_tokens=0, committed=False, now=datetime.now(UTC)
+            )
+        _spent(job, spend, False)
         if moved:
             await self._finish(job, "cancelled", _MOVED_ON)
             return
@@ -666,6 +745,44 @@ class Worker:
             return
         if later.delay_seconds <= 0:
             self.wake.set()
+
+
+class _CountedLane(Lane):
+    """A job's view of its outbound lane that counts the requests the summarizer
+    sends through it: each request takes one slot (app.compactions.summarizer), so
+    this is the job's ``calls``, failed requests included. The lane's own limits
+    still hold: every slot is the lane's."""
+
+    def __init__(self, lane: Lane) -> None:
+        super().__init__(lane.name, lane.client, size=lane.size, per_tenant=lane.per_tenant)
+        self._lane = lane
+        self.calls = 0
+
+    def busy(self, tenant_id: str) -> int:
+        return self._lane.busy(tenant_id)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, tenant_id: str) -> AsyncIterator[httpx.AsyncClient]:
+        self.calls += 1
+        async with self._lane.slot(tenant_id) as client:
+            yield client
+
+
+def _counted(llm: Llm | None) -> tuple[Llm | None, _CountedLane | None]:
+    """``llm`` with its requests counted, and the counter."""
+    if llm is None:
+        return None, None
+    lane = _CountedLane(llm.lane)
+    return dataclasses.replace(llm, lane=lane), lane
+
+
+def _spent(job: JobRow, spend: Spend, limited: bool) -> None:
+    """The committed job's summarizer usage, in the metrics."""
+    metrics.summarizer_spent(
+        job.reason, spend.calls, spend.input_tokens, spend.output_tokens, spend.cached_tokens
+    )
+    if limited:
+        metrics.summarizer_limited(job.reason)
 
 
 def _hooked_details(prepared: Prepared, hooked: hooks.Answered) -> None:
