@@ -11,6 +11,7 @@ from fastapi import Depends, FastAPI, Request
 from app import __version__
 from app.budget.router import router as budget_router
 from app.compactions.router import router as compactions_router
+from app.compactions.usage_router import router as usage_router
 from app.compactions.worker import WorkerConfig, WorkerPool, listen_dsn
 from app.context.router import fast_routes as context_fast
 from app.context.router import router as context_router
@@ -164,6 +165,7 @@ def create_app(
         context_router,
         budget_router,
         compactions_router,
+        usage_router,
         tree_router,
         recall_router,
         recall_tools_router,

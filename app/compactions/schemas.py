@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.history.schemas import HistoryEntry
+from app.sessions.schemas import SummarizerUsage
 
 CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 CompactionReason = Literal["manual", "threshold", "overflow", "emergency", "branch_summary"]
@@ -265,6 +266,52 @@ class CompactionDetails(BaseModel):
     )
 
 
+class CompactionUsage(SummarizerUsage):
+    """A compaction's summarizer usage, and the model that wrote its summary."""
+
+    model: str | None = Field(
+        description="The model that wrote the summary (`remote:<host>` for a remote "
+        "endpoint); null when no model did."
+    )
+
+
+class UsageHour(SummarizerUsage):
+    """The tenant's summarizer usage in the current hour of the clock (UTC)."""
+
+    hour_start: datetime = Field(description="The hour's first instant, UTC.")
+    limited_compactions: int = Field(
+        description="Compactions the spend limit made extractive in this hour."
+    )
+
+
+class TenantUsage(BaseModel):
+    """What compaction cost and saved the API key's tenant, since the start and in the
+    current hour: counted as each compaction commits, never summed at read time."""
+
+    summarizer: SummarizerUsage = Field(
+        description="The summarizer's requests and tokens for the tenant's compactions and "
+        "branch summaries."
+    )
+    compactions: int = Field(description="Compactions committed (emergency ones included).")
+    saved_tokens: int = Field(
+        description="Context tokens those compactions removed (`tokens_before - "
+        "tokens_after`, summed)."
+    )
+    limited_compactions: int = Field(
+        description="Compactions that used the extractive summarizer because the tenant had "
+        "reached its hourly spend limit."
+    )
+    current_hour: UsageHour
+    tokens_per_hour_limit: int | None = Field(
+        description="COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR as this server process has it "
+        "(input + output tokens per hour; the workers' setting is what applies); null: no "
+        "limit."
+    )
+    updated_at: datetime | None = Field(
+        description="When a compaction last added to these figures; null before the first."
+    )
+
+
 class CompactionOut(BaseModel):
     id: uuid.UUID
     session_id: str
@@ -287,7 +334,19 @@ class CompactionOut(BaseModel):
     details: CompactionDetails | None
     error: str | None
     upstream_model: str | None
-    upstream_usage: dict[str, Any] | None
+    upstream_usage: dict[str, Any] | None = Field(
+        description="The upstream's usage as reported, summed over the compaction's "
+        "summarizer requests: `input_tokens`, `output_tokens`, `cache_read_tokens`, "
+        "`cache_write_tokens`, `reasoning_tokens` when reported, and `calls`; null when no "
+        "summarizer was asked. `usage` is the same in a fixed shape."
+    )
+    usage: CompactionUsage = Field(
+        description="What its summarizer requests took (all of them: the history's, the "
+        "split turn's, the continuity gate's second ask, the short title, a model that failed "
+        "before the next candidate or the extractive fallback, and the summaries of a plan "
+        "made again); zeros when none was asked. Counted in the session's `compaction_cost` "
+        "and the tenant's `GET /v1/usage` when the compaction ends."
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

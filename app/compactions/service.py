@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,16 +17,22 @@ from app.compactions.schemas import (
     CompactionOut,
     CompactionPage,
     CompactionRequest,
+    CompactionUsage,
     SourcePage,
+    TenantUsage,
+    UsageHour,
 )
 from app.core import cursors, metrics
 from app.core.database import driver_connection
 from app.core.driver import Driver
 from app.core.errors import Conflict, NotFound
+from app.engine.accounting.summarizer_spend import Spend, hour_of
 from app.history.schemas import Format
 from app.history.service import HistoryService
 from app.sessions import service as sessions
+from app.sessions.schemas import SummarizerUsage
 from app.store import branches
+from app.store import spend as tenant_spend
 from app.store.session_row import exists, locked, read_state
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
@@ -53,10 +60,40 @@ def to_schema(job: JobRow) -> CompactionOut:
         error=job.error,
         upstream_model=job.upstream_model,
         upstream_usage=job.upstream_usage,
+        usage=CompactionUsage(**_usage(Spend.of(job.upstream_usage)), model=job.upstream_model),
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
         next_attempt_at=job.run_after if job.status == "queued" and job.attempts else None,
+    )
+
+
+def _usage(spend: Spend) -> dict[str, int]:
+    return {
+        "calls": spend.calls,
+        "input_tokens": spend.input_tokens,
+        "output_tokens": spend.output_tokens,
+        "cached_tokens": spend.cached_tokens,
+    }
+
+
+async def tenant_usage(engine_: AsyncEngine, tenant_id: str, limit: int) -> TenantUsage:
+    """What compaction cost and saved ``tenant_id``: two rows read, nothing summed."""
+    hour = hour_of(datetime.now(UTC))
+    async with driver_connection(engine_) as driver:
+        totals, current = await tenant_spend.read(driver, tenant_id, hour)
+    return TenantUsage(
+        summarizer=SummarizerUsage(**_usage(totals.spend)),
+        compactions=totals.compactions,
+        saved_tokens=totals.saved_tokens,
+        limited_compactions=totals.limited_compactions,
+        current_hour=UsageHour(
+            **_usage(current.spend),
+            hour_start=current.hour_start,
+            limited_compactions=current.limited_compactions,
+        ),
+        tokens_per_hour_limit=limit or None,
+        updated_at=totals.updated_at,
     )
 
 
