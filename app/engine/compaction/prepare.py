@@ -57,13 +57,17 @@ from app.engine.compaction import verbatim as verbatim_rules
 from app.engine.compaction.fileops import FileOps, collect
 from app.engine.compaction.summary import (
     KeptRequest,
+    carried_media,
     clip_request,
+    media_as_pointers,
+    media_pointers,
     merge_split_turn,
     omitted_note,
     render_context_message,
     render_request,
     render_user_requests,
     with_file_tags,
+    with_media,
     with_user_requests,
 )
 from app.engine.model import Entry
@@ -432,8 +436,9 @@ def plan(
     return Plan(
         start_seq=start_seq,
         first_kept_seq=first_kept_seq,
-        history=history,
-        turn_prefix=prefix,
+        # A summarizer reads each image or document as a pointer line, never its bytes.
+        history=[media_as_pointers(s.entry, s.seq) for s in history_sources],
+        turn_prefix=[media_as_pointers(s.entry, s.seq) for s in prefix_sources],
         pinned=pinned,
         summarized_tokens=cut.summarized_tokens,
         kept_tokens=cut.kept_tokens,
@@ -460,6 +465,11 @@ def plan(
             "working_directory": workdir,
             # What left the context: the specifics the summarized entries named.
             "dropped": dropped.index([*history, *prefix], files=ops),
+            # The media the summaries so far replaced: the summary's <media> block.
+            "media": carried_media(
+                _strings((previous_details or {}).get("media")),
+                media_pointers([(s.seq, s.entry) for s in summarized_sources]),
+            ),
         },
     )
 
@@ -665,6 +675,10 @@ def capped_files(ops: FileOps, max_chars: int) -> tuple[list[str], list[str]]:
     return read, modified
 
 
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def final_summary(
     history_summary: str,
     turn_prefix_summary: str | None,
@@ -673,11 +687,13 @@ def final_summary(
     requests: KeptRequests | None = None,
     anchors: str = "",
     kept_verbatim: verbatim_rules.Verbatim | None = None,
+    media: Sequence[str] = (),
 ) -> str:
     """The stored summary: the history, the split turn's prefix under its own
     heading, the continuity gate's ``<continuity-anchors>`` block (``anchors``,
     when the gate completed the summary), the files read and modified so far
-    (:func:`capped_files` of ``max_chars``, the summary's size), then the
+    (:func:`capped_files` of ``max_chars``, the summary's size), the ``<media>``
+    block of the images and documents it replaced (``media``), then the
     ``verbatim_first`` policy's ``<verbatim-history>`` block (``kept_verbatim``,
     within its own budget), and last the user's requests quoted verbatim
     (``requests``' block, within its own token budget). Blocks or file tags the
@@ -689,7 +705,7 @@ def final_summary(
     if anchors:
         text = f"{text}\n\n{anchors}" if text else anchors
     read, modified = capped_files(ops, max_chars)
-    text = with_file_tags(text, read, modified)
+    text = with_media(with_file_tags(text, read, modified), media)
     if kept_verbatim is not None:
         text = verbatim_rules.with_block(text, kept_verbatim.block())
     return with_user_requests(text, requests.block() if requests is not None else "")
@@ -713,6 +729,7 @@ class Draft:
             p.requests,
             anchors,
             p.verbatim,
+            _strings(p.details.get("media")),
         )
 
 

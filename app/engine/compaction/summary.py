@@ -295,9 +295,10 @@ def carried_media(previous: Sequence[str], new: Sequence[str]) -> list[str]:
 
 def with_media(summary: str, pointers: Sequence[str]) -> str:
     """``summary`` followed by its ``<media>`` block (one pointer a line); a block the
-    summary already held (echoed by a model) is removed first
-    (:func:`strip_file_tags` removes it); unchanged without pointers."""
-    text = strip_file_tags(summary)
+    summary already held (echoed by a model) is removed first."""
+    text = summary.strip()
+    if MEDIA_OPEN in text:
+        text = _BLANK_RUNS.sub("\n\n", _MEDIA_BLOCK.sub("", text)).strip()
     if not pointers:
         return text
     block = "\n".join([MEDIA_OPEN, MEDIA_INTRO, *pointers, MEDIA_CLOSE])
@@ -518,6 +519,7 @@ def merge_split_turn(history_summary: str, turn_prefix_summary: str) -> str:
 
 _FILE_TAGS = re.compile(r"[ \t]*<((?:read|modified)-files|media)>.*?</\1>[ \t]*(?:\n|\Z)", re.S)
 _BLANK_RUNS = re.compile(r"\n{3,}")
+_MEDIA_BLOCK = re.compile(r"[ \t]*<media>.*?</media>[ \t]*(?:\n|\Z)", re.S)
 
 
 def strip_file_tags(summary: str) -> str:
