@@ -94,6 +94,15 @@ bench: $(STAMP) ## Benchmarks on embedded PostgreSQL; prints figures, never fail
 continuity: $(STAMP) ## What compactions keep of the task, modified files and last error, on the traces (engine only, no database)
 	$(BIN)/python -m bench continuity
 
+# The scorecard (docs/eval.md): the traces through the real service (in this process, on
+# embedded PostgreSQL unless DATABASE_URL is set), per strategy and beside a naive
+# baseline. EVAL_ARGS passes options: make eval EVAL_ARGS="--limit 3 --json eval.json".
+EVAL_ARGS ?=
+
+.PHONY: eval
+eval: $(STAMP) ## Scorecard: continuity and recall after compaction, per strategy, vs a naive baseline (EVAL_ARGS=)
+	$(BIN)/python -m bench eval $(EVAL_ARGS)
+
 .PHONY: up
 up: ## docker compose up (Postgres, migrate, API)
 	docker compose up --build -d

@@ -28,6 +28,11 @@ temporary folder) and measures over real HTTP:
 - recall: search over a 10,000-entry session and over 1,000 sessions of 1,000 entries
   (written straight into the database), the append cost of the search indexes and their
   size (:mod:`bench.recall`). It runs last: it leaves a million entries behind.
+
+``python -m bench eval [options]`` is apart: the scorecard of :mod:`bench.eval` (``make
+eval``), continuity and recall after compaction per strategy beside a naive baseline,
+with options of its own (``python -m bench eval --help``). It is not one of the sections
+the plain ``python -m bench`` runs.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from app.engine.accounting import tokens
 from app.engine.formats import openai_format
 from app.history.service import entry_from_row
 from bench import bounds, continuity, cpu, events, load, proxy, recall, scale, tree, upstream
+from bench import eval as eval_scorecard
 from bench.http import Connection
 from tests import traces
 from tests.e2e.server import free_port
@@ -500,6 +506,8 @@ SECTIONS = (
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["eval"]:  # the scorecard, with its own options
+        return eval_scorecard.main(sys.argv[2:])
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("sections", nargs="*", help=f"any of {', '.join(SECTIONS)} (default: all)")
     parser.add_argument(
