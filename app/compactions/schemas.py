@@ -205,6 +205,33 @@ class HookCall(BaseModel):
     applied: str | None = Field(None, description="What applied instead, when it failed.")
 
 
+class VerbatimMessage(BaseModel):
+    seq: int
+    role: Literal["user", "assistant"]
+    text: str
+
+
+class VerbatimPointer(BaseModel):
+    seq: int = Field(description="The tool output's entry: history_read from_seq=seq to_seq=seq.")
+    line: str
+
+
+class VerbatimBlock(BaseModel):
+    """What a ``verbatim_first`` compaction kept as written (docs/how-it-works.md)."""
+
+    messages: list[VerbatimMessage] = Field(
+        default_factory=list, description="User and assistant text kept whole, oldest first."
+    )
+    pointers: list[VerbatimPointer] = Field(
+        default_factory=list, description="One line per old tool output, oldest first."
+    )
+    omitted_pointers: int = Field(0, description="Older tool outputs counted, without a line.")
+    omitted_from: int | None = None
+    omitted_to: int | None = None
+    budget_tokens: int = Field(0, description="The block's cap: verbatim_share of the window.")
+    tokens: int = Field(0, description="The block's tokens, as counted.")
+
+
 class CompactionDetails(BaseModel):
     read_files: list[str] = Field(default_factory=list)
     modified_files: list[str] = Field(default_factory=list)
@@ -263,6 +290,12 @@ class CompactionDetails(BaseModel):
     )
     preserve: dict[str, Any] | None = Field(
         None, description="Data a hook asked to keep on this compaction."
+    )
+    policy: Literal["summarize", "verbatim_first"] | None = Field(
+        None, description="The session's compaction policy when it was made (null: summarize)."
+    )
+    verbatim: VerbatimBlock | None = Field(
+        None, description="Under verbatim_first: the text kept as written and the pointers."
     )
 
 
