@@ -25,6 +25,7 @@ the result texts are theirs. Only the way in differs:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -191,10 +192,28 @@ def session_manager() -> StreamableHTTPSessionManager:
 
 @asynccontextmanager
 async def running(state: Any) -> AsyncIterator[None]:
-    """For the app's lifespan: a session manager in ``state.mcp`` while it runs."""
+    """For the app's lifespan: a session manager in ``state.mcp`` while it runs. The
+    manager's task group lives in a task of its own, entered and left there: a
+    lifespan may end in another task than it began (pytest's fixtures do), and an
+    anyio task group must end in the task that opened it."""
     manager = state.mcp = session_manager()
-    async with manager.run():
+    stop = asyncio.Event()
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def serve() -> None:
+        async with manager.run():
+            ready.set_result(None)
+            await stop.wait()
+
+    task = asyncio.create_task(serve(), name="compactd mcp session manager")
+    await asyncio.wait([ready, task], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():  # it failed to start: say why
+        task.result()
+    try:
         yield
+    finally:
+        stop.set()
+        await task
 
 
 _NOT_ALLOWED = (
