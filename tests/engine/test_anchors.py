@@ -968,3 +968,237 @@ def test_a_huge_text_is_read_only_at_its_head_and_tail() -> None:
     assert "ImportError: cannot import name 'x'" in kept
     # The lines between the read head and tail are never kept.
     assert "debug line 30000 of a pasted log in module_30000.py" not in kept
+
+
+# --- The latest error, of any shape --------------------------------------------------------
+# Outputs as mini-swe-agent writes them (tests/data/traces): a ``<returncode>`` and the
+# command's standard output and error merged in an ``<output>`` block.
+
+SCRIPT_RUN = rc(
+    1,
+    "Traceback (most recent call last):\n"
+    '  File "/testbed/analyze_fix.py", line 14, in <module>\n'
+    "    print(foo)\n"
+    "          ^^^\n"
+    "NameError: name 'foo' is not defined\n"
+    # The script's own output, buffered on a pipe, is flushed after the traceback.
+    "Case 1: ok\n"
+    "ERROR: case 2 gave 3, expected 4\n",
+)
+
+
+def test_a_failed_script_run_gives_its_traceback_last_line_before_what_it_printed() -> None:
+    anchor = latest_unresolved_error(run(("python analyze_fix.py", SCRIPT_RUN)))
+    assert anchor is not None
+    assert anchor.line == "NameError: name 'foo' is not defined"
+    assert anchor.lines[1] == 'File "/testbed/analyze_fix.py", line 14, in <module>'
+    # The line the output ended on is quoted with it.
+    assert anchor.also == ("ERROR: case 2 gave 3, expected 4",)
+    assert anchor.label == "python analyze_fix.py"
+
+
+FRAMEWORK_FRAMES = (
+    '  File "/testbed/django/test/utils.py", line 125, in setup_test_environment\n'
+    "    settings.DEBUG = debug\n"
+    '  File "/testbed/django/conf/__init__.py", line 57, in _setup\n'
+    "    raise ImproperlyConfigured(\n"
+)
+FRAMEWORK_EXCEPTION = (
+    "django.core.exceptions.ImproperlyConfigured: Requested setting DEBUG, but settings are"
+    " not configured. You must either define the environment variable"
+    " DJANGO_SETTINGS_MODULE or call settings.configure() before accessing settings."
+)
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        # ``| tail -300`` kept the whole traceback; the status is tail's.
+        rc(
+            0,
+            "Traceback (most recent call last):\n" + FRAMEWORK_FRAMES + FRAMEWORK_EXCEPTION + "\n",
+        ),
+        # ``| tail -20`` cut its header off.
+        rc(0, FRAMEWORK_FRAMES + FRAMEWORK_EXCEPTION + "\n"),
+    ],
+)
+def test_a_framework_exception_read_through_a_pipe_is_the_latest_error(output: str) -> None:
+    command = "cd /testbed && python manage.py test 2>&1 | tail -300"
+    entries = run(("ls", OK), (command, output), ("cat setup.cfg", OK))
+    anchor = latest_unresolved_error(entries)
+    assert anchor is not None
+    assert anchor.exit_code == 0
+    assert anchor.line == FRAMEWORK_EXCEPTION
+    assert anchor.also == ()
+    assert anchor.label == command
+
+
+@pytest.mark.parametrize(
+    ("output", "line"),
+    [
+        (
+            "bash: -c: line 1: syntax error near unexpected token `('\n"
+            "bash: -c: line 1: `python -c print(len(x))'\n",
+            "bash: -c: line 1: syntax error near unexpected token `('",
+        ),
+        ('/bin/sh: 1: Syntax error: "(" unexpected\n', '/bin/sh: 1: Syntax error: "(" unexpected'),
+        (
+            "bash: -c: line 1: unexpected EOF while looking for matching `''\n"
+            "bash: -c: line 2: syntax error: unexpected end of file\n",
+            "bash: -c: line 2: syntax error: unexpected end of file",
+        ),
+    ],
+)
+def test_a_shell_syntax_error_is_the_error_not_the_line_it_echoes(output: str, line: str) -> None:
+    command = "python -c print(len(x))"
+    assert lines_of(rc(2, output), command=command)[0] == line
+    anchor = latest_unresolved_error(run((command, rc(2, output))))
+    assert anchor is not None
+    assert (anchor.line, anchor.exit_code) == (line, 2)
+    # Quoted in a file it is not a failure (its row needs the shell's name first).
+    assert not outcome(rc(0, "# " + line + "\n"), command="cat notes.md").failed
+
+
+UNITTEST_ERROR = """\
+.E.
+======================================================================
+ERROR: test_parse (__main__.TestParse.test_parse)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/testbed/test_x.py", line 9, in test_parse
+    self.assertEqual(parse("a"), 1)
+TypeError: parse() missing 1 required positional argument: 'b'
+
+----------------------------------------------------------------------
+Ran 3 tests in 0.001s
+
+FAILED (errors=1)
+"""
+UNITTEST_FAILURES = """\
+F.FE
+======================================================================
+ERROR: test_c (__main__.T.test_c)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/testbed/test_x.py", line 14, in test_c
+    x()
+NameError: name 'x' is not defined
+
+======================================================================
+FAIL: test_a (__main__.T.test_a)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/testbed/test_x.py", line 7, in test_a
+    self.assertEqual(1, 2)
+AssertionError: 1 != 2
+
+======================================================================
+FAIL: test_b (__main__.T.test_b)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/testbed/test_x.py", line 10, in test_b
+    self.assertTrue(False)
+AssertionError: False is not true
+
+----------------------------------------------------------------------
+Ran 4 tests in 0.002s
+
+FAILED (failures=2, errors=1)
+"""
+HEREDOC_RUN = (
+    "cat <<'EOF' > test_x.py && python test_x.py\n"
+    "import unittest\n\nfrom parser import parse\n\n\n"
+    "class TestParse(unittest.TestCase):\n"
+    "    def test_parse(self):\n"
+    '        self.assertEqual(parse("a"), 1)\n\n\n'
+    "if __name__ == '__main__':\n    unittest.main()\nEOF"
+)
+
+
+@pytest.mark.parametrize(
+    ("output", "line", "summary"),
+    [
+        (UNITTEST_ERROR, "ERROR: test_parse (__main__.TestParse.test_parse)", "FAILED (errors=1)"),
+        (UNITTEST_FAILURES, "FAIL: test_b (__main__.T.test_b)", "FAILED (failures=2, errors=1)"),
+    ],
+)
+def test_a_unittest_summary_of_a_heredoc_script_is_kept_with_its_failure(
+    output: str, line: str, summary: str
+) -> None:
+    entries = run((HEREDOC_RUN, rc(1, output)))
+    anchor = latest_unresolved_error(entries)
+    assert anchor is not None
+    assert anchor.line == line
+    # The summary the run ended on goes with it (of the second, past the four lines kept).
+    assert anchor.also == (summary,)
+    assert anchor.label == "cat <<'EOF' > test_x.py && python test_x.py"
+    # Piped through tail the status is 0: the summary alone tells the failure.
+    assert outcome(rc(0, summary + "\n"), command="python test_x.py | tail -3").failed
+    # Rewritten and run clean, it is resolved.
+    clean = rc(
+        0,
+        "...\n----------------------------------------------------------------------\n"
+        "Ran 3 tests in 0.001s\n\nOK\n",
+    )
+    assert latest_unresolved_error(run((HEREDOC_RUN, rc(1, output)), (HEREDOC_RUN, clean))) is None
+
+
+def syntax_error(line: int, code: str, message: str) -> str:
+    return rc(1, f'  File "/testbed/repro.py", line {line}\n    {code}\n        ^\n{message}\n')
+
+
+def test_a_syntax_error_is_kept_with_where_it_is_the_latest_run_not_an_older_one() -> None:
+    older = syntax_error(9, 'print("x"', "SyntaxError: '(' was never closed")
+    newer = syntax_error(12, "def f(:", "SyntaxError: invalid syntax")
+    edit = ("sed -i '9s/$/)/' repro.py", rc(0))
+    entries = run(("python repro.py", older), edit, ("python repro.py", newer))
+    anchor = latest_unresolved_error(entries)
+    assert anchor is not None
+    assert anchor.line == "SyntaxError: invalid syntax"
+    assert anchor.lines[1] == 'File "/testbed/repro.py", line 12'
+    assert anchor.also == ('File "/testbed/repro.py", line 12',)
+    # The older run's error is no longer an unresolved one: the same check failed since.
+    assert [a.line for a in anchors.unresolved_errors(entries, 2)] == [anchor.line]
+    assert anchors.is_superseded("python repro.py", entries[5:])
+    assert not anchors.is_resolved("python repro.py", entries[5:])
+    assert not anchors.is_superseded("python other.py", entries[5:])
+    # The same message twice: where it is tells them apart.
+    again = syntax_error(12, "def f(:", "SyntaxError: invalid syntax")
+    first = syntax_error(9, "def g(:", "SyntaxError: invalid syntax")
+    anchor = latest_unresolved_error(
+        run(("python repro.py", first), edit, ("python repro.py", again))
+    )
+    assert anchor is not None
+    assert anchor.also == ('File "/testbed/repro.py", line 12',)
+
+
+def test_a_syntax_error_in_a_traceback_or_quoted_by_pytest_is_located() -> None:
+    imported = rc(
+        1,
+        "Traceback (most recent call last):\n"
+        '  File "/testbed/reproduce.py", line 1, in <module>\n'
+        "    import repro\n"
+        '  File "/testbed/repro.py", line 12\n'
+        "    def f(:\n          ^\n"
+        "SyntaxError: invalid syntax\n",
+    )
+    anchor = latest_unresolved_error(run(("python reproduce.py", imported)))
+    assert anchor is not None
+    assert anchor.also == ('File "/testbed/repro.py", line 12',)
+    collected = rc(
+        2,
+        'E     File "/testbed/tests/test_repro.py", line 12\n'
+        "E       def f(:\n"
+        "E             ^\n"
+        "E   SyntaxError: invalid syntax\n"
+        "=========================== short test summary info ============================\n"
+        "ERROR tests/test_repro.py\n"
+        "=============================== 1 error in 0.12s ===============================\n",
+    )
+    anchor = latest_unresolved_error(run(("pytest tests/test_repro.py", collected)))
+    assert anchor is not None
+    assert anchor.line == "ERROR tests/test_repro.py"
+    assert anchor.also == (
+        "=============================== 1 error in 0.12s ===============================",
+    )
+    assert 'File "/testbed/tests/test_repro.py", line 12' not in anchor.also  # not its line

@@ -656,7 +656,9 @@ def failing_session(command: str, output: str, *later: tuple[str, str]) -> list[
             "<returncode>0</returncode>\n=== short test summary info ===\n"
             "FAILED tests/test_settings.py::test_debug - KeyError: 'DEBUG'\n"
             "======= 1 failed, 3 passed in 0.12s =======",
-            "FAILED tests/test_settings.py::test_debug - KeyError: 'DEBUG'",
+            # The output's last error line is quoted beside the most telling one.
+            "FAILED tests/test_settings.py::test_debug - KeyError: 'DEBUG'"
+            " · ======= 1 failed, 3 passed in 0.12s =======",
         ),
         ("building\nsomething  broke   here\nExit code: 2", "something  broke   here"),
         ("error: patch failed: app/settings.py:12", "error: patch failed: app/settings.py:12"),

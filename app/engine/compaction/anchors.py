@@ -49,6 +49,7 @@ __all__ = [
     "exit_code",
     "failures",
     "is_resolved",
+    "is_superseded",
     "latest_unresolved_error",
     "outcome",
     "task_terms",
@@ -78,6 +79,11 @@ class Outcome:
     exit_code: int | None = None
     lines: tuple[ErrorLine, ...] = ()
     ran_no_tests: bool = False
+    # The error line written last (what the output ended on: a runner's summary after
+    # a test's failure line, the exception closing a traceback), and where a syntax
+    # error is (``File "x.py", line 12``): what a pinned error quotes beside its line.
+    last: str | None = None
+    where: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,10 @@ class ErrorAnchor:
 
     line: str
     lines: tuple[str, ...]  # every error line found, most telling first (``line`` first)
+    # What else the latest error is quoted with: the output's last error line when it is
+    # not ``line`` (``FAILED (errors=1)`` after ``ERROR: test_x (m.T)``), and where a
+    # syntax error is (its line number changes from one run to the next).
+    also: tuple[str, ...]
     command: str | None  # the shell command, or the tool and its arguments
     label: str  # the command on one short line: the part that ran the failing check
     tool: str | None  # the tool's name
@@ -135,6 +145,13 @@ _UNKEYED_ROWS: tuple[_Row, ...] = tuple(
     (r.pattern.match, r.yields.rank, r.yields.alone) for r in _ORDERED if r.name in patterns.UNKEYED
 )
 _TRACEBACK = "Traceback (most recent call last):"
+# A Python syntax error (its traceback, when it has one, ends at the line it could not
+# parse, not in a function), and pytest's prefix of the lines it quotes.
+_SYNTAX_ERROR = re.compile(
+    r"^(?:E\s+)?(?:[A-Za-z_]\w*\.)*(?:SyntaxError|IndentationError|TabError)\b"
+)
+_PYTEST_QUOTE = re.compile(r"^E(?:\s+|$)")
+LOCATION_LINES = 5  # how far above a syntax error its ``File "x", line N`` is looked for
 _FRAME = re.compile(r'^File "[^"\n]+", line \d+(?:, in .+)?$')
 _PYTEST_FRAME = re.compile(r"^[^\s:]+\.py:\d+: \w+$")
 _EXCEPTION_CLOSING = re.compile(r"^[A-Za-z_][\w.]*(?::.*)?$")
@@ -207,19 +224,48 @@ def _sort_key(position: int, line: ErrorLine, frame_of: int | None) -> tuple[int
     return line.rank, -(2 * position + 1)
 
 
-def _scan(text: str, failed: bool) -> list[ErrorLine]:
-    """The error lines of ``text``'s end, most telling first (docs/compaction-heuristics.md).
+@dataclass(frozen=True, slots=True)
+class _Scanned:
+    lines: list[ErrorLine]
+    last: str | None = None
+    where: str | None = None
+
+
+def _location(tail: str, start: int) -> tuple[int, str] | None:
+    """Where the syntax error whose line starts at ``start`` is: the ``File "x", line N``
+    line printed above it (its code and caret between), pytest's ``E`` prefix left out;
+    and where that line starts."""
+    end = start
+    for _ in range(LOCATION_LINES):
+        if end <= 0:
+            break
+        begin = tail.rfind("\n", 0, end - 1) + 1
+        line = _PYTEST_QUOTE.sub("", tail[begin : end - 1].strip(), count=1).strip()
+        if _FRAME.match(line):
+            return begin, line
+        end = begin
+    return None
+
+
+def _scan(text: str, failed: bool) -> _Scanned:
+    """The error lines of ``text``'s end, most telling first (docs/compaction-heuristics.md),
+    the one written last, and a syntax error's location.
 
     Looking for the telling lines only (``failed`` False, the common case), just the
     lines that hold one of :data:`_KEYWORDS` are matched, found with ``str.find``."""
     tail = _tail(text)
     found: list[tuple[int, ErrorLine]] = []
     keys: list[tuple[int, int]] = []
+    frame_of: dict[int, str] = {}  # an exception's position: its traceback's last frame
     if _TRACEBACK in tail:
         found = _traceback_lines(tail)
         if found:
-            (exception, message), (frame, last) = found
-            keys = [_sort_key(exception, message, None), _sort_key(frame, last, exception)]
+            (exception, message), (frame, closing) = found
+            # The exception that ended the run comes before the messages the program
+            # printed (its buffered output may follow the traceback), its frame next.
+            ended = len(tail) + 1
+            keys = [_sort_key(ended, message, None), _sort_key(frame, closing, ended)]
+            frame_of[exception] = closing.text
     taken = {p for p, _ in found}
     for start in _line_starts(tail) if failed else _keyword_line_starts(tail):
         if start in taken:
@@ -232,16 +278,36 @@ def _scan(text: str, failed: bool) -> list[ErrorLine]:
         if rank is not None:
             found.append((start, ErrorLine(line, rank)))
             keys.append(_sort_key(start, found[-1][1], None))
-    ranked = sorted(zip(keys, (error for _, error in found), strict=True), key=lambda f: f[0])
+    # A syntax error printed without a traceback: where it is, right after it.
+    syntax = [(p, e) for p, e in found if e.rank == MESSAGE and _SYNTAX_ERROR.match(e.text)]
+    at = max(syntax, key=lambda f: f[0])[0] if syntax else None
+    if at is not None and at not in frame_of and (location := _location(tail, at)) is not None:
+        frame_of[at] = location[1]
+        found.append((location[0], ErrorLine(location[1], FRAME)))
+        keys.append(_sort_key(location[0], found[-1][1], at))
+    ranked = sorted(zip(keys, found, strict=True), key=lambda f: f[0])
     out: list[ErrorLine] = []
     seen: set[str] = set()
-    for _, error in ranked:
+    for _, (_, error) in ranked:
         if error.text not in seen:
             seen.add(error.text)
             out.append(error)
         if len(out) >= MAX_LINES:
             break
-    return out
+    if not out:
+        return _Scanned(out)
+    said = [(p, e) for p, e in found if e.rank <= SUMMARY]
+    last = max(said, key=lambda f: f[0]) if said else None
+    first = ranked[0][1]
+    where = next(
+        (
+            frame_of[p]
+            for p, e in (first, last or first)
+            if p in frame_of and _SYNTAX_ERROR.match(e.text)
+        ),
+        None,
+    )
+    return _Scanned(out, last[1].text if last is not None else None, where)
 
 
 def _tail(text: str) -> str:
@@ -283,10 +349,11 @@ def outcome(text: str, *, is_error: bool = False, command: str | None = None) ->
     """How a tool result whose output is ``text`` went (docs/compaction-heuristics.md).
     ``command`` is the shell command that produced it, if any."""
     code = exit_code(text)
-    telling = _scan(text, failed=False)
+    telling = _scan(text, failed=False).lines
     nonzero = code not in (None, 0) and not (code == 1 and _quiet_on_one(command))
     if is_error or nonzero:
-        lines = _scan(text, failed=True)
+        scanned = _scan(text, failed=True)
+        lines = scanned.lines
         if not lines:
             content = _content_lines(text[:SCAN_CHARS] if is_error else text[-SCAN_CHARS:])
             said = [ln for ln in content if not _EXIT_PHRASE.fullmatch(ln)]
@@ -297,16 +364,27 @@ def outcome(text: str, *, is_error: bool = False, command: str | None = None) ->
             elif tags := [ln.strip() for ln in text.splitlines() if ln.strip()]:
                 # Nothing but tags (``<error/>``): still what the result said.
                 lines = [ErrorLine(tags[0] if is_error else tags[-1], FALLBACK)]
-        return Outcome(True, code, tuple(lines))
+        return _failed(code, scanned, lines)
     if telling:
-        return Outcome(True, code, tuple(_scan(text, failed=True)))
+        return _failed(code, _scan(text, failed=True))
     if code is None:
         content = _content_lines(text[:2_000])
         if content and _TOOL_ERROR_START.match(content[0]):
             return Outcome(True, None, (ErrorLine(content[0], MESSAGE),))
     if command is not None and _PRINTED_ERROR.search(_tail(text)) and _runs(command):
-        return Outcome(True, code, tuple(_scan(text, failed=True)))
+        return _failed(code, _scan(text, failed=True))
     return Outcome(False, code, (), ran_no_tests=_NO_TESTS.search(text[-SCAN_CHARS:]) is not None)
+
+
+def _failed(code: int | None, scanned: _Scanned, lines: list[ErrorLine] | None = None) -> Outcome:
+    return Outcome(
+        True,
+        code,
+        tuple(scanned.lines if lines is None else lines),
+        False,
+        scanned.last,
+        scanned.where,
+    )
 
 
 def _runs(command: str) -> bool:
@@ -625,9 +703,14 @@ def _results(
 
 def _anchor(index: int, entry: Entry, call: _Call | None, result: Outcome) -> ErrorAnchor:
     lines = tuple(line.text for line in result.lines)
+    line = lines[0] if lines else ""
+    also = tuple(
+        dict.fromkeys(x for x in (result.last, result.where) if x and x.strip() and x != line)
+    )
     return ErrorAnchor(
-        line=lines[0] if lines else "",
+        line=line,
         lines=lines,
+        also=also,
         command=call.describe() if call is not None else None,
         label=call.label() if call is not None else "",
         tool=call.name if call is not None else entry.tool_name,
@@ -665,14 +748,17 @@ def unresolved_errors(
     calls = _calls(entries)
     resolver = _Resolver()
     found: list[ErrorAnchor] = []
+    failed_again: set[str] = set()  # the checks that failed later
     for index, entry, call, result in _results(entries, calls, cache):
         checks = call.checks if call is not None else _Checks(frozenset())
         if not result.failed:
             resolver.add(checks, result)
-        elif not resolver.settles(checks):
+        elif not resolver.settles(checks) and not checks.keys & failed_again:
             found.append(_anchor(index, entry, call, result))
             if len(found) >= limit:
                 break
+        if result.failed:
+            failed_again |= checks.keys
     return found
 
 
@@ -695,6 +781,19 @@ def is_resolved(command: str, entries: Sequence[Entry], cache: Outcomes | None =
         if not result.failed:
             resolver.add(call.checks if call is not None else _Checks(frozenset()), result)
     return resolver.settles(checks)
+
+
+def is_superseded(command: str, entries: Sequence[Entry], cache: Outcomes | None = None) -> bool:
+    """Whether a failure of the shell ``command`` (run before ``entries``) is no longer the
+    latest word on its check: a result in ``entries`` resolves it, or the same command
+    or script failed again (that newer failure is the one to keep)."""
+    checks = _shell_checks(command)
+    if checks.keys and any(
+        call is not None and result.failed and call.checks.keys & checks.keys
+        for _, _, call, result in _results(entries, _calls(entries), cache)
+    ):
+        return True
+    return is_resolved(command, entries, cache)
 
 
 # --- Task terms ----------------------------------------------------------------------

@@ -40,10 +40,14 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 @dataclass(frozen=True, slots=True)
 class UnresolvedError:
     """The latest unresolved error: its line as the output wrote it (indentation
-    stripped), and the command that produced it on one line (empty when unknown)."""
+    stripped), and the command that produced it on one line (empty when unknown);
+    ``also``, the lines it is quoted with (the output's last error line, a syntax
+    error's location: :attr:`app.engine.compaction.anchors.ErrorAnchor.also`), which must
+    be named too. The details keep the line and the command only."""
 
     line: str
     command: str = ""
+    also: tuple[str, ...] = ()
 
     def to_details(self) -> dict[str, str]:
         return {"line": self.line, "command": self.command}
@@ -58,17 +62,23 @@ class UnresolvedError:
         return cls(line, command if isinstance(command, str) else "")
 
     def shown(self) -> str:
-        """As the block quotes it: the line (clipped only beyond
-        :data:`ERROR_LINE_CHARS`, its start kept) and the command after it."""
-        line = " ".join(self.line.split())
-        if len(line) > ERROR_LINE_CHARS:
-            line = line[: ERROR_LINE_CHARS - 1].rstrip() + "…"
+        """As the block quotes it: the line and those it is quoted with (each clipped
+        only beyond :data:`ERROR_LINE_CHARS`, its start kept) and the command after it."""
+        line = ALSO_SEPARATOR.join(_clipped(x) for x in (self.line, *self.also) if x.strip())
         if not self.command:
             return line
         command = " ".join(self.command.split())
         if len(command) > LABEL_CHARS:
             command = command[: LABEL_CHARS - 1].rstrip() + "…"
         return f"{line} — after {_code(command)}"
+
+
+ALSO_SEPARATOR = " · "
+
+
+def _clipped(line: str) -> str:
+    line = " ".join(line.split())
+    return line if len(line) <= ERROR_LINE_CHARS else line[: ERROR_LINE_CHARS - 1].rstrip() + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +240,10 @@ def check(summary: str, kept: str, anchors: Anchors) -> Missing:
     terms = tuple(t for t in anchors.terms if t not in text)
     files = tuple(f for f in anchors.files if not file_named(f, text, anchors.workdir))
     error = anchors.error
-    if error is not None and error_key(error.line) in _normalized(text):
-        error = None
+    if error is not None:
+        normalized = _normalized(text)
+        if all(error_key(x) in normalized for x in (error.line, *error.also) if x.strip()):
+            error = None
     return Missing(terms, files, error)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from app.engine.compaction import anchors, patterns
+from app.engine.compaction.continuity import ALSO_SEPARATOR
 from app.engine.compaction.summary import (
     SPLIT_TURN_SEPARATOR,
     render_call,
@@ -378,18 +379,24 @@ def _file_key(item: str) -> str:
     return m[1] if m else _key(item)
 
 
+def _pinned_line(text: str) -> str:
+    # A line separator of another kind (U+2028, a form feed...) would end the line when
+    # the summary is read back: a space, so that the item reads back as written.
+    line = " ".join(text.strip().splitlines())
+    if len(line) > ERROR_CHARS:
+        line = line[: ERROR_CHARS - 1].rstrip() + "…"
+    return line
+
+
 def _pinned_item(anchor: anchors.ErrorAnchor) -> str | None:
     """The latest unresolved error as Blocked shows it: its line exactly (clipped only
-    beyond :data:`ERROR_CHARS`, its start kept: it names the exception), and the
+    beyond :data:`ERROR_CHARS`, its start kept: it names the exception), then what else
+    it is quoted with (the output's last error line, a syntax error's location), and the
     command that produced it (the part that ran the failing check)."""
     line = anchor.line.strip()
     if not line or "\n" in line:
         return None
-    # A line separator of another kind (U+2028, a form feed...) would end the line when
-    # the summary is read back: a space, so that the item reads back as written.
-    line = " ".join(line.splitlines())
-    if len(line) > ERROR_CHARS:
-        line = line[: ERROR_CHARS - 1].rstrip() + "…"
+    line = ALSO_SEPARATOR.join(_pinned_line(x) for x in (line, *anchor.also) if x.strip())
     label = _one_line(anchor.label, anchors.LABEL_CHARS)
     return f"{line} — after {_code(label)}" if label else line
 
@@ -408,8 +415,14 @@ def _pinned_command(item: str) -> str | None:
 
 
 def _same_error(a: str, b: str) -> bool:
+    """Whether ``a`` (a Blocked item) is ``b`` (a pinned one) or one of the lines ``b``
+    quotes."""
     ka, kb = _blocked_key(a).rstrip("…"), _blocked_key(b).rstrip("…")
-    return ka.startswith(kb) or kb.startswith(ka)
+    return any(
+        ka.startswith(k) or k.startswith(ka)
+        for k in (kb, *(p.rstrip("…") for p in kb.split(ALSO_SEPARATOR)))
+        if k
+    )
 
 
 def _done_line(h: _History, call: _Call) -> str:
@@ -969,12 +982,13 @@ def extractive_summary(
     previous = previous_summary if previous_summary is not None else history.context_summary
     if previous is not None and previous.strip():
         old = parse_summary(previous)
-        # The previous summary's unresolved errors stay pinned until resolved.
+        # The previous summary's unresolved errors stay pinned until resolved, or until
+        # the same check fails again here (its newer error is the one pinned now).
         old.pinned = [
             item
             for item in old.pinned
             if (command := _pinned_command(item)) is None
-            or not anchors.is_resolved(command, entries, history.outcomes)
+            or not anchors.is_superseded(command, entries, history.outcomes)
         ]
         facts = _merge(facts, old)
     if facts.original:

@@ -178,6 +178,19 @@ ERROR_LINES: tuple[Shape[FailureRank], ...] = (
         "/bin/sh: 1: ./run.sh: Permission denied",
     ),
     shape(
+        # A shell that could not parse a command line (exit status 2): what follows
+        # (``bash: -c: line 1: `the line'``) only echoes the command.
+        "shell-syntax-error",
+        r"^(?:/(?:usr/)?bin/)?(?:ba|da|z|k)?sh: (?:-c: )?(?:line \d+: |\d+: )?"
+        r"(?:syntax error\b.*|Syntax error: .+|unexpected EOF while looking for matching .+)$",
+        _MESSAGE,
+        "bash: -c: line 1: syntax error near unexpected token `('",
+        "bash: -c: line 3: syntax error: unexpected end of file",
+        "bash: -c: line 1: unexpected EOF while looking for matching `''",
+        '/bin/sh: 1: Syntax error: "(" unexpected',
+        "sh: 1: Syntax error: Unterminated quoted string",
+    ),
+    shape(
         "missing-file",
         r"^[\w./\[\]-]+: .*No such file or directory.*$",
         _MESSAGE,
@@ -193,9 +206,12 @@ ERROR_LINES: tuple[Shape[FailureRank], ...] = (
     ),
     shape(
         "unittest-totals",
-        r"^FAILED \((?:failures|errors)=\d+.*$",
+        r"^FAILED \((?:failures|errors|unexpected successes)=\d+.*$",
         _SUMMARY,
         "FAILED (failures=1, errors=2)",
+        "FAILED (errors=1)",
+        "FAILED (failures=2, errors=1, skipped=3)",
+        "FAILED (unexpected successes=1)",
     ),
     shape(
         "cargo-totals",
@@ -257,7 +273,7 @@ ERROR_LINES: tuple[Shape[FailureRank], ...] = (
 KEYWORDS = (
     "rror", "ERR", "xception", "FAIL", "fail", "Fail", "panic", "fatal", "Exit",
     "Interrupt", "Fault", "✕", "\u00d7", "patch", "Patch", "PATCH", "Hunk", "not found",
-    "denied", "No such file",
+    "denied", "No such file", "unexpected EOF",
 )  # fmt: skip
 UNKEYED = frozenset({"dotted-exception", "ruff-finding"})
 
