@@ -227,3 +227,20 @@ def test_the_budget_leaves_room_below_the_threshold() -> None:
         0.25, 100_000, trigger_tokens=90_000, committed_tokens=70_000
     ) == (6_500)
     assert verbatim.budget_tokens(0.5, 10_000, trigger_tokens=8_000, committed_tokens=9_000) == 0
+
+
+def test_a_failed_outputs_pointer_quotes_what_went_wrong() -> None:
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/repo/analyze_fix.py", line 12, in <module>\n'
+        "    main()\n"
+        "NameError: name 'parse_row' is not defined"
+    )
+    entries = [
+        (1, _call("c1", "python analyze_fix.py")),
+        (2, _result("c1", traceback, is_error=True)),
+    ]
+    (pointer,) = verbatim.select(entries, None, 2_000, count).verbatim.pointers
+    assert "\n" not in pointer.line
+    assert "failed: NameError: name 'parse_row' is not defined" in pointer.line
+    assert pointer.line.endswith("history_read from_seq=2 to_seq=2")

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from app.engine.compaction.anchors import command_of, task_terms
+from app.engine.compaction.anchors import command_of, outcome, task_terms
 from app.engine.compaction.fileops import PATH_KEYS
 from app.engine.model import Entry, Part, Role
 
@@ -52,6 +52,8 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 POINTER_SHARE = 0.25
 # How much of the call a pointer shows (its command, or its path), in characters.
 POINTER_COMMAND_CHARS = 80
+# How much of a failed output's error line a pointer quotes, in characters.
+POINTER_ERROR_CHARS = 240
 # Older messages the latest request steers in share at least this many of its terms.
 STEER_MIN_TERMS = 2
 # The share of the messages' room the older messages it steers in may take.
@@ -213,7 +215,8 @@ def _call_subject(call: Part | None) -> str | None:
 def pointer_line(seq: int, entry: Entry, call: Part | None) -> str:
     """One line for the tool output ``entry`` at ``seq`` (``call``: the call that
     asked for it, when the history holds it): the tool, what it was asked
-    (clipped), the output's size, and how to read it back."""
+    (clipped), the output's size, what went wrong when it failed (its error line
+    as written, :func:`app.engine.compaction.anchors.outcome`), and how to read it back."""
     name = (call.get("name") if call is not None else None) or entry.tool_name or "tool"
     subject = _call_subject(call)
     what = f" `{_one_line(subject, POINTER_COMMAND_CHARS)}`" if subject else ""
@@ -224,8 +227,16 @@ def pointer_line(seq: int, entry: Entry, call: Part | None) -> str:
     if media:
         size += f", {media} non-text part{'s' if media != 1 else ''}"
     failed = " (error)" if entry.is_error else ""
+    result = outcome(text, is_error=entry.is_error, command=command_of(call) if call else None)
+    if result.failed and result.lines:
+        # What went wrong, as written: the line an agent searches for, and the last
+        # error line when it is another (a runner's summary after a test's failure).
+        said = [result.lines[0].text]
+        if result.last and result.last not in said:
+            said.append(result.last)
+        failed = " failed: " + " | ".join(_one_line(t, POINTER_ERROR_CHARS) for t in said)
     return (
-        f"- tool output seq {seq}: {_one_line(str(name), 60)}{what}{failed}, {size}: "
+        f"- tool output seq {seq}: {_one_line(str(name), 60)}{what}, {size}{failed}; "
         f"history_read from_seq={seq} to_seq={seq}"
     )
 
