@@ -7,6 +7,11 @@ escapes), a tool result's output (its text parts), and the words of opaque block
 (a document's text, a search result's title and URL...). Images, signatures and
 encrypted content are left out: they are not words anyone searches for.
 
+A tool result's text starts with a line naming its call (:func:`call_line`: the
+tool's name and the call's arguments decoded, ``$ <command>`` for a shell call, at
+most :data:`CALL_CHARS` characters), so that the words an agent remembers from the
+call (the command, the path) find the output together with the words of the output.
+
 Bounded: the first :data:`HEAD_CHARS` and the last :data:`TAIL_CHARS` characters
 (a long output's start says what ran, its end how it ended: the error). An append
 writes the text of its first entries, up to :data:`APPEND_CHARS` in all
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from app.engine.model import Entry
 
 HEAD_CHARS = 16_000
 TAIL_CHARS = 4_000
@@ -65,10 +72,16 @@ _SKIPPED_KEYS = frozenset(
 _MAX_DEPTH = 16
 
 
-def search_text(parts: Sequence[Mapping[str, Any]]) -> str:
+def search_text(parts: Sequence[Mapping[str, Any]], call: str = "") -> str:
     """The searchable text of an entry with these parts: bounded, NUL-free, valid
-    UTF-8 (a lone surrogate becomes U+FFFD)."""
-    return clean(bound("\n".join(piece for piece in _pieces(parts) if piece)))
+    UTF-8 (a lone surrogate becomes U+FFFD). ``call``: a tool result's call, as
+    :func:`call_line` writes it, put first (see :func:`with_call`)."""
+    return with_call(clean(bound("\n".join(piece for piece in _pieces(parts) if piece))), call)
+
+
+def with_call(text: str, call: str) -> str:
+    """A tool result's searchable ``text`` after the line naming its ``call``."""
+    return f"{call}\n{text}" if call else text
 
 
 def for_append(
@@ -95,6 +108,111 @@ def for_append(
         texts.append(text)
         pending.append(False)
     return texts, pending
+
+
+# --- a tool result's call ----------------------------------------------------------------
+
+# The line naming a result's call holds at most this many characters (and a "…").
+CALL_CHARS = 300
+# What of a call's arguments is read for it: the head of their JSON (a file's
+# whole content is not needed to name the call; see :func:`call_line`).
+CALL_ARGUMENTS_CHARS = 2_000
+# Arguments that are the command a shell tool ran.
+_COMMAND_KEYS = ("command", "cmd", "script")
+# In JSON cut short: a key and its value (a string, complete or cut at the end, or a
+# number or a literal).
+_PAIR = re.compile(
+    r'"((?:[^"\\]|\\.){1,64})"\s*:\s*(?:"((?:[^"\\]|\\.)*)("?)|(-?\d[\d.eE+-]*|true|false))'
+)
+
+
+def call_line(name: str | None, arguments: str | None) -> str:
+    """The line that names a tool result's call in its searchable text: the tool's
+    name, then ``$ <command>`` for a shell call (an argument ``command``, ``cmd`` or
+    ``script``), else the arguments' values in order (a number as ``key: value``);
+    their JSON decoded, read from its first :data:`CALL_ARGUMENTS_CHARS` characters
+    (a cut string's head is kept); at most :data:`CALL_CHARS` characters, cut with
+    ``…``. The command's own line breaks are kept. Empty without a name or arguments."""
+    values = _call_values(arguments[:CALL_ARGUMENTS_CHARS] if arguments else "")
+    line = " ".join(v for v in (name or "", values) if v)
+    if len(line) > CALL_CHARS:
+        line = line[:CALL_CHARS] + "…"
+    return clean(line)
+
+
+def _call_values(raw: str) -> str:
+    if not raw.strip():
+        return ""
+    try:
+        decoded: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        decoded = _loose(raw) if raw.lstrip().startswith("{") else raw
+    if not isinstance(decoded, Mapping):
+        return "\n".join(_values(decoded, 0))
+    for key in _COMMAND_KEYS:
+        command = decoded.get(key)
+        if isinstance(command, list):
+            command = " ".join(str(c) for c in command if isinstance(c, str | int | float))
+        if isinstance(command, str) and command.strip():
+            return f"$ {command}"
+    out: list[str] = []
+    for key, value in decoded.items():
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out.append(f"{key}: {value}")
+    return " ".join(v for v in out if v)
+
+
+def _loose(raw: str) -> dict[str, Any]:
+    """The keys and values of a JSON object cut short (its head), as far as they go."""
+    found: dict[str, Any] = {}
+    for m in _PAIR.finditer(raw):
+        key = _unescape(m[1])
+        if m[2] is not None:
+            found.setdefault(key, _unescape(m[2]))
+        elif m[4] not in ("true", "false"):
+            try:
+                found.setdefault(key, orjson.loads(m[4]))
+            except orjson.JSONDecodeError:
+                continue
+    return found
+
+
+def _unescape(value: str) -> str:
+    try:
+        decoded = orjson.loads(f'"{value}"')
+    except orjson.JSONDecodeError:  # cut inside an escape
+        cut = value.rfind("\\")
+        try:
+            decoded = orjson.loads(f'"{value[:cut]}"') if cut >= 0 else value
+        except orjson.JSONDecodeError:
+            return value
+    return decoded if isinstance(decoded, str) else value
+
+
+def with_calls(
+    texts: Sequence[str],
+    pending: Sequence[bool],
+    entries: Sequence[Entry],
+    stored: Mapping[str, tuple[str, str | None]],
+) -> list[str]:
+    """An append's ``texts`` (:func:`for_append`), each tool result's after the line
+    naming its call (:func:`call_line`): the latest call with its id before it in the
+    batch, else the open call ``stored`` names (its name and arguments, read with the
+    append's stored calls). A text left to the indexer (``pending``) stays empty: the
+    indexer finds the call itself."""
+    out = list(texts)
+    made: dict[str, tuple[str, str | None]] = {}
+    for k, entry in enumerate(entries):
+        for call in entry.tool_calls():
+            made[call["id"]] = (call.get("name") or "", call.get("arguments"))
+        if entry.role != "tool" or entry.tool_call_id is None or pending[k]:
+            continue
+        found = made.pop(entry.tool_call_id, None) or stored.get(entry.tool_call_id)
+        if found is not None:
+            out[k] = with_call(out[k], call_line(*found))
+    return out
 
 
 def bound(text: str) -> str:

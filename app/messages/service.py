@@ -387,7 +387,13 @@ def plan_append(
     first_seq = session.next_seq + len(rows)
     linking = link_batch(batch.entries, read.calls, first_seq, path.leaf_branch)
     hidden = _cut_off_results(linking, session)
-    rows += _entry_rows(batch, encoding, config.truncate, linking, first_seq)
+    texts = search_text.with_calls(
+        batch.search_texts,
+        batch.search_pending,
+        batch.entries,
+        {i: (c.name, c.arguments) for i, c in read.calls.items() if c.result_seq is None},
+    )
+    rows += _entry_rows(batch, encoding, config.truncate, linking, first_seq, texts)
     rows = _placed(rows, session)
     if any(r.pinned for r in rows):
         _check_pinned(session, batch, rows, pinned_held)
@@ -459,8 +465,10 @@ def _entry_rows(
     config: TruncateConfig,
     linking: Linking,
     first_seq: int,
+    texts: list[str],
 ) -> list[EntryRow]:
-    """The batch's entries as rows from ``first_seq``, as the model is shown them."""
+    """The batch's entries as rows from ``first_seq``, as the model is shown them
+    (``texts``: their searchable text)."""
     rows: list[EntryRow] = []
     for offset, entry in enumerate(batch.entries):
         ids, tool_name = linking.view_ids[offset], linking.tool_names[offset]
@@ -486,7 +494,7 @@ def _entry_rows(
                 view_call_id=ids[0] if ids and entry.role == "tool" else None,
                 call_id_tokens=shown.call_id_tokens,
                 pinned=batch.pinned[offset],
-                search_text=batch.search_texts[offset],
+                search_text=texts[offset],
                 search_pending=batch.search_pending[offset],
             )
         )

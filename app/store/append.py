@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from app.core.driver import Driver
+from app.engine.search_text import CALL_ARGUMENTS_CHARS
 from app.store import idempotency
 from app.store.paths import on_session_path
 from app.store.session_row import STATE_COLUMNS, SessionState, set_clause, state_of
@@ -26,6 +27,9 @@ class StoredCall(NamedTuple):
     call_seq: int
     view_id: str | None  # how the model's view names it, when not by its id
     branch: int = 0  # the branch of the row that answers it on this path
+    # An open call's arguments (their head: search_text.CALL_ARGUMENTS_CHARS), read
+    # for the line that names it in its result's searchable text; None when answered.
+    arguments: str | None = None
 
 
 @dataclass(slots=True)
@@ -109,7 +113,15 @@ class AppendWrite:
 _READ_SQL = f"""
 SELECT {STATE_COLUMNS},
     (SELECT jsonb_agg(jsonb_build_array(c.call_id, c.name, c.result_seq, c.call_seq, c.view_id,
-            c.branch))
+            c.branch, CASE WHEN c.result_seq IS NULL THEN (
+                -- An open call's arguments, for its result's searchable text: the call's
+                -- entry on the path (one indexed row), the head of its part's arguments.
+                SELECT left(p->>'arguments', {CALL_ARGUMENTS_CHARS})
+                FROM entry AS e, jsonb_array_elements(e.parts) AS p
+                WHERE e.session_id = s.family_id AND e.tenant_id = $2 AND e.seq = c.call_seq
+                    AND {on_session_path("e")} AND p->>'type' = 'tool_call'
+                    AND p->>'id' = c.call_id
+                LIMIT 1) END))
         FROM (SELECT DISTINCT ON (t.call_id) t.call_id, t.name,
                 CASE WHEN {on_session_path("t", "result_seq").replace("t.branch", "t.result_branch")}
                     THEN t.result_seq END AS result_seq,
@@ -287,8 +299,8 @@ class AppendRepository:
         if row is None:
             return None
         # A JSON array per call (not a row):
-        # [call_id, name, result_seq, call_seq, view_id, branch].
-        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4], c[5]) for c in row["calls"] or ()}
+        # [call_id, name, result_seq, call_seq, view_id, branch, arguments].
+        calls = {c[0]: StoredCall(c[1], c[2], c[3], c[4], c[5], c[6]) for c in row["calls"] or ()}
         request_hash = row["request_hash"]
         record = (request_hash, row["response"]) if request_hash is not None else None
         system_parts = row["system_parts"] if system else None

@@ -10,7 +10,8 @@ them and says how many there are (``pending``).
 The indexer runs beside the compaction workers, in every process that runs them.
 It takes a batch of pending entries at a time (``FOR UPDATE SKIP LOCKED``: processes
 share the work and none waits on another), computes each text as the append would
-have (app.engine.search_text, from the stored parts), and writes it in the same
+have (app.engine.search_text, from the stored parts, a tool result's after the line
+naming its call), and writes it in the same
 short transaction, bounded in characters like one append. An append that leaves
 text pending wakes it (``NOTIFY`` on :data:`CHANNEL`, which the workers' listener
 also listens on).
@@ -26,7 +27,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.database import driver_connection, unavailable_cause
 from app.core.driver import Driver
-from app.engine.search_text import APPEND_CHARS, MAX_CHARS, search_text
+from app.engine.search_text import (
+    APPEND_CHARS,
+    CALL_ARGUMENTS_CHARS,
+    MAX_CHARS,
+    call_line,
+    search_text,
+)
 
 log = logging.getLogger("compactd.store.search_index")
 
@@ -39,12 +46,29 @@ BATCH_ENTRIES = max(1, APPEND_CHARS // MAX_CHARS)
 _NOTIFY_SQL = f"SELECT pg_notify('{CHANNEL}', '')"
 
 # In the order of entry_search_pending_idx (partial: it holds only pending entries).
-_CLAIM_SQL = """
-SELECT session_id, tenant_id, branch, seq, parts::text AS parts FROM entry
-WHERE search_pending
-ORDER BY session_id, tenant_id, branch, seq
+# A tool result comes with its call's arguments (their head), for the line that names
+# the call in its text: the call row it answers (indexed by its id), then the call's
+# entry at that seq: on the result's branch, else on the latest branch before it
+# that holds a call with that id there (a branch's ancestors come before it).
+_CLAIM_SQL = f"""
+SELECT e.session_id, e.tenant_id, e.branch, e.seq, e.parts::text AS parts, e.tool_name,
+    CASE WHEN e.role = 'tool' AND e.tool_call_id IS NOT NULL THEN (
+        SELECT left(p->>'arguments', {CALL_ARGUMENTS_CHARS})
+        FROM tool_call AS t
+        JOIN entry AS c ON c.session_id = t.session_id AND c.tenant_id = t.tenant_id
+            AND c.seq = t.call_seq AND c.branch <= e.branch,
+        jsonb_array_elements(c.parts) AS p
+        WHERE t.session_id = e.session_id AND t.tenant_id = e.tenant_id
+            AND t.call_id = e.tool_call_id AND t.result_seq = e.seq
+            AND t.result_branch = e.branch
+            AND p->>'type' = 'tool_call' AND p->>'id' = t.call_id
+        ORDER BY c.branch DESC
+        LIMIT 1) END AS arguments
+FROM entry AS e
+WHERE e.search_pending
+ORDER BY e.session_id, e.tenant_id, e.branch, e.seq
 LIMIT $1
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF e SKIP LOCKED
 """
 
 _WRITE_SQL = """
@@ -73,7 +97,10 @@ async def index_once(driver: Driver, limit: int = BATCH_ENTRIES) -> int:
         rows = await driver.fetch(_CLAIM_SQL, limit)
         if not rows:
             return 0
-        texts = [search_text(orjson.loads(r["parts"])) for r in rows]
+        texts = [
+            search_text(orjson.loads(r["parts"]), _call(r["tool_name"], r["arguments"]))
+            for r in rows
+        ]
         await driver.execute(
             _WRITE_SQL,
             [r["session_id"] for r in rows],
@@ -83,6 +110,11 @@ async def index_once(driver: Driver, limit: int = BATCH_ENTRIES) -> int:
             texts,
         )
     return len(rows)
+
+
+def _call(tool_name: str | None, arguments: str | None) -> str:
+    """The line naming a result's call (none for another entry, or a call not found)."""
+    return call_line(tool_name, arguments) if tool_name or arguments is not None else ""
 
 
 async def index_all(engine: AsyncEngine, stop: asyncio.Event | None = None) -> int:

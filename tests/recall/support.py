@@ -1,5 +1,6 @@
 """Shared by recall's API tests: searching, paging through every hit, and each stored
-entry's searchable text worked out from the history the API gives back."""
+entry's searchable text worked out from the history the API gives back (a tool
+result's after the line naming its call)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import httpx
 
 from app.engine.formats import openai_format
-from app.engine.search_text import search_text
+from app.engine.search_text import call_line, search_text
 from tests.helpers import history
 
 # Nothing automatic: the tests drive compaction and pruning by hand.
@@ -49,7 +50,12 @@ async def searchable(client: httpx.AsyncClient, sid: str) -> dict[int, tuple[str
     """Each entry of the session's path: its kind and its searchable text, worked out
     by app.engine.search_text from the stored message the history gives back."""
     out = {}
+    calls: dict[str, tuple[str, str | None]] = {}
     for entry in await history(client, sid):
         parsed = openai_format.parse_message(entry["message"], "message")
-        out[entry["seq"]] = (entry["kind"], search_text(parsed.parts))
+        for call in parsed.tool_calls():
+            calls[call["id"]] = (call["name"], call.get("arguments"))
+        found = calls.pop(parsed.tool_call_id or "", None) if parsed.role == "tool" else None
+        line = call_line(*found) if found is not None else ""
+        out[entry["seq"]] = (entry["kind"], search_text(parsed.parts, line))
     return out

@@ -183,7 +183,10 @@ async def test_tool_calls_and_outputs_are_searched_and_filtered_by_tool(
     )
     assert sorted(seqs(await search(client, "s", "load_settings"))) == [2, 3, 5]
     assert sorted(seqs(await search(client, "s", "load_settings", tool="grep"))) == [2, 3]
-    assert seqs(await search(client, "s", "src/config.py", tool="read_file")) == [4]
+    # The call and the result that answers it: the result's text starts with its call.
+    read = await search(client, "s", "src/config.py", tool="read_file")
+    assert sorted(seqs(read)) == [4, 5]
+    assert "read_file «src/config.py»" in {h["seq"]: h["snippet"] for h in read["hits"]}[5]
     both = await search(client, "s", "load_settings", tool=["grep", "read_file"])
     assert sorted(seqs(both)) == [2, 3, 5]
     tools = {h["seq"]: h["tool_name"] for h in both["hits"]}
