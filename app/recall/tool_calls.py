@@ -14,6 +14,7 @@ from app.compactions.service import CompactionService
 from app.core.database import driver_connection
 from app.core.errors import NotFound, ProblemError, invalid
 from app.engine.accounting import catalog, tokens
+from app.engine.compaction.summary import block_label
 from app.history.schemas import HistoryEntry
 from app.history.service import HistoryService
 from app.recall import agent_tools as tools
@@ -70,7 +71,13 @@ def _message_text(entry: HistoryEntry) -> str:
     if isinstance(content, str):
         body.append(content)
     elif isinstance(content, list):
-        body.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        # An image or a document reads as what it is, never as its bytes (the
+        # history API gives them back as sent).
+        body.extend(
+            str(p["text"]) if "text" in p else f"[{label}]" if (label := block_label(p)) else ""
+            for p in content
+            if isinstance(p, dict)
+        )
     for call in message.get("tool_calls") or []:
         function = call.get("function", {})
         body.append(f"calls {function.get('name')}({function.get('arguments', '')})")
