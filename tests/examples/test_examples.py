@@ -199,3 +199,61 @@ def test_without_compactd_the_example_says_so_in_one_line(name: str, project: Pa
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"cannot reach compactd at {nobody}" in result.stderr.strip().splitlines()[-1]
+
+
+# The session-store adapters' examples (compactd_client.openai_agents and .langchain):
+# their frameworks call the demo model themselves; compactd holds the conversation.
+ADAPTERS = ["openai_agents_session.py", "langchain_history.py"]
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_the_adapter_example_finishes_its_task_and_compactd_holds_the_conversation(
+    name: str, compactd_url: str, project: Path
+) -> None:
+    session_id = f"example-{name.removesuffix('.py').replace('_', '-')}"
+    env = example_env(COMPACTD_URL=compactd_url, COMPACTD_SESSION=session_id)
+    result = run_example(name, project, env)
+    assert result.returncode == 0, result.stderr
+    assert DEMO_DONE in result.stdout
+    assert f"[compactd session {session_id}]" in result.stderr
+    assert "the scripted demo model at http://127.0.0.1:" in result.stderr
+    assert "> list_files(" in result.stderr
+
+    with Compactd(compactd_url) as compactd:
+        stored = [e["message"] for e in compactd.list_messages(session_id, limit=1000)["entries"]]
+        session = compactd.get_session(session_id)
+    if name == "langchain_history.py":  # the app adds its system prompt to the history
+        system = stored.pop(0)
+        assert system["role"] == "system"
+        assert SYSTEM_START in json.dumps(system["content"])
+    # (The Agents SDK sends its instructions with each call; the session holds the items.)
+    task, call, output, answer = stored
+    assert task["role"] == "user"
+    assert text_of(task) == TASK
+    assert call["role"] == "assistant"
+    [tool_call] = call["tool_calls"]
+    assert tool_call["function"]["name"] == "list_files"
+    assert output["role"] == "tool"
+    assert output["tool_call_id"] == tool_call["id"]
+    assert text_of(output) == "README.md\napp.py\nsrc/"  # the tool ran, in the project
+    assert answer["role"] == "assistant"
+    assert DEMO_DONE in text_of(answer)
+    # The usage was reported: the run's first call (Agents SDK), every reply (LangChain).
+    assert session["usage_count"] == (1 if name == "openai_agents_session.py" else 2)
+    assert session["last_usage"] is not None
+
+
+@pytest.mark.slow  # four runs of the examples, each a Python start with its framework
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_with_keys_on_the_adapter_example_says_so_in_one_line_then_runs_with_its_key(
+    name: str, api_key: str, compactd_url: str, project: Path
+) -> None:
+    test_with_keys_on_the_example_says_so_in_one_line_then_runs_with_its_key(
+        name, api_key, compactd_url, project
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_without_compactd_the_adapter_example_says_so_in_one_line(name: str, project: Path) -> None:
+    test_without_compactd_the_example_says_so_in_one_line(name, project)
