@@ -222,10 +222,11 @@ def test_the_budget_leaves_room_below_the_threshold() -> None:
     assert verbatim.budget_tokens(0.25, 100_000, trigger_tokens=90_000, committed_tokens=0) == (
         25_000
     )
-    # The kept window and the summary already near the threshold: less, never negative.
+    # The kept window and the requests already near the threshold: less (85% of the
+    # threshold, less 500 for the summary of the rest), never negative.
     assert verbatim.budget_tokens(
         0.25, 100_000, trigger_tokens=90_000, committed_tokens=70_000
-    ) == (6_500)
+    ) == (6_000)
     assert verbatim.budget_tokens(0.5, 10_000, trigger_tokens=8_000, committed_tokens=9_000) == 0
 
 
@@ -244,3 +245,10 @@ def test_a_failed_outputs_pointer_quotes_what_went_wrong() -> None:
     assert "\n" not in pointer.line
     assert "failed: NameError: name 'parse_row' is not defined" in pointer.line
     assert pointer.line.endswith("history_read from_seq=2 to_seq=2")
+
+    # With newer outputs that crowd the pointers' room, the failure's line stays.
+    later = _history(6, 3)
+    crowded = verbatim.select([*entries, *later], None, 600, count).verbatim
+    assert 2 in [p.seq for p in crowded.pointers]
+    assert crowded.omitted > 0
+    assert crowded.tokens <= 600

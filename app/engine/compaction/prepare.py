@@ -89,6 +89,8 @@ REQUESTS_SHARE = 0.15
 MIN_REQUESTS_TOKENS = 200
 # A later request is quoted clipped only if this much of it fits.
 MIN_CLIPPED_TOKENS = 48
+# The least an extractive summary may be (see summary_chars).
+MIN_SUMMARY_CHARS = 2_000
 # What the first request is carried as when no block is written.
 REMEMBERED_TOKENS = 512
 
@@ -177,7 +179,7 @@ def summary_chars(threshold_tokens: int, summarized_tokens: int | None = None) -
     cap = min(12_000, threshold_tokens * 6 // 10)
     if summarized_tokens is not None:
         cap = min(cap, summarized_tokens * 2)
-    return max(2_000, cap)
+    return max(MIN_SUMMARY_CHARS, cap)
 
 
 def requests_tokens(configured: int, threshold_tokens: int) -> int:
@@ -499,7 +501,7 @@ def with_policy(
         *zip(plan.prefix_seqs, plan.turn_prefix, strict=True),
     ]
     requests = plan.requests
-    committed = plan.kept_tokens + plan.summary_chars // 4 + (requests.tokens if requests else 0)
+    committed = plan.kept_tokens + (requests.tokens if requests else 0)
     budget = verbatim_rules.budget_tokens(
         verbatim_share,
         usable_tokens,
@@ -515,8 +517,12 @@ def with_policy(
         quoted=quoted,
         steer=_latest_request([*(e for _, e in entries), *plan.kept]),
     )
+    # Verbatim before summary: the summary of the rest gets what the block leaves.
+    room = verbatim_rules.room_tokens(trigger_tokens, committed) - split.verbatim.tokens
+    chars = max(MIN_SUMMARY_CHARS, min(plan.summary_chars, room * 4))
     return replace(
         plan,
+        summary_chars=chars,
         history=split.remainder,
         history_seqs=split.remainder_seqs,
         turn_prefix=[],

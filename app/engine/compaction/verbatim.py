@@ -52,12 +52,17 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 POINTER_SHARE = 0.25
 # How much of the call a pointer shows (its command, or its path), in characters.
 POINTER_COMMAND_CHARS = 80
+FAILED_MARK = " failed: "
 # How much of a failed output's error line a pointer quotes, in characters.
 POINTER_ERROR_CHARS = 240
 # Older messages the latest request steers in share at least this many of its terms.
 STEER_MIN_TERMS = 2
 # The share of the messages' room the older messages it steers in may take.
 STEER_SHARE = 0.25
+# The context after a compaction stays below this share of the compaction threshold;
+# the summary's body keeps at least MIN_BODY_TOKENS of it (about 2,000 characters).
+ROOM_SHARE = 0.85
+MIN_BODY_TOKENS = 500
 # Room the block keeps for its frame and the omitted-pointers line, in tokens.
 FRAME_TOKENS = 96
 
@@ -80,6 +85,7 @@ class Pointer:
 
     seq: int
     line: str
+    failed: bool = False  # the output failed: its line quotes what went wrong
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +118,7 @@ class Verbatim:
     def to_details(self) -> dict[str, Any]:
         return {
             "messages": [{"seq": m.seq, "role": m.role, "text": m.text} for m in self.messages],
-            "pointers": [{"seq": p.seq, "line": p.line} for p in self.pointers],
+            "pointers": [{"seq": p.seq, "line": p.line, "failed": p.failed} for p in self.pointers],
             "omitted_pointers": self.omitted,
             "omitted_from": self.omitted_from,
             "omitted_to": self.omitted_to,
@@ -135,7 +141,7 @@ class Verbatim:
             if role in ("user", "assistant"):
                 messages.append(Message(seq, str(role), text))
         pointers = [
-            Pointer(item["seq"], item["line"])
+            Pointer(item["seq"], item["line"], item.get("failed") is True)
             for item in _list(value.get("pointers"))
             if _seq(item.get("seq")) and isinstance(item.get("line"), str)
         ]
@@ -234,7 +240,7 @@ def pointer_line(seq: int, entry: Entry, call: Part | None) -> str:
         said = [result.lines[0].text]
         if result.last and result.last not in said:
             said.append(result.last)
-        failed = " failed: " + " | ".join(_one_line(t, POINTER_ERROR_CHARS) for t in said)
+        failed = FAILED_MARK + " | ".join(_one_line(t, POINTER_ERROR_CHARS) for t in said)
     return (
         f"- tool output seq {seq}: {_one_line(str(name), 60)}{what}, {size}{failed}; "
         f"history_read from_seq={seq} to_seq={seq}"
@@ -247,11 +253,12 @@ def pointers_of(entries: Sequence[tuple[int, Entry]]) -> list[Pointer]:
     for _, entry in entries:
         for part in entry.tool_calls():
             calls[str(part.get("id"))] = part
-    return [
-        Pointer(seq, pointer_line(seq, entry, calls.get(entry.tool_call_id or "")))
-        for seq, entry in entries
-        if entry.role == "tool"
-    ]
+    out: list[Pointer] = []
+    for seq, entry in entries:
+        if entry.role == "tool":
+            line = pointer_line(seq, entry, calls.get(entry.tool_call_id or ""))
+            out.append(Pointer(seq, line, FAILED_MARK in line))
+    return out
 
 
 # --- The split ---------------------------------------------------------------------
@@ -278,19 +285,27 @@ def _cap_pointers(
     room: int,
     count: Callable[[str], int],
 ) -> tuple[list[Pointer], int, int | None, int | None, int]:
-    """The newest pointers that fit ``room`` tokens; the others counted, with their
-    seq range (a previous block's count and range added). And the tokens used."""
-    kept: list[Pointer] = []
-    used = 0
+    """The newest pointers that fit ``room`` tokens, the newest failed output's
+    first; the others counted, with their seq range (a previous block's count and
+    range added). And the tokens used."""
     out = list(pointers)
+    chosen: set[int] = set()
+    used = 0
+    # The newest failure first: what went wrong last is what an agent looks for.
+    failed = next((p for p in reversed(out) if p.failed), None)
+    if failed is not None and (cost := count(failed.line) + 1) <= room:
+        chosen.add(failed.seq)
+        used += cost
     for pointer in reversed(out):
+        if pointer.seq in chosen:
+            continue
         cost = count(pointer.line) + 1
         if used + cost > room:
             break
-        kept.append(pointer)
+        chosen.add(pointer.seq)
         used += cost
-    kept.reverse()
-    dropped = out[: len(out) - len(kept)]
+    kept = [p for p in out if p.seq in chosen]
+    dropped = [p for p in out if p.seq not in chosen]
     omitted = (previous.omitted if previous else 0) + len(dropped)
     seqs = [p.seq for p in dropped]
     if previous is not None and previous.omitted:
@@ -320,8 +335,8 @@ def select(
     for older messages that share at least :data:`STEER_MIN_TERMS` of its
     distinctive terms, once the newest run stops fitting.
 
-    The pointers come first (the newest, up to :data:`POINTER_SHARE` of the
-    budget; the others counted), then the messages, newest first, whole, while
+    The pointers come first (the newest failure's, then the newest, up to
+    :data:`POINTER_SHARE` of the budget; the others counted), then the messages, newest first, whole, while
     they fit. A previous block's messages and pointers are older than the new
     history and compete for the same budget; the messages that do not fit are
     the summarizer's, before the new history's, oldest first."""
@@ -447,9 +462,15 @@ def budget_tokens(
     committed_tokens: int,
 ) -> int:
     """The verbatim block's budget: ``share`` of the window's usable tokens, but
-    never so much that the context after the compaction (``committed_tokens``: the
-    kept window, the summary's own budget and its quoted requests) would stand
-    near the compaction threshold again, at 85% of ``trigger_tokens``."""
+    never so much that the context after the compaction would stand near the
+    compaction threshold again (above :data:`ROOM_SHARE` of ``trigger_tokens``)
+    with what it holds anyway (``committed_tokens``: the kept window and the quoted
+    requests) and at least :data:`MIN_BODY_TOKENS` for the summary of the rest."""
     cap = int(max(0.0, share) * max(0, usable_tokens))
-    room = int(trigger_tokens * 0.85) - committed_tokens
-    return max(0, min(cap, room))
+    return max(0, min(cap, room_tokens(trigger_tokens, committed_tokens) - MIN_BODY_TOKENS))
+
+
+def room_tokens(trigger_tokens: int, committed_tokens: int) -> int:
+    """What the summary may take in all (its body and the verbatim block): what is
+    left below :data:`ROOM_SHARE` of the threshold by ``committed_tokens``."""
+    return int(trigger_tokens * ROOM_SHARE) - committed_tokens
