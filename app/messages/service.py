@@ -379,7 +379,8 @@ def plan_append(
     session = read.session
     sessions.check_if_match(if_match, session.version)
     config = sessions.effective_config(session.config)
-    encoding = catalog.lookup(session.model).encoding
+    spec = catalog.lookup(session.model)
+    encoding = spec.encoding
     rows: list[EntryRow] = []
     if batch.system is not None and not _holds_system(read, batch):
         rows.append(batch.system_row(session.next_seq, encoding))
@@ -393,7 +394,9 @@ def plan_append(
         batch.entries,
         {i: (c.name, c.arguments) for i, c in read.calls.items() if c.result_seq is None},
     )
-    rows += _entry_rows(batch, encoding, config.truncate, linking, first_seq, texts)
+    rows += _entry_rows(
+        batch, encoding, config.truncate, linking, first_seq, texts, images=spec.images
+    )
     rows = _placed(rows, session)
     if any(r.pinned for r in rows):
         _check_pinned(session, batch, rows, pinned_held)
@@ -466,13 +469,16 @@ def _entry_rows(
     linking: Linking,
     first_seq: int,
     texts: list[str],
+    *,
+    images: tokens.ImageRule = "openai",
 ) -> list[EntryRow]:
     """The batch's entries as rows from ``first_seq``, as the model is shown them
-    (``texts``: their searchable text)."""
+    (``texts``: their searchable text; ``images``: whose rule their images are
+    counted by, the session model's provider's)."""
     rows: list[EntryRow] = []
     for offset, entry in enumerate(batch.entries):
         ids, tool_name = linking.view_ids[offset], linking.tool_names[offset]
-        shown = batch.shown(offset, encoding, config, ids, tool_name)
+        shown = batch.shown(offset, encoding, config, ids, tool_name, images)
         rows.append(
             EntryRow(
                 seq=first_seq + offset,
@@ -814,6 +820,7 @@ class _Batch:
         config: TruncateConfig,
         view_ids: tuple[str, ...] | None,
         tool_name: str | None,
+        images: tokens.ImageRule = "openai",
     ) -> _Shown:
         """Entry ``offset`` as the model is shown it, its calls named ``view_ids`` and
         (a result) its tool ``tool_name``; kept for the next attempt."""
@@ -824,11 +831,11 @@ class _Batch:
         if entry.role == "tool" and config.enabled:
             category = truncate.category_for(entry.tool_name, config.categories)
         cap = config.tool_result_token_cap if category else 0
-        key = (offset, encoding, category, cap, view_ids, tool_name)
+        key = (offset, encoding, category, cap, view_ids, tool_name, images)
         if key not in self._shown:
             if view_ids is not None:
                 entry = _with_view_ids(entry, view_ids)
-            self._shown[key] = _show(entry, encoding, category, cap)
+            self._shown[key] = _show(entry, encoding, category, cap, images)
         return self._shown[key]
 
 
@@ -842,7 +849,11 @@ def _with_view_ids(entry: Entry, view_ids: tuple[str, ...]) -> Entry:
 
 
 def _show(
-    entry: Entry, encoding: tokens.EncodingName, category: truncate.Category | None, cap: int
+    entry: Entry,
+    encoding: tokens.EncodingName,
+    category: truncate.Category | None,
+    cap: int,
+    images: tokens.ImageRule = "openai",
 ) -> _Shown:
     """Cut a long tool result's text to ``cap`` tokens by its category (ingest
     truncation: docs/how-it-works.md), then render and count what is left. The stored parts keep it all."""
@@ -864,7 +875,7 @@ def _show(
     return _Shown(
         view_openai,
         view_anthropic,
-        tokens.count_entry(entry, encoding),
+        tokens.count_entry(entry, encoding, images),
         omitted_lines if omitted_bytes else None,
         omitted_bytes or None,
         tokens.count_text(entry.tool_call_id, encoding)
