@@ -17,6 +17,7 @@ on compactd's append-only history (nothing stored is ever deleted).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -194,8 +195,6 @@ class AsyncStore:
         return self._current
 
     async def context(self, wait: float) -> t.Context:
-        import asyncio
-
         sid = await self.current()
         context = await self.client.get_context(sid, format="openai")
         if context["state"] == "ok" or wait <= 0:
