@@ -53,9 +53,20 @@ of the output being the failure's line:
 - a traceback's last line: the first line at column 0 after ``Traceback (most
   recent call last):`` and its indented frames (any exception name:
   ``django.core.exceptions.ImproperlyConfigured: ...``, ``KeyboardInterrupt``);
+  also when a pipe (``| tail -20``) cut the header off: the frames start at an
+  indented ``File "...", line N`` and the line at column 0 after them is an
+  exception's name, dotted or not (``django.core.exceptions.ImproperlyConfigured: ...``);
+- a Python syntax error (``SyntaxError``, ``IndentationError``, ``TabError``, at
+  column 0 or after pytest's ``E``): its line, and where it is, the ``File "x",
+  line N`` printed above it (both must be kept: the message often stays the same
+  from one run to the next while the line number changes);
 - an exception line: at column 0 (or after pytest's ``E   ``), a name, dotted or
   not, ending in ``Error`` or ``Exception``, then ``:``;
+- unittest's summary, ``FAILED (failures=2, errors=1)``;
 - pytest's ``FAILED <test>`` and ``ERROR <test>`` lines;
+- a shell's syntax error: ``bash: -c: line 1: syntax error near unexpected token
+  ...``, ``/bin/sh: 1: Syntax error: ...``, ``... unexpected EOF while looking for
+  matching ...`` (the line that follows, echoing the command, is not one);
 - a tool's error: a line opening with ``error:``, ``Error:``, ``ERROR:``, ``fatal:``
   (after an optional ``program:``), or ending in ``command not found`` or ``No such
   file or directory``;
@@ -76,7 +87,7 @@ which found nothing and did not fail.
 A failure is *kept* by a context holding its key: the line with whitespace runs
 taken as one space, pytest's ``E`` prefix dropped, cut to its first
 :data:`KEY_CHARS` characters (a summary that quotes the line whole, or clipped
-after that, keeps it).
+after that, keeps it); and, for a syntax error, the line that says where it is.
 """
 
 from __future__ import annotations
@@ -691,8 +702,16 @@ def writes_of_call(
 # --- (c) failures ---------------------------------------------------------------------
 
 _TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
+_FRAME_LINE = re.compile(r'^(?:E)?\s+File "[^"]+", line \d+')
+_NAMED = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::|$)")  # an exception's name first
+_SYNTAX = re.compile(r"^(?:E\s+)?(?:SyntaxError|IndentationError|TabError)\b")
 _EXCEPTION = re.compile(r"^(?:E\s+)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)):(?:\s|$)")
+_UNITTEST = re.compile(r"^FAILED \((?:failures|errors)=\d")
 _PYTEST = re.compile(r"^(?:FAILED|ERROR) \S")
+_SHELL_SYNTAX = re.compile(
+    r"^\S*\b(?:sh|bash|dash|zsh): (?:-c: )?(?:line )?\d*:? ?"
+    r"(?:syntax error|Syntax error|unexpected EOF while looking for matching)"
+)
 _TOOL_ERROR = re.compile(
     r"^(?:[\w./-]+: )?(?:error|Error|ERROR|fatal|FATAL)(?:\[\w+\])?:|"
     r"(?:command not found|No such file or directory)\s*$"
@@ -712,9 +731,11 @@ _TAG_LINE = re.compile(r"^</?[\w-]+>$")
 class Failure:
     """A failed tool output: which rule found it, and its line (the key is its start)."""
 
-    kind: str  # traceback | exception | pytest | tool-error | patch | exit-code
+    kind: str  # traceback | syntax-error | exception | unittest | pytest | shell-syntax
+    # | tool-error | patch | exit-code
     line: str
     exit_code: int | None = None
+    where: str | None = None  # a syntax error's ``File "x", line N``
 
     @property
     def key(self) -> str:
@@ -737,28 +758,55 @@ def exit_code(output: str) -> int | None:
 
 def error_lines(output: str) -> list[tuple[str, str]]:
     """Every error line of an output, in order, with the rule that found it."""
+    return [(kind, line) for kind, line, _ in _error_lines(output)]
+
+
+def _error_lines(output: str) -> list[tuple[str, str, str | None]]:
+    """Every error line of an output, in order: the rule that found it, the line, and
+    (a syntax error's) where it is."""
     lines = output.splitlines()
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str | None]] = []
     in_traceback = False
+    headless = False  # frames whose header a pipe cut off
+    frame: str | None = None  # the last ``File "x", line N`` seen, and how far back
+    since_frame = 0
     for line in lines:
+        since_frame += 1
+        if _FRAME_LINE.match(line):
+            frame = re.sub(r"^E\s", "", line).strip()
+            since_frame = 0
+            if not in_traceback:
+                in_traceback = headless = True
+            continue
         if _TRACEBACK.match(line):
-            in_traceback = True
+            in_traceback, headless = True, False
+            continue
+        where = frame if frame is not None and since_frame <= 4 else None
+        if _SYNTAX.match(line):
+            in_traceback = False
+            found.append(("syntax-error", line, where))
             continue
         if in_traceback:
             if not line.strip() or line[:1].isspace():
                 continue
             in_traceback = False
-            if not _TAG_LINE.match(line.strip()):  # an elided output's tag, not the error
-                found.append(("traceback", line))
+            if headless and not _NAMED.match(line):
+                pass  # frames quoted in some text, not a traceback's end
+            elif not _TAG_LINE.match(line.strip()):  # an elided output's tag, not the error
+                found.append(("traceback", line, None))
                 continue
         if _EXCEPTION.match(line):
-            found.append(("exception", line))
+            found.append(("exception", line, None))
+        elif _UNITTEST.match(line):
+            found.append(("unittest", line, None))
+        elif _SHELL_SYNTAX.match(line):
+            found.append(("shell-syntax", line, None))
         elif _PYTEST.match(line):
-            found.append(("pytest", line))
+            found.append(("pytest", line, None))
         elif _PATCH.search(line):
-            found.append(("patch", line))
+            found.append(("patch", line, None))
         elif _TOOL_ERROR.search(line):
-            found.append(("tool-error", line))
+            found.append(("tool-error", line, None))
     return found
 
 
@@ -777,10 +825,10 @@ def failure_of(
 ) -> Failure | None:
     """The failure a tool output shows, or None (see the module's rule)."""
     code = exit_code(output)
-    lines = error_lines(output)
+    lines = _error_lines(output)
     if lines:
-        kind, line = lines[-1]
-        return Failure(kind, line, code)
+        kind, line, where = lines[-1]
+        return Failure(kind, line, code, where)
     failed = (code is not None and code != 0) or is_error
     if not failed:
         return None
@@ -799,5 +847,6 @@ def failure_of(
 
 
 def failure_kept(failure: Failure, text: str) -> bool:
-    """Whether ``text`` (whitespace-normalized) holds the failure's key."""
-    return failure.key in text
+    """Whether ``text`` (whitespace-normalized) holds the failure's key (and where a
+    syntax error is)."""
+    return failure.key in text and (failure.where is None or normalize(failure.where) in text)

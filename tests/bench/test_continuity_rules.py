@@ -273,7 +273,7 @@ def output(code: int, body: str) -> str:
             output(
                 1, '  File "t.py", line 19\n    print(f"{}")\n    ^\nSyntaxError: f-string: empty'
             ),
-            "exception",
+            "syntax-error",
             "SyntaxError: f-string: empty",
         ),
         (
@@ -410,3 +410,112 @@ def test_a_failure_is_kept_by_a_context_holding_its_key() -> None:
     pytest_line = Failure("exception", "E       AssertionError:   assert 1 == 2", 1)
     assert pytest_line.key == "AssertionError: assert 1 == 2"
     assert rules.failure_kept(pytest_line, "last error: AssertionError: assert 1 == 2")
+
+
+# The latest error of any shape: a script's traceback, a framework's exception through a
+# pipe, a shell's syntax error, unittest's summary, a syntax error and where it is.
+
+FRAMES = (
+    '  File "/testbed/django/test/utils.py", line 125, in setup_test_environment\n'
+    "    settings.DEBUG = debug\n"
+    '  File "/testbed/django/conf/__init__.py", line 57, in _setup\n'
+    "    raise ImproperlyConfigured(\n"
+)
+IMPROPERLY = (
+    "django.core.exceptions.ImproperlyConfigured: Requested setting DEBUG, but not configured"
+)
+
+
+def test_a_script_run_fails_with_its_traceback_last_line() -> None:
+    text = output(
+        1,
+        'Traceback (most recent call last):\n  File "/testbed/analyze_fix.py", line 14, in'
+        " <module>\n    print(foo)\nNameError: name 'foo' is not defined\nCase 1: ok",
+    )
+    assert rules.failure_of(text, "python analyze_fix.py") == Failure(
+        "traceback", "NameError: name 'foo' is not defined", 1
+    )
+
+
+def test_a_framework_exception_through_a_pipe_even_without_its_header() -> None:
+    command = "python manage.py test 2>&1 | tail -300"
+    whole = output(0, "Traceback (most recent call last):\n" + FRAMES + IMPROPERLY)
+    assert rules.failure_of(whole, command) == Failure("traceback", IMPROPERLY, 0)
+    headless = output(0, FRAMES + IMPROPERLY + "\n")
+    assert rules.failure_of(headless, command) == Failure("traceback", IMPROPERLY, 0)
+    # Frames quoted in prose are no traceback: the next line is not an exception's name.
+    quoted = output(0, '  File "a.py", line 3, in f\n    g()\nwas the last frame shown')
+    assert rules.failure_of(quoted, "cat notes.md") is None
+
+
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [
+        (
+            "bash: -c: line 1: syntax error near unexpected token `('\n"
+            "bash: -c: line 1: `python -c print(len(x))'",
+            "bash: -c: line 1: syntax error near unexpected token `('",
+        ),
+        ('/bin/sh: 1: Syntax error: "(" unexpected', '/bin/sh: 1: Syntax error: "(" unexpected'),
+        (
+            "bash: -c: line 1: unexpected EOF while looking for matching `''\n"
+            "bash: -c: line 2: syntax error: unexpected end of file",
+            "bash: -c: line 2: syntax error: unexpected end of file",
+        ),
+    ],
+)
+def test_a_shell_syntax_error_not_the_command_it_echoes(body: str, line: str) -> None:
+    assert rules.failure_of(output(2, body), "python -c print(len(x))") == Failure(
+        "shell-syntax", line, 2
+    )
+
+
+@pytest.mark.parametrize("summary", ["FAILED (errors=1)", "FAILED (failures=2, errors=1)"])
+def test_a_unittest_summary_is_the_failure_of_its_run(summary: str) -> None:
+    body = (
+        "ERROR: test_parse (__main__.TestParse.test_parse)\n" + "-" * 70 + "\n"
+        'Traceback (most recent call last):\n  File "/testbed/test_x.py", line 9, in test_parse\n'
+        "    parse()\nTypeError: parse() missing 1 required positional argument: 'b'\n\n"
+        + "-" * 70
+        + f"\nRan 3 tests in 0.001s\n\n{summary}"
+    )
+    command = "cat <<'EOF' > test_x.py && python test_x.py\nimport unittest\nEOF"
+    assert rules.failure_of(output(1, body), command) == Failure("unittest", summary, 1)
+    assert rules.failure_of(output(0, body), "python test_x.py | tail -20") == Failure(
+        "unittest", summary, 0
+    )
+
+
+def test_a_syntax_error_is_kept_with_where_it_is() -> None:
+    def run(line: int) -> str:
+        return output(
+            1,
+            f'  File "/testbed/repro.py", line {line}\n    def f(:\n          ^\n'
+            "SyntaxError: invalid syntax",
+        )
+
+    failure = rules.failure_of(run(12), "python repro.py")
+    assert failure == Failure(
+        "syntax-error", "SyntaxError: invalid syntax", 1, 'File "/testbed/repro.py", line 12'
+    )
+    older = rules.normalize(
+        'SyntaxError: invalid syntax — after python repro.py File "/testbed/repro.py", line 9'
+    )
+    newer = older.replace("line 9", "line 12")
+    assert not rules.failure_kept(failure, older)
+    assert rules.failure_kept(failure, newer)
+    # In a traceback, and as pytest quotes it.
+    imported = output(
+        1,
+        'Traceback (most recent call last):\n  File "r.py", line 1, in <module>\n    import repro\n'
+        '  File "/testbed/repro.py", line 12\n    def f(:\n          ^\nSyntaxError: invalid syntax',
+    )
+    assert rules.failure_of(imported, "python r.py") == failure
+    collected = output(
+        2,
+        'E     File "/testbed/repro.py", line 12\nE       def f(:\nE             ^\n'
+        "E   SyntaxError: invalid syntax",
+    )
+    assert rules.failure_of(collected, "pytest") == Failure(
+        "syntax-error", "E   SyntaxError: invalid syntax", 2, 'File "/testbed/repro.py", line 12'
+    )
