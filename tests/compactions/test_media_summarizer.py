@@ -295,3 +295,27 @@ async def test_history_read_shows_what_a_medium_is_without_its_bytes(
     # placeholder (app.engine.formats.opaque.placeholder); the pointer in the summary
     # names it, and the history API gives it back whole.
     assert "[Anthropic document block omitted]" in text
+
+
+async def test_an_image_is_counted_on_write_by_the_session_models_rule(
+    client: httpx.AsyncClient,
+) -> None:
+    """The same 1000x1000 image costs 765 tokens to gpt-4o (OpenAI's tiles), 1,334 to
+    Claude (pixels over 750), 1,032 to Gemini (four 258-token tiles), counted once,
+    when the message is stored."""
+    image = _png(1000, 1000)
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What does the chart show?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
+        ],
+    }
+    stored: dict[str, int] = {}
+    for model in ("gpt-4o", "claude-sonnet-4-20250514", "gemini-2.5-pro"):
+        s = await make_session(client, model=model, config=MANUAL)
+        await append_ok(client, s["id"], [message])
+        (entry,) = await history(client, s["id"])
+        stored[model] = entry["tokens"]
+    assert stored["claude-sonnet-4-20250514"] - stored["gpt-4o"] == 1_334 - 765
+    assert stored["gemini-2.5-pro"] - stored["gpt-4o"] == 1_032 - 765
