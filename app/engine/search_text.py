@@ -312,12 +312,29 @@ _PUNCTUATION = frozenset(string.punctuation)
 _TRIGRAM = re.compile(r"[^\W_]{3}")
 
 
+# A query that is a place in a file: ``registry.py:135``, ``registry.py line 135``,
+# ``File "…/registry.py", line 135``, ``registry.py(135)``, ``registry.py#L135``,
+# ``registry.py:135:7``. The path has an extension (a dot and 1 to 10 word characters).
+_LOCATION = re.compile(
+    r"""(?:file\s+)?["']?(?P<path>[^\s"'(),:#]*[^\s"'(),:#./]\.[\w+-]{1,10})["']?"""
+    r"(?:\s*:\s*|,?\s+line\s+|,?\s*\(|#L)(?P<line>\d{1,9})\)?(?::\d{1,9})?:?",
+    re.IGNORECASE,
+)
+# How a text writes a place in a file, between the path and the line: ``:135``
+# (grep -n, compilers, pytest), ``", line 135`` (a Python traceback), ``(135)`` (pdb),
+# `` line 135`` (prose). A regex both in Postgres's ARE and in Python's syntax.
+_AT_LINE = r'("?,? ?line |:|\()'
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """A search query as the database matches it."""
 
     words: str  # for the full-text query and the trigram similarity
     literal: str  # what is looked for as written (a substring, any case)
+    # A place in a file (the path as written, the line number): the literal is then
+    # looked for in any of the ways a text writes it (see :data:`_AT_LINE`).
+    location: tuple[str, str] | None = None
 
     @property
     def has_trigram(self) -> bool:
@@ -331,7 +348,19 @@ class Query:
         """A regex (Postgres ARE) of the literal, its punctuation escaped: matched with
         ``~*`` (any case), which the trigram index serves, and rechecks faster than
         ``ILIKE``."""
-        return "".join(f"\\{c}" if c in _PUNCTUATION else c for c in self.literal)
+        if self.location is not None:
+            path, line = self.location
+            return f"{_escaped(path)}{_AT_LINE}{line}($|[^0-9])"
+        return _escaped(self.literal)
+
+    @property
+    def pattern(self) -> str:
+        """The literal as a Python regex (for :func:`snippet`): as written, or a place in
+        a file in any of the ways a text writes it."""
+        if self.location is not None:
+            path, line = self.location
+            return f"{re.escape(path)}{_AT_LINE}{line}(?![0-9])"
+        return re.escape(self.literal)
 
     @property
     def alone_regex(self) -> str:
@@ -341,7 +370,7 @@ class Query:
         body = self.regex
         if _is_word_char(self.literal[0]):
             body = f"(^|[^{_WORD_CLASS}]){body}"
-        if _is_word_char(self.literal[-1]):
+        if self.location is None and _is_word_char(self.literal[-1]):
             body = f"{body}($|[^{_WORD_CLASS}])"
         return body
 
@@ -355,7 +384,15 @@ def read_query(q: str) -> Query | None:
         literal = literal[1:-1].strip()
     if not literal:
         return None
+    if m := _LOCATION.fullmatch(literal):
+        path, line = m["path"], m["line"].lstrip("0") or "0"
+        # The words: the path's and the line's (not "line", "File"...).
+        return Query(words=f"{path} {line}", literal=literal, location=(path, line))
     return Query(words=words, literal=literal)
+
+
+def _escaped(literal: str) -> str:
+    return "".join(f"\\{c}" if c in _PUNCTUATION else c for c in literal)
 
 
 def _is_word_char(c: str) -> bool:
@@ -389,7 +426,7 @@ _STOP = (
 _STOP_WORDS = frozenset(_STOP.split())
 
 
-def snippet(text: str, query: str, *, exact: bool = True) -> str:
+def snippet(text: str, query: str, *, exact: bool = True, pattern: str | None = None) -> str:
     """Whole lines of ``text`` around its best matching line, the matches marked
     «like this», every character as written (no line numbers added: the text's own
     are kept, as in a traceback or ``grep -n``).
@@ -399,14 +436,15 @@ def snippet(text: str, query: str, *, exact: bool = True) -> str:
     distinct of them (stop words aside), the earliest of those. A word is found where
     a word of the line starts with it (a number, or a word of at most 3 letters: is
     it), or with its stem: the word less its last 3 letters, at least 4 (``failing``
-    finds ``failed``). Around that line, up to :data:`CONTEXT_LINES` lines before and
+    finds ``failed``). ``pattern``: the literal as a regex (:attr:`Query.pattern`: a
+    place in a file found however the text writes it). Around that line, up to :data:`CONTEXT_LINES` lines before and
     after while they fit in :data:`SNIPPET_CHARS`; a line too long for it is cut
     around the match (``" … "``), and a line ``…`` stands for the lines left out. No
     match (a case folding Python and Postgres disagree on, a stem Postgres finds and
     this does not): the text's first lines."""
     spans: Sequence[tuple[int, ...]]
     if exact:
-        spans = _literal_spans(text, query)
+        spans = _literal_spans(text, query, pattern)
         start, end = spans[0] if spans else (0, 0)
     else:
         spans = words = _word_spans(text, query)
@@ -442,10 +480,11 @@ def snippet(text: str, query: str, *, exact: bool = True) -> str:
     return _render(text, before, after, spans, before, after)
 
 
-def _literal_spans(text: str, literal: str) -> list[tuple[int, int]]:
+def _literal_spans(text: str, literal: str, pattern: str | None) -> list[tuple[int, int]]:
     if not literal:
         return []
-    return [m.span() for m in re.finditer(re.escape(literal), text, re.IGNORECASE)]
+    regex = pattern if pattern is not None else re.escape(literal)
+    return [m.span() for m in re.finditer(regex, text, re.IGNORECASE) if m.end() > m.start()]
 
 
 def _stems(words: str) -> list[tuple[str, bool]]:

@@ -12,9 +12,14 @@ posting list, not every tenant's:
 - **substring**: ``search_text ~* 'query'`` (the query as written, any case) through
   the trigram index: an identifier, a path or an error name is found as written,
   whatever the parser makes of it (``django.core.exceptions.ImproperlyConfigured``
-  one token, ``parse_iso_week`` three), inside a longer word too. A hit where the
-  query stands alone (not inside a longer identifier) scores 4, one inside a longer
-  word 2: above any hit by words alone, which scores under 2.
+  one token, ``parse_iso_week`` three), inside a longer word too; a place in a file
+  (``registry.py:135``) however the text writes it (``File "…/registry.py", line
+  135``: :class:`app.engine.search_text.Query`). A hit where the query stands alone
+  (not inside a longer identifier) scores 4, one inside a longer word 2: above any
+  hit by words alone, which scores under 2. A summary (a compaction's, a branch's)
+  where it stands alone scores 3: it lists names many times over (its file lists,
+  its commands), and without this it outranked the entry that holds the fact, as
+  written, by its cover density and by being newer.
 
 The best hits by words alone (:data:`NEAR_RANKED`) are ranked again by the trigram
 ``word_similarity`` of the query to their text's start, which puts an identifier
@@ -158,8 +163,9 @@ WITH q AS (
     WHERE {key} AND e.search_tsv @@ q.tsq AND {scope_sql}
     LIMIT {cap}::int
 ), exact AS (
-    SELECT e.branch, e.seq, CASE WHEN e.search_text ~* {alone}::text THEN 4.0 ELSE 2.0 END::float8
-        AS exact
+    SELECT e.branch, e.seq, CASE WHEN e.search_text ~* {alone}::text THEN
+            CASE WHEN e.kind IN ('compaction', 'branch_summary') THEN 3.0 ELSE 4.0 END
+        ELSE 2.0 END::float8 AS exact
     FROM entry AS e
     WHERE {key} AND {haystack} ~* {regex}::text AND {scope_sql}
     LIMIT {cap}::int

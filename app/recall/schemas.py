@@ -47,13 +47,18 @@ class SearchHit(BaseModel):
     )
     score: float = Field(
         description="Higher is better: 4 and more where the query stands as written (not "
-        "inside a longer word), 2 and more where it is inside a longer one, under 2 where "
-        "only its words match (stems, any order; the closer together, the higher)."
+        "inside a longer word; 3 and more in a summary, which lists names many times over), "
+        "2 and more where it is inside a longer one, under 2 where only its words match "
+        "(stems, any order; the closer together, the higher). A place in a file "
+        "(`registry.py:135`, `registry.py line 135`) counts as written however the text "
+        'writes it (`registry.py:135:`, `File ".../registry.py", line 135`).'
     )
     snippet: str = Field(
         description="Whole lines of the entry (up to about 600 characters) around its best "
-        "matching line, from anywhere in its searchable text: the line of the query's first "
-        "place as written, else the line holding the most of its words; a line or two of "
+        "matching line, from anywhere in its searchable text (a tool result's starts with a "
+        "line naming its call: the tool and `$ <command>` or its arguments): the line of the "
+        "query's first place as written, else the line holding the most of its words; a "
+        "line or two of "
         "context each side, every character as written (no line numbers added), the "
         "matches marked «like this». A line too long is cut around the match (` … `); a "
         "line `…` stands for lines left out. No match found again: the entry's first lines."

@@ -156,7 +156,10 @@ class RecallService:
         for row in rows:
             on_path = 1 <= row.seq <= leaf and path.branch_of(row.seq) == row.branch
             shown = search_text.snippet(
-                row.text or "", read.literal if row.exact else read.words, exact=row.exact
+                row.text or "",
+                read.literal if row.exact else read.words,
+                exact=row.exact,
+                pattern=read.pattern,
             )
             hits.append(
                 SearchHit(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.search_text import MARK_END, MARK_START, SNIPPET_CHARS, snippet
+from app.engine.search_text import MARK_END, MARK_START, SNIPPET_CHARS, read_query, snippet
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"
@@ -129,3 +129,27 @@ def test_a_snippet_is_bounded_and_its_lines_are_the_texts(text: str, q: str, exa
     # What is shown is the text's own characters, marks aside.
     if MARK_START not in text and MARK_END not in text:
         assert unmarked(body) in text
+
+
+def test_a_place_in_a_file_is_found_however_the_text_writes_it() -> None:
+    forms = ("registry.py:135", "registry.py line 135", "registry.py:135:9", "registry.py(135)")
+    for q in (*forms, 'File "/srv/app/lib/registry.py", line 135', "registry.py#L135"):
+        query = read_query(q)
+        assert query is not None
+        assert query.location is not None, q
+        assert query.location[1] == "135"
+        shown = snippet(TRACEBACK, query.literal, pattern=query.pattern)
+        assert 'registry.py", line 135», in <module>' in shown, q
+        assert "«" in shown.split("\n")[3]
+    for text in ("lib/registry.py:135: in load", "registry.py(135)<module>()"):
+        query = read_query("registry.py line 135")
+        assert query is not None
+        assert "«registry.py" in snippet(text, query.literal, pattern=query.pattern)
+    # Another line, or no line at all: not a place.
+    query = read_query("registry.py:13")
+    assert query is not None
+    assert "«" not in snippet(TRACEBACK, query.literal, pattern=query.pattern)
+    for q in ("registry.py", "foo:135", "line 135", "a.b"):
+        parsed = read_query(q)
+        assert parsed is not None
+        assert parsed.location is None, q
