@@ -43,6 +43,11 @@ _TEXT_PARTS = frozenset({"input_text", "output_text"})
 _IMAGE_KEYS = frozenset({"type", "image_url", "detail"})
 
 
+def _dumps(value: Any) -> str:
+    """Compact JSON, as the proxy writes it (so both store the same text)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def _kind(item: Mapping[str, Any]) -> Any:
     """An item's type (an easy input message has none: ``{"role", "content"}``)."""
     return item.get("type", "message" if "role" in item else None)
@@ -113,7 +118,7 @@ def item_to_message(item: Mapping[str, Any], path: str = "item") -> dict[str, An
             arguments = _text(item.get("arguments", ""), f"{path}.arguments")
             known = _CALL_KEYS
         else:
-            arguments = json.dumps({"input": _text(item.get("input"), f"{path}.input")})
+            arguments = _dumps({"input": _text(item.get("input"), f"{path}.input")})
             known = _CUSTOM_KEYS
         call = {
             "id": _call_id(item, path),
@@ -132,11 +137,11 @@ def item_to_message(item: Mapping[str, Any], path: str = "item") -> dict[str, An
         call = {
             "id": _call_id(item, path),
             "type": "function",
-            "function": {"name": kind, "arguments": json.dumps(item)},
+            "function": {"name": kind, "arguments": _dumps(item)},
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
     if "call_id" in item and kind.endswith("_output"):
-        return {"role": "tool", "tool_call_id": _call_id(item, path), "content": json.dumps(item)}
+        return {"role": "tool", "tool_call_id": _call_id(item, path), "content": _dumps(item)}
     return {"role": "assistant", "content": [{"type": RESPONSE_ITEM, RESPONSE_ITEM: item}]}
 
 
@@ -206,7 +211,10 @@ def messages_to_items(
     """Chat messages (a context or a history page, format ``openai``) as Responses
     input items. ``custom_tools``: the names of free-form (``custom``) tools, whose calls
     were stored as ``{"input": ...}`` arguments. An item's ``id`` and ``status`` come back
-    when the message has them (the history keeps them; the context does not)."""
+    when the message has them (the history keeps them; the context does not). Where the
+    SDK's input types ask for a field the stored message lacks, it gets the API's
+    default: an output text's ``annotations`` (``[]``), an image's ``detail``
+    (``"auto"``)."""
     custom = frozenset(custom_tools)
     items: list[dict[str, Any]] = []
     customs: set[str] = set()  # call ids of custom tool calls, for their outputs
