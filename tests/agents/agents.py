@@ -248,6 +248,12 @@ def run(
     prepared = PREPARE[agent.name](
         base_url, session, task, offline_env(home, dead_port), resume=resume
     )
+    return execute(prepared, workdir, timeout)
+
+
+def execute(prepared: Prepared, workdir: Path, timeout: float = 90) -> Run:
+    """Run a prepared agent command in ``workdir`` until it exits (killed after
+    ``timeout`` seconds)."""
     started = time.monotonic()
     # A session of its own, so that a timeout ends the agent and every process it
     # started (Codex's launcher runs the native binary, which runs the shell).
