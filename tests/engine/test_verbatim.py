@@ -252,3 +252,17 @@ def test_a_failed_outputs_pointer_quotes_what_went_wrong() -> None:
     assert 2 in [p.seq for p in crowded.pointers]
     assert crowded.omitted > 0
     assert crowded.tokens <= 600
+
+
+def test_a_syntax_errors_pointer_says_where_and_a_tool_error_its_first_line() -> None:
+    syntax = '  File "/repo/fix.py", line 14\n    def f(:\n          ^\nSyntaxError: invalid syntax'
+    entries = [
+        (1, _call("c1", "python fix.py")),
+        (2, _result("c1", syntax, is_error=True)),
+        (3, _call("c2", "cat missing.txt")),
+        (4, _result("c2", "\nError: ImportError: cannot import name 'x'\nmore", is_error=True)),
+    ]
+    first, second = verbatim.select(entries, None, 2_000, count).verbatim.pointers
+    assert "failed: SyntaxError: invalid syntax" in first.line
+    assert 'File "/repo/fix.py", line 14' in first.line
+    assert "failed: Error: ImportError: cannot import name 'x';" in second.line

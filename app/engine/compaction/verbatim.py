@@ -234,12 +234,16 @@ def pointer_line(seq: int, entry: Entry, call: Part | None) -> str:
         size += f", {media} non-text part{'s' if media != 1 else ''}"
     failed = " (error)" if entry.is_error else ""
     result = outcome(text, is_error=entry.is_error, command=command_of(call) if call else None)
+    said: list[str] = []
     if result.failed and result.lines:
-        # What went wrong, as written: the line an agent searches for, and the last
-        # error line when it is another (a runner's summary after a test's failure).
+        # What went wrong, as written: the line an agent searches for, the last error
+        # line when it is another (a runner's summary after a test's failure), and
+        # where a syntax error is (its line number changes from one run to the next).
         said = [result.lines[0].text]
-        if result.last and result.last not in said:
-            said.append(result.last)
+        said += [t for t in (result.last, result.where) if t and t not in said]
+    elif entry.is_error and (first := next((ln for ln in text.splitlines() if ln.strip()), "")):
+        said = [first.strip()]  # a tool's own error: its first line says it
+    if said:
         failed = FAILED_MARK + " | ".join(_one_line(t, POINTER_ERROR_CHARS) for t in said)
     return (
         f"- tool output seq {seq}: {_one_line(str(name), 60)}{what}, {size}{failed}; "
