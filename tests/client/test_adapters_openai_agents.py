@@ -95,13 +95,19 @@ async def test_an_agent_runs_past_its_window_on_the_managed_context(
         reports = []
         for turn in range(TURNS):
             task = f"Turn {turn}: read note n{turn} and tell me its first line."
-            result = await Runner.run(agent, task, session=session)
+            # The usage: reported by the session's run hooks (even turns), or after the
+            # run (odd turns); once per run either way.
+            hooks = session.hooks() if turn % 2 == 0 else None
+            result = await Runner.run(agent, task, session=session, hooks=hooks)
             assert f"n{turn} line 0" in str(result.final_output)
             produced.append({"content": task, "role": "user"})
             produced += [cast(dict[str, Any], item.to_input_item()) for item in result.new_items]
-            reports.append(await session.report_usage(result))
+            reported = await session.report_usage(result)
+            assert (reported is None) == (hooks is not None)  # not twice for one context
+            reports.append(session.last_usage)
 
-        usable = (await compactd.get_session("agents-notes"))["usable_tokens"]
+        state = await compactd.get_session("agents-notes")
+        usable = state["usable_tokens"]
         stored = (await compactd.list_messages("agents-notes", limit=1000))["entries"]
         compactions = (await compactd.list_compactions("agents-notes"))["compactions"]
 
@@ -121,6 +127,7 @@ async def test_an_agent_runs_past_its_window_on_the_managed_context(
     assert "Turn 0:" not in json.dumps(requests[-1]["input"][1:])
     # The usage reports were read as the Responses API's, against the context served.
     assert all(r is not None and r["usage_format"] == "openai_responses" for r in reports)
+    assert state["usage_count"] == TURNS
 
     # The history keeps every item the agent produced, in order, as the SDK gave them.
     messages = [e["message"] for e in stored if e["kind"] == "message"]

@@ -8,9 +8,11 @@ from a context that fits; ``add_items`` appends the run's items to the history, 
 keeps everything. The SDK's items (Responses API input items) are stored one chat
 message each, as compactd's Responses proxy stores them (see
 :mod:`compactd_client.responses_items`). After a run, ``await
-session.report_usage(result)`` gives compactd the provider's figures for that context.
+session.report_usage(result)`` gives compactd the provider's figures for that context
+(or pass ``hooks=session.hooks()`` to ``Runner.run``, which reports them by itself).
 
-The module imports nothing of the SDK: the protocol is structural.
+The module imports nothing of the SDK but in :meth:`CompactdSession.hooks`: the protocol
+is structural.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class CompactdSession:
         self.context_version: int | None = None
         #: The last context read, whole: its ``tokens``, ``state`` and ``compaction``.
         self.last_context: t.Context | None = None
+        #: The last usage report's answer (its verdict, and any compaction it started).
+        self.last_usage: t.UsageResult | None = None
+        self._reported: int | None = None  # the context version last reported
 
     async def compactd_session_id(self) -> str:
         """The compactd session that holds the conversation now: ``session_id``, or after
@@ -137,20 +142,40 @@ class CompactdSession:
         run's first model call, the one whose input was the context ``get_items``
         returned (plus the run's new input), sent with that context's version; the
         calls after it in the same run sent the run's own items too, which compactd
-        counts from the history. None when the run made no model call."""
+        counts from the history. Once per context read: None when this context's usage
+        was reported already (by :meth:`hooks`, say), or the run made no model call."""
         responses = getattr(result, "raw_responses", None)
         if responses is not None:
             if not responses:
                 return None
             result = responses[0]
-        usage = getattr(result, "usage", result)
-        body = _usage_body(usage)
-        if body is None:
+        body = _usage_body(getattr(result, "usage", result))
+        if body is None or self.context_version is None:
             return None
+        if self.context_version == self._reported:
+            return None
+        self._reported = self.context_version
         sid = await self._store.current()
-        return await self.client.report_usage(
+        self.last_usage = await self.client.report_usage(
             sid, body, finish_reason="stop", context_version=self.context_version
         )
+        return self.last_usage
+
+    def hooks(self) -> Any:
+        """Run hooks (the SDK's ``RunHooks``) that report each run's usage by
+        themselves: ``Runner.run(agent, input, session=session, hooks=session.hooks())``.
+        They report the first model call after each context read, as
+        :meth:`report_usage` does (the answer in ``session.last_usage``). To keep hooks
+        of your own, call ``report_usage`` from their ``on_llm_end`` instead."""
+        from agents import RunHooks
+
+        session = self
+
+        class _ReportUsage(RunHooks[Any]):
+            async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+                await session.report_usage(response)
+
+        return _ReportUsage()
 
     async def aclose(self) -> None:
         """Close the client, if this session made it."""
