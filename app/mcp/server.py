@@ -14,6 +14,8 @@ the result texts are theirs. Only the way in differs:
   it (the only difference from ``/v1/tools``). A session the tenant does not have
   (another tenant's, or none) is a tool result saying so (``isError``), never an HTTP
   404: an MCP client reads a 404 on its endpoint as "your MCP session expired".
+- **Resources**: the session's compactions, each its summary and what it replaced
+  (app.mcp.resources).
 - **Stateless, JSON answers**: the SDK's low-level server (the definitions are
   app.recall's JSON schemas as they are; the high-level server would derive schemas
   from Python signatures) behind ``StreamableHTTPSessionManager(stateless=True,
@@ -45,6 +47,7 @@ from app import __version__
 from app.core.errors import NotFound, PayloadTooLarge, ProblemError
 from app.core.http import problem_response
 from app.engine.formats.storable import find_unstorable
+from app.mcp import resources
 from app.recall import agent_tools
 from app.recall.tool_calls import ToolCallService
 from app.sessions.router import checked_id
@@ -172,6 +175,29 @@ async def _call_tool(
     )
 
 
+async def _list_resources(
+    ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourcesResult:
+    request = _request(ctx)
+    cursor = params.cursor if params is not None else None
+    return await resources.list_resources(
+        request, request.app.state.engine, _tenant(request), cursor
+    )
+
+
+async def _list_resource_templates(
+    ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+) -> types.ListResourceTemplatesResult:
+    return resources.templates()
+
+
+async def _read_resource(
+    ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+) -> types.ReadResourceResult:
+    request = _request(ctx)
+    return await resources.read_resource(request.app.state.engine, _tenant(request), params.uri)
+
+
 def build_server() -> Server[Any]:
     return Server(
         "compactd",
@@ -180,6 +206,9 @@ def build_server() -> Server[Any]:
         instructions=INSTRUCTIONS,
         on_list_tools=_list_tools,
         on_call_tool=_call_tool,
+        on_list_resources=_list_resources,
+        on_list_resource_templates=_list_resource_templates,
+        on_read_resource=_read_resource,
     )
 
 

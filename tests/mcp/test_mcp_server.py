@@ -146,6 +146,38 @@ async def test_recall_over_mcp_finds_and_reads_the_compacted_part(served: str, d
         assert "NUL" in text(result), text(result)
 
 
+async def test_the_compactions_as_resources(served: str, db_url: str) -> None:
+    """The header's session's compactions are resources: each reads as its summary,
+    the specifics its replaced entries named, and those entries read back."""
+    key = await create_key(db_url, "acme")
+    other = await create_key(db_url, "globex")
+    async with httpx.AsyncClient(base_url=served, headers=bearer(key), timeout=60) as http:
+        job = await seed(http, SID)
+    address = f"compactd://sessions/{SID}/compactions/{job['id']}"
+    async with mcp_session(served, **bearer(key), **{"X-Compactd-Session": SID}) as session:
+        listed = await session.list_resources()
+        assert [r.uri for r in listed.resources] == [address]
+        assert listed.resources[0].mime_type == "text/markdown"
+        templates = await session.list_resource_templates()
+        assert [t.uri_template for t in templates.resource_templates] == [
+            "compactd://sessions/{session_id}/compactions/{compaction_id}"
+        ]
+        read = await session.read_resource(address)
+        [contents] = read.contents
+        assert isinstance(contents, types.TextResourceContents)
+        page = contents.text
+        assert job["summary"] in page
+        assert "## What it replaced\n[seq 1] user: Step 0: look at the log." in page, page
+        assert "`settings/prod_quux.py`" in page.split("## Named in what it replaced")[1], page
+    async with mcp_session(served, **bearer(key)) as session:  # no session header
+        assert (await session.list_resources()).resources == []
+    async with mcp_session(served, **bearer(other), **{"X-Compactd-Session": SID}) as session:
+        with pytest.raises(MCPError, match="does not exist"):
+            await session.read_resource(address)
+        with pytest.raises(MCPError, match="does not exist"):
+            await session.list_resources()
+
+
 async def test_the_session_argument_and_the_proxy_key_header(served: str, db_url: str) -> None:
     """A client that sends no session header names the session in each call (its tools
     ask for ``session_id``); the key may come in the proxy's ``X-Compactd-Key``."""
