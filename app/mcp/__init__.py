@@ -1,2 +1,3 @@
 """The Model Context Protocol server at ``/mcp`` (docs/mcp.md): the recall tools
-(app.recall) for agents that add tools by connecting to MCP servers."""
+(app.recall), and a session's compactions as resources, for the agents that add tools
+by connecting to MCP servers."""
