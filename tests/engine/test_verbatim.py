@@ -266,3 +266,28 @@ def test_a_syntax_errors_pointer_says_where_and_a_tool_error_its_first_line() ->
     assert "failed: SyntaxError: invalid syntax" in first.line
     assert 'File "/repo/fix.py", line 14' in first.line
     assert "failed: Error: ImportError: cannot import name 'x';" in second.line
+
+
+def test_without_room_for_a_block_everything_is_summarized() -> None:
+    entries = _history(12)
+    plan = engine.plan(
+        _sources(entries),
+        start_seq=1,
+        end_seq=entries[-1][0] + 1,
+        keep=600,
+        previous_details=None,
+        threshold_tokens=2_000,
+    )
+    assert plan is not None
+    ruled = engine.with_policy(
+        plan,
+        "verbatim_first",
+        verbatim_share=0.25,
+        usable_tokens=3_000,
+        trigger_tokens=1_000,
+        previous_details=None,
+    )
+    assert ruled.verbatim is None
+    assert ruled.history == plan.history
+    assert any(e.role == "tool" for e in ruled.history)
+    assert ruled.details["policy"] == "verbatim_first"

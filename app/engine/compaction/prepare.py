@@ -466,7 +466,11 @@ def plan(
             "unresolved_error": error.to_details() if error is not None else None,
             "working_directory": workdir,
             # What left the context: the specifics the summarized entries named.
-            "dropped": dropped.index([*history, *prefix], files=ops),
+            "dropped": dropped.index(
+                [*history, *prefix],
+                files=ops,
+                seqs=[s.seq for s in summarized_sources if s.kind not in SYNTHETIC_KINDS],
+            ),
             # The media the summaries so far replaced: the summary's <media> block.
             "media": carried_media(
                 _strings((previous_details or {}).get("media")),
@@ -508,6 +512,10 @@ def with_policy(
         trigger_tokens=trigger_tokens,
         committed_tokens=committed,
     )
+    if budget < verbatim_rules.MIN_BLOCK_TOKENS:
+        # No room for a block worth having (the kept window and the quoted requests
+        # fill the context already): everything is summarized, tool outputs included.
+        return replace(plan, policy=policy, details={**plan.details, "policy": policy})
     quoted = {r.seq for r in requests.quoted if not r.clipped} if requests is not None else set()
     split = verbatim_rules.select(
         entries,
@@ -630,7 +638,7 @@ def _unresolved_error(
     latest = anchor_rules.latest_unresolved_error(summarized)
     if latest is not None:
         line = latest.line.strip()
-        return continuity.UnresolvedError(line, latest.label) if line else None
+        return continuity.UnresolvedError(line, latest.label, latest.also) if line else None
     carried = continuity.UnresolvedError.from_details(
         previous.get("unresolved_error") if previous is not None else None
     )

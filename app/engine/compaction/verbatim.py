@@ -63,6 +63,8 @@ STEER_SHARE = 0.25
 # the summary's body keeps at least MIN_BODY_TOKENS of it (about 2,000 characters).
 ROOM_SHARE = 0.85
 MIN_BODY_TOKENS = 500
+# A budget below this holds no block worth having: the compaction summarizes it all.
+MIN_BLOCK_TOKENS = 200
 # Room the block keeps for its frame and the omitted-pointers line, in tokens.
 FRAME_TOKENS = 96
 
