@@ -119,6 +119,56 @@ def test_the_error_is_named_by_its_line_whitespace_aside() -> None:
     assert check(key[:-1], "", Anchors(error=long)).error == long
 
 
+def test_the_error_is_named_with_the_lines_it_is_quoted_with() -> None:
+    """The latest error of a unittest run: its failure line, and the summary it ended on."""
+    error = UnresolvedError(
+        "ERROR: test_parse (__main__.TestParse.test_parse)",
+        "cat <<'EOF' > test_x.py && python test_x.py",
+        ("FAILED (errors=1)",),
+    )
+    anchors = Anchors(error=error)
+    assert check("Blocked: " + error.line, "", anchors).error == error
+    assert check("FAILED (errors=1)", "", anchors).error == error
+    assert check(f"{error.line}\n(then) FAILED  (errors=1)", "", anchors) == Missing()
+    shown = (
+        "ERROR: test_parse (__main__.TestParse.test_parse) · FAILED (errors=1)"
+        " — after `cat <<'EOF' > test_x.py && python test_x.py`"
+    )
+    assert error.shown() == shown
+    block = render_block(Missing(error=error))
+    assert f"{continuity.ERROR_LABEL} {shown}" in block
+    assert check(block, "", anchors) == Missing()
+    # Carried to the next compaction with them; without any, as before.
+    assert error.to_details()["also"] == ["FAILED (errors=1)"]
+    assert UnresolvedError.from_details(error.to_details()) == error
+    assert ERROR.to_details() == {"line": ERROR.line, "command": ERROR.command}
+    assert UnresolvedError.from_details({**ERROR.to_details(), "also": [3, " "]}) == ERROR
+
+
+def test_a_plan_anchors_the_latest_error_of_any_shape() -> None:
+    run = "cat <<'EOF' > test_x.py && python test_x.py\nimport unittest\nunittest.main()\nEOF"
+    output = (
+        "<returncode>1</returncode>\n<output>\nE\n" + "=" * 70 + "\n"
+        "ERROR: test_parse (__main__.TestParse.test_parse)\n" + "-" * 70 + "\n"
+        'Traceback (most recent call last):\n  File "/testbed/test_x.py", line 9, in test_parse\n'
+        "    parse()\nTypeError: parse() missing 1 required positional argument: 'b'\n\n"
+        + "-" * 70
+        + "\nRan 1 test in 0.001s\n\nFAILED (errors=1)\n</output>"
+    )
+    history = [user("Fix `parse` in parser.py."), call("c1", run), result("c1", output)]
+    later = [user("Go on."), call("c2", "ls"), result("c2", "<returncode>0</returncode>\nsrc")]
+    plan = plan_of([*history, *later], keep=5)
+    assert plan.anchors.error == UnresolvedError(
+        "ERROR: test_parse (__main__.TestParse.test_parse)",
+        "cat <<'EOF' > test_x.py && python test_x.py",
+        ("FAILED (errors=1)",),
+    )
+    assert plan.details["unresolved_error"]["also"] == ["FAILED (errors=1)"]
+    # Carried to the next compaction, lines and all.
+    nxt = plan_of(later, previous_details=plan.details, keep=5)
+    assert nxt.anchors.error == plan.anchors.error
+
+
 def test_the_kept_window_is_read_without_tool_outputs() -> None:
     window = [
         Entry(role="system", parts=[{"type": "text", "text": "You work in /repo."}]),

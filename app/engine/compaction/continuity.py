@@ -43,23 +43,31 @@ class UnresolvedError:
     stripped), and the command that produced it on one line (empty when unknown);
     ``also``, the lines it is quoted with (the output's last error line, a syntax
     error's location: :attr:`app.engine.compaction.anchors.ErrorAnchor.also`), which must
-    be named too. The details keep the line and the command only."""
+    be named too (the details carry them, when there are some, for the next compaction)."""
 
     line: str
     command: str = ""
     also: tuple[str, ...] = ()
 
-    def to_details(self) -> dict[str, str]:
-        return {"line": self.line, "command": self.command}
+    def to_details(self) -> dict[str, Any]:
+        details: dict[str, Any] = {"line": self.line, "command": self.command}
+        if self.also:
+            details["also"] = list(self.also)
+        return details
 
     @classmethod
     def from_details(cls, value: Any) -> UnresolvedError | None:
         if not isinstance(value, Mapping):
             return None
-        line, command = value.get("line"), value.get("command")
+        line, command, also = value.get("line"), value.get("command"), value.get("also")
         if not isinstance(line, str) or not line.strip():
             return None
-        return cls(line, command if isinstance(command, str) else "")
+        lines = (
+            tuple(x for x in also if isinstance(x, str) and x.strip())
+            if isinstance(also, list)
+            else ()
+        )
+        return cls(line, command if isinstance(command, str) else "", lines)
 
     def shown(self) -> str:
         """As the block quotes it: the line and those it is quoted with (each clipped
