@@ -1,5 +1,7 @@
 """What compaction costs and saves (issue 30, "cost accounted").
 
+- ``compaction.summarizer_calls``: the requests the job sent to its summarizer
+  (``upstream_usage`` stays the usage as the upstream reported it).
 - ``session``: the summarizer's usage summed over the session's compactions and
   branch summaries (``summarizer_calls``, ``summarizer_input_tokens``,
   ``summarizer_output_tokens``, ``summarizer_cached_tokens``) and the context tokens
@@ -46,6 +48,10 @@ def _counter(name: str) -> sa.Column[int]:
 
 
 def upgrade() -> None:
+    op.add_column(
+        "compaction",
+        sa.Column("summarizer_calls", sa.Integer(), server_default="0", nullable=False),
+    )
     for name in _SESSION_COLUMNS:
         op.add_column("session", _counter(name))
     op.create_table(
@@ -75,3 +81,4 @@ def downgrade() -> None:
     op.drop_table("tenant_summarizer_usage")
     for name in reversed(_SESSION_COLUMNS):
         op.drop_column("session", name)
+    op.drop_column("compaction", "summarizer_calls")

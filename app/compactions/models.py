@@ -80,6 +80,8 @@ class Compaction(Base):
     error: Mapped[str | None] = mapped_column(Text)
     upstream_model: Mapped[str | None] = mapped_column(Text)
     upstream_usage: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # Requests sent to the summarizer, failed ones included (0013).
+    summarizer_calls: Mapped[int] = mapped_column(Integer, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -413,21 +413,28 @@ async def record_cost(
     unit: Unit,
     usage: Mapping[str, int] | None,
     *,
+    calls: int = 0,
+    job_id: uuid.UUID | None = None,
     saved_tokens: int,
     committed: bool,
     limited: bool = False,
     now: datetime,
 ) -> Spend:
-    """Add what a compaction (or branch summary) cost, its summarizer calls' ``usage``
-    summed (:class:`~app.engine.accounting.summarizer_spend.Spend`), and the context
-    tokens it removed to the session's sums and the tenant's (its totals and the hour
-    of ``now``), in ``unit``'s transaction: counted once, when it commits.
-    ``committed``: a compaction moved the pivot (counted in the tenant's
-    ``compactions``); ``limited``: the spend limit made it extractive."""
-    spend = Spend.of(usage)
+    """Add what a compaction (or branch summary) cost, its ``calls`` summarizer
+    requests and their ``usage`` summed (:class:`~app.engine.accounting.summarizer_spend.Spend`),
+    and the context tokens it removed to the session's sums and the tenant's (its
+    totals and the hour of ``now``), in ``unit``'s transaction: counted once, when it
+    commits. ``job_id``: the job that records its calls. ``committed``: a compaction
+    moved the pivot (counted in the tenant's ``compactions``); ``limited``: the spend
+    limit made it extractive."""
+    spend = Spend.of(usage, calls)
     saved = max(0, saved_tokens)
     if spend.empty and not saved and not committed and not limited:
         return spend
+    if job_id is not None and calls:
+        await CompactionRepository(unit.tenant_id).record_calls(
+            unit.driver, unit.session_id, job_id, calls
+        )
     await add_compaction_cost(
         unit.driver,
         unit.tenant_id,

@@ -53,6 +53,7 @@ class JobRow:
     error: str | None
     upstream_model: str | None
     upstream_usage: dict[str, Any] | None
+    summarizer_calls: int
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -203,6 +204,10 @@ UPDATE compaction SET status = 'succeeded', summary = $4, short_summary = $5,
     upstream_usage = $14::jsonb, error = $15, finished_at = now(), lease_owner = NULL,
     lease_expires_at = NULL
 WHERE session_id = $1 AND tenant_id = $2 AND id = $3
+"""
+
+_CALLS_SQL = """
+UPDATE compaction SET summarizer_calls = $4 WHERE session_id = $1 AND tenant_id = $2 AND id = $3
 """
 
 # A compaction made on the spot (the emergency path): born succeeded.
@@ -424,6 +429,12 @@ class CompactionRepository:
             None if details is None else orjson.dumps(details).decode(),
         )
         await _emit(driver, job, f"compaction.{status}", error=error)
+
+    async def record_calls(
+        self, driver: Driver, session_id: str, job_id: uuid.UUID, calls: int
+    ) -> None:
+        """The requests the job sent to its summarizer, in the caller's transaction."""
+        await driver.execute(_CALLS_SQL, session_id, self.tenant_id, job_id, calls)
 
     async def cancel(self, driver: Driver, session_id: str, job_id: uuid.UUID) -> JobRow | None:
         """Cancel a queued job at once, or ask a running one to stop. None when

@@ -157,6 +157,14 @@ class DroppedValues(BaseModel):
         description="The first of them (20 at most), in the order they first appear, as "
         "written (cut to 200 characters).",
     )
+    seqs: list[list[int]] | None = Field(
+        None,
+        description="Beside `first`, item for item: the seqs of the entries that hold each "
+        "value (the first 3 of them), on the compaction's path, so that `history_read` "
+        "with `from_seq` and `to_seq` opens the exact place. Null for a branch summary "
+        "(its entries are on the branch it left) and for a compaction made before it was "
+        "recorded.",
+    )
 
 
 class DroppedIndex(BaseModel):
@@ -369,9 +377,9 @@ class CompactionOut(BaseModel):
     upstream_model: str | None
     upstream_usage: dict[str, Any] | None = Field(
         description="The upstream's usage as reported, summed over the compaction's "
-        "summarizer requests: `input_tokens`, `output_tokens`, `cache_read_tokens`, "
-        "`cache_write_tokens`, `reasoning_tokens` when reported, and `calls`; null when no "
-        "summarizer was asked. `usage` is the same in a fixed shape."
+        "summarizer requests: `input_tokens`, `output_tokens`, and `cache_read_tokens`, "
+        "`cache_write_tokens`, `reasoning_tokens` when reported; null when none reported any. "
+        "`usage` is the same in a fixed shape, with the requests counted."
     )
     usage: CompactionUsage = Field(
         description="What its summarizer requests took (all of them: the history's, the "

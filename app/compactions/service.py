@@ -60,7 +60,9 @@ def to_schema(job: JobRow) -> CompactionOut:
         error=job.error,
         upstream_model=job.upstream_model,
         upstream_usage=job.upstream_usage,
-        usage=CompactionUsage(**_usage(Spend.of(job.upstream_usage)), model=job.upstream_model),
+        usage=CompactionUsage(
+            **_usage(Spend.of(job.upstream_usage, job.summarizer_calls)), model=job.upstream_model
+        ),
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -226,6 +226,7 @@ class Worker:
             # The usage of every summary this claim has had written (a plan made
             # again after the pivot moved asks again): all of it is counted.
             spent: dict[str, int] = {}
+            calls = 0
             for _ in range(REPLANS):
                 loaded = await self._prepare(job)
                 if loaded is None:
@@ -304,13 +305,15 @@ class Worker:
                         context=hooked.context,
                     ),
                 )
-                spent = add_usage(spent, summarized.usage, lane.calls if lane else 0)
+                spent = add_usage(spent, summarized.usage)
+                calls += lane.calls if lane else 0
                 summarized.usage = dict(spent)
                 if limited is not None:
                     summarized.notes.append(limited)
                 if llm is None and self.config.upstream is None and job.summarizer == "llm":
                     summarized.notes.append("no upstream LLM is configured: extractive summary")
-                if await self._commit(job, prepared, summarized, repo, limited=limited is not None):
+                limit_hit = limited is not None
+                if await self._commit(job, prepared, summarized, repo, calls, limited=limit_hit):
                     return
                 log.info("compaction %s: the pivot moved meanwhile; planning again", job.id)
             await self._finish(job, "failed", "the session's pivot kept moving; try again")
@@ -496,12 +499,13 @@ class Worker:
         prepared: Prepared,
         summarized: Summarized,
         repo: CompactionRepository,
+        calls: int = 0,
         *,
         limited: bool = False,
     ) -> bool:
-        """Commit the summary, and count what it cost and saved; False when the pivot
-        moved and the plan must be made again. ``limited``: the spend limit made it
-        extractive."""
+        """Commit the summary, and count what it cost (``calls`` summarizer requests,
+        their usage ``summarized.usage``) and saved; False when the pivot moved and the
+        plan must be made again. ``limited``: the spend limit made it extractive."""
         async with driver_connection(self.engine) as driver, driver.transaction():
             unit = await lock(driver, job.tenant_id, job.session_id)
             if unit is None:
@@ -547,6 +551,8 @@ class Worker:
             spend = await record_cost(
                 unit,
                 summarized.usage,
+                calls=calls,
+                job_id=job.id,
                 saved_tokens=(
                     0
                     if isinstance(committed, NoGain)
@@ -611,6 +617,7 @@ class Worker:
                 return
             plan = await branch.plan_branch(driver, job, state, nav)
         supplied = (job.details or {}).get("hook_summary")
+        lane: _CountedLane | None = None
         if isinstance(supplied, str) and supplied.strip():
             # A navigation.before hook wrote it (app.compactions.hooks).
             summarized = Summarized(
@@ -638,7 +645,6 @@ class Worker:
                     backoff=self.config.backoff,
                 ),
             )
-            summarized.usage = add_usage({}, summarized.usage, lane.calls if lane else 0)
             if limited is not None:
                 summarized.notes.append(limited)
         async with driver_connection(self.engine) as driver, driver.transaction():
@@ -660,7 +666,13 @@ class Worker:
                 await repo.succeed(driver, job, done)
             # Spent whether or not the navigation still stands.
             spend = await record_cost(
-                unit, summarized.usage, saved_tokens=0, committed=False, now=datetime.now(UTC)
+                unit,
+                summarized.usage,
+                calls=lane.calls if lane else 0,
+                job_id=job.id,
+                saved_tokens=0,
+                committed=False,
+                now=datetime.now(UTC),
             )
         _spent(job, spend, False)
         if moved:

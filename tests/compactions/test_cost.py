@@ -84,8 +84,12 @@ async def test_every_call_of_a_gated_compaction_is_in_its_the_sessions_and_the_t
     expected = {"calls": 3, "input_tokens": 2700, "output_tokens": 322, "cached_tokens": 1152}
     assert cost_of(done) == expected
     assert done["usage"]["model"] == done["upstream_model"] == "gpt-4o"
-    assert done["upstream_usage"]["calls"] == 3
-    assert done["upstream_usage"]["cache_read_tokens"] == 1152
+    # The usage as the upstream reported it, summed; the requests are counted apart.
+    assert done["upstream_usage"] == {
+        "input_tokens": 2700,
+        "output_tokens": 322,
+        "cache_read_tokens": 1152,
+    }
 
     session = await get_session(client, sid)
     assert session["compaction_cost"] == expected
@@ -240,11 +244,13 @@ def test_the_hour_bucket_is_the_utc_hour_and_a_new_one_starts_from_zero() -> Non
     assert not over_limit(10**9, 0)  # 0: no limit
 
 
-def test_usage_adds_up_key_by_key_with_its_calls() -> None:
-    total = add_usage({}, {"input_tokens": 10, "output_tokens": 2}, calls=1)
-    total = add_usage(total, {"input_tokens": 5, "cache_read_tokens": 4}, calls=2)
-    assert total == {"input_tokens": 15, "output_tokens": 2, "cache_read_tokens": 4, "calls": 3}
-    assert Spend.of(total) == Spend(calls=3, input_tokens=15, output_tokens=2, cached_tokens=4)
-    assert Spend.of(total).tokens == 17
-    assert Spend.of({"input_tokens": True, "calls": "2"}) == Spend()
+def test_usage_adds_up_key_by_key() -> None:
+    total = add_usage({}, {"input_tokens": 10, "output_tokens": 2})
+    total = add_usage(total, {"input_tokens": 5, "cache_read_tokens": 4})
+    assert total == {"input_tokens": 15, "output_tokens": 2, "cache_read_tokens": 4}
+    spend = Spend.of(total, 3)
+    assert spend == Spend(calls=3, input_tokens=15, output_tokens=2, cached_tokens=4)
+    assert spend.tokens == 17
+    assert Spend.of({"input_tokens": True, "output_tokens": "2"}) == Spend()
     assert Spend.of(None).empty
+    assert Spend.of(None, 2) == Spend(calls=2)  # a remote endpoint: calls, no tokens

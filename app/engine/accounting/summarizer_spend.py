@@ -5,8 +5,9 @@ usage as ``input_tokens`` (the whole prompt, cached parts included: Anthropic's
 ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` are added to its
 ``input_tokens``), ``output_tokens``, and ``cache_read_tokens`` (OpenAI's
 ``prompt_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens``)
-when reported. A compaction's usage is those summed over its calls, with ``calls``
-the number of requests sent. :class:`Spend` is that in the shape the API shows.
+when reported. A compaction's usage is those summed over its calls, and ``calls``
+the number of requests sent (counted apart: the usage stays as reported).
+:class:`Spend` is that in the shape the API shows.
 
 The operator's limit (``COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR``) is on input
 plus output tokens in the current hour bucket: the hour of the clock in UTC, so a
@@ -20,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-CALLS_KEY = "calls"
 CACHED_KEY = "cache_read_tokens"
 
 
@@ -35,17 +35,17 @@ class Spend:
     cached_tokens: int = 0
 
     @classmethod
-    def of(cls, usage: Mapping[str, object] | None) -> Spend:
-        """The spend a usage dict (summed calls, with ``calls``) records."""
+    def of(cls, usage: Mapping[str, object] | None, calls: int = 0) -> Spend:
+        """The spend of ``calls`` requests whose usage, summed, is ``usage``."""
         if not usage:
-            return cls()
+            return cls(calls=calls)
 
         def count(key: str) -> int:
             value = usage.get(key)
             return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
         return cls(
-            calls=count(CALLS_KEY),
+            calls=calls,
             input_tokens=count("input_tokens"),
             output_tokens=count("output_tokens"),
             cached_tokens=count(CACHED_KEY),
@@ -61,13 +61,11 @@ class Spend:
         return self == Spend()
 
 
-def add_usage(total: Mapping[str, int], more: Mapping[str, int], calls: int = 0) -> dict[str, int]:
-    """``total`` and ``more`` summed key by key, and ``calls`` more requests."""
+def add_usage(total: Mapping[str, int], more: Mapping[str, int]) -> dict[str, int]:
+    """``total`` and ``more`` summed key by key."""
     out = dict(total)
     for key, value in more.items():
         out[key] = out.get(key, 0) + value
-    if calls:
-        out[CALLS_KEY] = out.get(CALLS_KEY, 0) + calls
     return out
 
 
