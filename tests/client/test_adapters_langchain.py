@@ -181,3 +181,47 @@ def test_the_client_imports_without_the_frameworks(name: str) -> None:
 
     code = f"import sys, compactd_client; assert {name!r} not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Deprecated by langchain-core 1.x (for LangGraph's persistence), still in use and working.
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated")
+def test_runnable_with_message_history_keeps_its_conversation_in_compactd(
+    compactd_url: str, upstream: Upstream
+) -> None:
+    """LangChain's own wrapper for a chain with a history: it reads the history before
+    each call and adds the input and the reply after it."""
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+
+    upstream.script([Reply("Hello, Ada."), Reply("You are Ada.")])
+    with (
+        OpenAI(base_url=upstream.url, api_key="test-key", max_retries=0) as llm,
+        Compactd(compactd_url) as compactd,
+    ):
+
+        def model(messages: list[BaseMessage]) -> AIMessage:
+            sent = convert_to_openai_messages(messages)
+            return ai_message(llm.chat.completions.create(model=MODEL, messages=cast(Any, sent)))
+
+        chat = RunnableWithMessageHistory(
+            RunnableLambda(model),
+            lambda session_id: CompactdChatMessageHistory(session_id, model=MODEL, client=compactd),
+        )
+        config: Any = {"configurable": {"session_id": "lc-runnable"}}
+        first = chat.invoke([HumanMessage("I am Ada.")], config=config)
+        second = chat.invoke([HumanMessage("Who am I?")], config=config)
+        assert first.content == "Hello, Ada."
+        assert second.content == "You are Ada."
+        stored = compactd.list_messages("lc-runnable")["entries"]
+        session = compactd.get_session("lc-runnable")
+
+    # The second call carried the first exchange, read back from compactd.
+    last = upstream.requests[-1].json["messages"]
+    assert [m["content"] for m in last] == ["I am Ada.", "Hello, Ada.", "Who am I?"]
+    assert [e["message"]["content"] for e in stored] == [
+        "I am Ada.",
+        "Hello, Ada.",
+        "Who am I?",
+        "You are Ada.",
+    ]
+    assert session["usage_count"] == 2
