@@ -72,6 +72,12 @@ NOT_ERROR_LINES = [
     "Applied patch src/a.py cleanly.",
     "patching file src/a.py",
     "--- a/src/a.py",
+    # Near the shell's syntax errors and unittest's summary, but neither.
+    "fix the syntax error near the closing paren",
+    "bash: -c: line 1: `python -c print(len(x))'",
+    "shell: ok",
+    "FAILED (see the log above)",
+    "OK (skipped=2)",
     "",
 ]
 
