@@ -16,11 +16,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.database import driver_connection
+from app.core.tenancy import DEFAULT_TENANT
 from app.engine.accounting.summarizer_spend import Spend, add_usage, hour_of, over_limit
 from tests.compactions import test_gate
 from tests.compactions.helpers import compaction, drain, worker_config
+from tests.compactions.remote_server import (  # noqa: F401 - the fixtures
+    Remote,
+    Summary,
+    remote_fixture,
+    remote_server_fixture,
+)
 from tests.compactions.worker_support import SHORT, SUMMARY, request_compaction, seeded
 from tests.helpers import get_session
+from tests.tree import test_branch_summary
 from tests.upstream_server import Reply, Status, Upstream
 
 
@@ -254,3 +262,66 @@ def test_usage_adds_up_key_by_key() -> None:
     assert Spend.of({"input_tokens": True, "output_tokens": "2"}) == Spend()
     assert Spend.of(None).empty
     assert Spend.of(None, 2) == Spend(calls=2)  # a remote endpoint: calls, no tokens
+
+
+async def test_a_branch_summarys_requests_are_the_sessions_cost_and_save_nothing(
+    app: Any, client: httpx.AsyncClient, upstream: Upstream
+) -> None:
+    await test_branch_summary.seeded(client, "nav")
+    r = await test_branch_summary.navigate(client, "nav", seq=2, summarize=True)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["branch_summary"]["id"]
+    upstream.script(
+        [
+            Reply("Tried a regex in src/dates.py; week 53 failed.", usage=openai_usage(400, 30, 0)),
+            Reply("Regex try", usage=openai_usage(60, 4, 0)),
+        ]
+    )
+    assert await drain(app, worker_config(upstream)) == 1
+
+    done = await compaction(client, "nav", job_id)
+    assert done["status"] == "succeeded", done
+    assert done["reason"] == "branch_summary"
+    calls = len(upstream.requests)
+    expected = {"calls": calls, "input_tokens": 460, "output_tokens": 34, "cached_tokens": 0}
+    assert calls == 2
+    assert cost_of(done) == expected
+    session = await get_session(client, "nav")
+    assert session["compaction_cost"] == expected
+    assert session["compaction_saved_tokens"] == 0
+    tenant = await usage(client)
+    assert tenant["summarizer"] == expected
+    assert tenant["compactions"] == 0  # a navigation, not a compaction
+
+
+async def test_a_remote_endpoint_counts_its_calls_and_is_not_held_by_the_limit(
+    app: Any, client: httpx.AsyncClient, remote: Remote
+) -> None:
+    """A tenant's own endpoint reports no tokens: its requests are counted, and the
+    operator's hourly limit (on its upstream) does not stop it."""
+    sid = await seeded(client, 12, config={"compaction": {"remote_endpoint": remote.url}})
+    # The tenant has spent this hour's tokens on the operator's upstream already.
+    async with driver_connection(app.state.engine) as driver:
+        await driver.execute(
+            "INSERT INTO tenant_summarizer_hour (tenant_id, hour_start, input_tokens) "
+            "VALUES ($1, $2, 5000)",
+            DEFAULT_TENANT,
+            hour_of(datetime.now(UTC)),
+        )
+    remote.script([Summary(SUMMARY), Summary(SHORT)])
+    job = await request_compaction(client, sid)
+    config = dataclasses.replace(worker_config(None), summarizer_tokens_per_tenant_hour=1_000)
+
+    assert await drain(app, config) == 1
+
+    done = await compaction(client, sid, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["summarizer_used"] == "llm"
+    assert done["upstream_usage"] is None
+    assert cost_of(done) == {"calls": 2, "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
+    assert done["usage"]["model"].startswith("remote:127.0.0.1")
+    assert (await get_session(client, sid))["compaction_cost"]["calls"] == 2
+    hour = (await usage(client))["current_hour"]
+    assert hour["calls"] == 2
+    assert hour["input_tokens"] == 5000
+    assert hour["limited_compactions"] == 0
