@@ -248,8 +248,8 @@ async def replay(
         if state["compaction_count"] <= seen:
             return
         seen = state["compaction_count"]
-        page = _ok(await client.get(f"{base}/compactions", params={"limit": 1}))
-        job = page["compactions"][0]
+        page = _ok(await client.get(f"{base}/compactions", params={"limit": 10}))
+        job = next(j for j in page["compactions"] if j["status"] == "succeeded")  # newest first
         context = _ok(await client.get(f"{base}/context"))["messages"]
         cut = bisect.bisect_left(seqs, job["first_kept_seq"])
         appended = len(seqs)

@@ -3,7 +3,9 @@ figures that agree with each other."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +29,19 @@ def test_a_strategy_the_session_config_refuses_is_skipped_with_a_note() -> None:
     # At 16k the replay's config is bench.continuity's.
     assert configs["extractive"]["compaction"]["reserve_tokens"] == 4_096
     assert configs["extractive"]["prune"] == {"protect_tokens": 4_000, "minimum_tokens": 2_000}
+
+
+def test_a_folder_of_traces_is_read_gzipped_or_not(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "Fix it."}, {"role": "assistant", "content": "Done."}]
+    (tmp_path / "b.traj.json.gz").write_bytes(
+        gzip.compress(json.dumps({"messages": [*messages, {"role": "exit"}]}).encode())
+    )
+    (tmp_path / "a.json").write_text(json.dumps(messages))
+    (tmp_path / "notes.txt").write_text("not a trace")
+    files = scorecard.trace_files(tmp_path)
+    assert [p.name for p in files] == ["a.json", "b.traj.json.gz"]
+    assert [scorecard.load(p) for p in files] == [messages, messages]
+    assert scorecard.trace_name(files[1]) == "b"
 
 
 async def test_one_trace_gives_consistent_figures(app: Any, client: httpx.AsyncClient) -> None:
