@@ -225,3 +225,37 @@ async def test_items_pop_and_clear_keep_every_stored_message(compactd_url: str) 
         }
         assert await again.compactd_session_id() == "agents-pop.2"
         assert await again.get_items() == []
+
+
+async def test_a_pop_after_a_compaction_steps_back_before_it(compactd_url: str) -> None:
+    """The compaction's summary entry came after the popped message: the context after
+    the pop is the uncompacted one, less that message; the compaction stays stored."""
+    turns: list[dict[str, Any]] = []
+    for n in range(6):
+        turns.append({"role": "user", "content": f"Question {n}."})
+        turns.append({"role": "assistant", "content": f"Answer {n}: " + note(f"q{n}")})
+    async with AsyncCompactd(compactd_url) as compactd:
+        session = CompactdSession(
+            "agents-pop-compacted",
+            model=MODEL,
+            client=compactd,
+            config={"compaction": {"keep_recent_tokens": 400, "summarizer": "extractive"}},
+        )
+        await session.add_items(turns)
+        job = await compactd.request_compaction("agents-pop-compacted", wait=20)
+        assert job["status"] == "succeeded", job
+        compacted = await session.get_items()
+        assert SUMMARY_START in json.dumps(compacted[0])
+        assert len(compacted) < len(turns)
+
+        popped = await session.pop_item()
+        assert popped is not None
+        assert popped == {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": turns[-1]["content"], "annotations": []}],
+        }
+        after = await session.get_items()
+        assert SUMMARY_START not in json.dumps(after)
+        assert len(after) == len(turns) - 1
+        assert (await compactd.list_compactions("agents-pop-compacted"))["compactions"]
