@@ -70,12 +70,15 @@ async def test_a_compaction_shows_what_left_the_context(
         'File "/testbed/src/dates.py", line 41, in parse_date',
         "ValueError: month must be in 1..12",
     ]
+    # Each value with the seqs of the entries that hold it (tests/recall/test_dropped_seqs.py).
+    seqs = {kind: dropped[kind].pop("seqs") for kind in ("identifiers", "numbers", "urls")}
     assert dropped["identifiers"] == {"count": 2, "first": ["parse_date", "ValueError"]}
     assert dropped["numbers"] == {"count": 1, "first": ["3.11.4"]}
     assert dropped["urls"] == {
         "count": 1,
         "first": ["https://docs.python.org/3/library/datetime.html"],
     }
+    assert seqs["numbers"] == seqs["urls"] == [[4]]  # the first step's result
 
     # Only what the compaction replaced: the commands of the kept entries are not there.
     stored = await history(client, "dropped")

@@ -602,8 +602,12 @@ def test_a_compaction_plan_indexes_what_it_summarizes_and_not_what_it_keeps() ->
     )
     assert plan is not None
     assert plan.first_kept_seq == 6
-    assert plan.details["dropped"] == index([*plan.history, *plan.turn_prefix])
+    # The summarized entries are seqs 2 to 4 (the system prompt is kept, 5 is the
+    # service's "continue"): each listed value names the seqs that hold it.
+    assert plan.details["dropped"] == index([*plan.history, *plan.turn_prefix], seqs=[2, 3, 4])
     ix = plan.details["dropped"]
+    assert ix["commands"]["seqs"] == [[3]]
+    assert ix["paths"]["seqs"][0] == [2]
     assert ix["paths"]["first"] == ["src/dates.py", "tests/test_dates.py", "tests/test_x.py"]
     assert ix["commands"]["first"] == ["pytest tests/test_dates.py"]
     assert (
@@ -721,3 +725,44 @@ def test_traces_errors_are_named_across_the_traces() -> None:
         half = entries[: len(entries) // 2]
         checked += _errors_named(half, index(half, first=10**6))
     assert checked >= 50
+
+
+# --- Where each value is ------------------------------------------------------------------
+
+
+def test_each_listed_value_names_the_first_entries_that_hold_it() -> None:
+    entries = [
+        user("Fix parse_iso_week in src/weeks.py"),  # 10
+        say("Running.", bash("c1", "pytest tests/test_weeks.py")),  # 11
+        result("c1", "FAILED tests/test_weeks.py::test_parse_iso_week", is_error=True),  # 12
+        say("parse_iso_week again", bash("c2", "pytest tests/test_weeks.py")),  # 13
+        result("c2", "parse_iso_week ok"),  # 14
+        user("parse_iso_week once more"),  # 15
+    ]
+    seqs = list(range(10, 16))
+    ix = index(entries, seqs=seqs)
+    for kind in KINDS:
+        assert len(ix[kind]["seqs"]) == len(ix[kind]["first"])
+    where = {kind: dict(zip(ix[kind]["first"], ix[kind]["seqs"], strict=True)) for kind in KINDS}
+    # The first three entries that hold it, each once, in order.
+    assert where["identifiers"]["parse_iso_week"] == [10, 13, 14]
+    assert where["identifiers"]["test_parse_iso_week"] == [12]
+    assert where["paths"]["src/weeks.py"] == [10]
+    assert where["commands"]["pytest tests/test_weeks.py"] == [11, 13]
+    assert where["errors"]["FAILED tests/test_weeks.py::test_parse_iso_week"] == [12]
+    # Without seqs the index is as it was; the values are the same either way.
+    plain = index(entries)
+    assert all("seqs" not in plain[kind] for kind in KINDS)
+    assert {k: ix[k]["first"] for k in KINDS} == {k: plain[k]["first"] for k in KINDS}
+
+
+def test_first_bounds_the_seqs_too() -> None:
+    parsed = [
+        user("Look at src/weeks.py"),
+        say("Reading.", call("c1", "read_file", {"path": "src/weeks.py"})),
+        result("c1", "def parse_iso_week(value): ..."),
+    ]
+    ix = index(parsed, seqs=[1, 2, 3], first=1)
+    # One value a kind, three seqs at most each.
+    assert all(len(ix[k]["seqs"]) <= 1 for k in KINDS)
+    assert all(len(s) <= dropped.SEQS_PER_VALUE for k in KINDS for s in ix[k]["seqs"])

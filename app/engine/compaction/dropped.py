@@ -36,6 +36,7 @@ TOTAL_CHARS = 300_000  # read of all the entries at most
 TOKEN_CHARS = 300  # a longer token is neither a path nor an identifier
 COMMAND_CHARS = 8_000  # of one command, what is split into lines
 MAX_STRINGS = 200  # string values read of one tool call's arguments
+SEQS_PER_VALUE = 3  # seqs of the entries that hold a listed value, at most
 
 
 # --- Paths and identifiers ----------------------------------------------------------------
@@ -290,15 +291,25 @@ class _Found:
     first: int
     seen: dict[str, set[str]] = field(default_factory=lambda: {k: set() for k in KINDS})
     listed: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # The seq of the entry read now (None: not asked for), and where each listed value
+    # is: the seqs of the first SEQS_PER_VALUE entries that hold it.
+    seq: int | None = None
+    where: dict[str, dict[str, list[int]]] = field(default_factory=lambda: {k: {} for k in KINDS})
 
     def add(self, kind: str, value: str) -> None:
         value = value[:VALUE_CHARS]
         seen = self.seen[kind]
         if not value or value in seen or not _storable(value):
+            if self.seq is not None and value in seen:
+                at = self.where[kind].get(value)
+                if at is not None and len(at) < SEQS_PER_VALUE and at[-1] != self.seq:
+                    at.append(self.seq)
             return
         seen.add(value)
         if len(self.listed[kind]) < self.first:
             self.listed[kind].append(value)
+            if self.seq is not None:
+                self.where[kind][value] = [self.seq]
 
 
 @dataclass(slots=True)
@@ -482,11 +493,21 @@ def _entry_share(sizes: Sequence[int]) -> int:
 
 
 def index(
-    entries: Sequence[Entry], *, first: int = FIRST, files: FileOps | None = None
+    entries: Sequence[Entry],
+    *,
+    first: int = FIRST,
+    files: FileOps | None = None,
+    seqs: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """What ``entries`` name, by kind (docs/compaction-heuristics.md): for each of
     :data:`KINDS`, ``{"count": distinct values, "first": the first ``first`` of them in
     the order they appear}``; and ``truncated``, when some text was left unread.
+
+    ``seqs``: the entries' seqs (one each, in order). Each kind then has ``"seqs"`` too,
+    beside ``first``: for each listed value, the seqs of the first :data:`SEQS_PER_VALUE`
+    entries that hold it (in the entries read; a value is there as written, or a path
+    as a tool call named it), so that ``history_read`` can open the exact place. At most
+    ``first`` times :data:`SEQS_PER_VALUE` numbers a kind: the index stays bounded.
 
     ``files``: the file operations of ``entries`` when the caller collected them already
     (:func:`app.engine.compaction.fileops.collect`; with those of earlier compactions is fine: a
@@ -502,6 +523,8 @@ def index(
             budget.truncated = budget.truncated or any(sizes[k:])
             break
         budget.start_entry()
+        if seqs is not None:
+            found.seq = seqs[k]
         if entry.role == "tool":
             output = budget.read(entry.text())
             command = commands.get(entry.tool_call_id or "")
@@ -520,5 +543,8 @@ def index(
     result: dict[str, Any] = {
         kind: {"count": len(found.seen[kind]), "first": list(found.listed[kind])} for kind in KINDS
     }
+    if seqs is not None:
+        for kind in KINDS:
+            result[kind]["seqs"] = [found.where[kind][v] for v in found.listed[kind]]
     result["truncated"] = budget.truncated
     return result
