@@ -27,6 +27,13 @@ from tests.compactions.worker_support import SHORT, SUMMARY, keep_from, prompt_o
 from tests.conftest import make_session
 from tests.helpers import append_ok, history
 from tests.upstream_server import Reply, Upstream
+from tests.webhooks import receiver
+from tests.webhooks.receiver import Answer, Inbox
+from tests.webhooks.support import create_webhook
+
+# The webhook receiver's fixtures (tests/webhooks/conftest.py does the same).
+inbox = receiver.inbox
+receiver_server = receiver.receiver_server
 
 MANUAL = {"compaction": {"auto": False}, "prune": {"auto": False}}
 TITLE = "Date parser spec"
@@ -278,6 +285,24 @@ async def test_a_remote_summarizer_receives_pointers_never_the_bytes(
         assert_no_payload(body)
     assert pointers(seqs)[0] in remote.requests[0].json["prompt"]
     assert_media_block(done["summary"], seqs)
+
+
+async def test_a_compaction_hook_receives_pointers_never_the_bytes(
+    app: Any, client: httpx.AsyncClient, inbox: Inbox
+) -> None:
+    """A ``compaction.before`` hook is sent the conversation as the summarizer reads
+    it: the media as pointers."""
+    await create_webhook(client, url=inbox.url("hook"), hook=True, types=["compaction.before"])
+    inbox.script("hook", [Answer(200, {"cancel": True, "reason": "looked"})])
+    seqs = await media_session(client, "media-hook")
+    r = await client.post("/v1/sessions/media-hook/compactions", json={})
+    assert r.status_code == 202, r.text
+    assert await drain(app, worker_config()) == 1
+    [call] = inbox.received("hook")
+    assert_no_payload(call.body.decode())
+    conversation = call.json["data"]["conversation"]
+    for line in pointers(seqs):
+        assert line in conversation, (line, conversation[:2000])
 
 
 async def test_history_read_shows_what_a_medium_is_without_its_bytes(
