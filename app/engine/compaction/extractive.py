@@ -337,11 +337,20 @@ def _outcome(h: _History, entry: Entry, call: _Call | None) -> anchors.Outcome:
     return result
 
 
-def _error_items(result: anchors.Outcome) -> list[anchors.ErrorLine]:
+def _error_items(result: anchors.Outcome) -> list[tuple[str, anchors.ErrorLine]]:
     """The lines that say what went wrong in a failed result, the most telling first:
     two at most (an exception and the traceback's last frame, a failed test and its
-    message)."""
-    return list(result.lines[:2])
+    message), each as Blocked shows it: the first with the lines it is quoted with (the
+    output's last error line, a syntax error's location), as a pinned error is."""
+    lines = list(result.lines[:2])
+    if not lines:
+        return []
+    first = lines[0]
+    also = [x for x in dict.fromkeys((result.last, result.where)) if x and x != first.text]
+    shown = ALSO_SEPARATOR.join(_one_line(x, ERROR_CHARS) for x in (first.text, *also))
+    out = [(shown, first)]
+    out += [(_one_line(e.text, ERROR_CHARS), e) for e in lines[1:] if e.text not in also]
+    return out
 
 
 def _findable(span: str) -> bool:
@@ -415,14 +424,8 @@ def _pinned_command(item: str) -> str | None:
 
 
 def _same_error(a: str, b: str) -> bool:
-    """Whether ``a`` (a Blocked item) is ``b`` (a pinned one) or one of the lines ``b``
-    quotes."""
     ka, kb = _blocked_key(a).rstrip("…"), _blocked_key(b).rstrip("…")
-    return any(
-        ka.startswith(k) or k.startswith(ka)
-        for k in (kb, *(p.rstrip("…") for p in kb.split(ALSO_SEPARATOR)))
-        if k
-    )
+    return ka.startswith(kb) or kb.startswith(ka)
 
 
 def _done_line(h: _History, call: _Call) -> str:
@@ -463,9 +466,9 @@ def _extract(h: _History, read_files: Sequence[str], modified_files: Sequence[st
         if not outcome.failed:
             continue
         after = f" — after {_call_line(origin, 80)}" if origin is not None else ""
-        for error in _error_items(outcome):
+        for shown, error in _error_items(outcome):
+            blocked.append(shown + after)
             line = _one_line(error.text, ERROR_CHARS)
-            blocked.append(line + after)
             if error.rank <= anchors.SUMMARY and "`" not in line:
                 # A prefix of the line, not an ellipsis: the hint must stay findable.
                 hints.append(_code(line.removesuffix("…")[:HINT_CHARS].rstrip()))
