@@ -35,7 +35,9 @@ _SEARCH_SCHEMA: dict[str, Any] = {
     "properties": {
         "query": {
             "type": "string",
-            "description": "Words, or an identifier, path, error name or phrase as written.",
+            "description": "Words, or an identifier, path, error name or phrase as written; "
+            "a place in a file as path:line (registry.py:135); a command's words with words "
+            "of its output find that output.",
         },
         "role": {"type": "string", "enum": _ROLES, "description": "Only entries of this role."},
         "tool": {"type": "string", "description": "Only this tool's calls and outputs."},
