@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from app.engine.compaction.anchors import latest_unresolved_error
 from app.engine.compaction.continuity import ERROR_KEY_CHARS
 from app.engine.compaction.extractive import PINNED_LABEL, extractive_summary, parse_summary
 from app.engine.model import Entry
@@ -195,3 +198,48 @@ def test_a_previous_summary_error_the_same_run_failed_again_since_is_not_pinned(
     # The same run going well resolves it.
     fixed = history(("python repro.py", rc(0, "ok\n")))
     assert parse_summary(extractive_summary(fixed[1:], previous_summary=second)).pinned == []
+
+
+OTHERS = [
+    (
+        "pytest tests/test_a.py -x 2>&1 | tail -30",
+        rc(
+            0,
+            "E   AssertionError: assert 1 == 2\n=== short test summary info ===\n"
+            "FAILED tests/test_a.py::test_x - AssertionError: assert 1 == 2\n"
+            "=== 1 failed, 4 passed in 0.3s ===\n",
+        ),
+    ),
+    ("grep -rn foo src", rc(1, "")),
+    ("cat missing.py", rc(1, "cat: missing.py: No such file or directory\n")),
+    ("python -m py_compile repro.py", syntax_error(7, "IndentationError: unexpected indent")),
+]
+PASSING = [
+    ("python analyze_fix.py", rc(0, "ok\n")),
+    ("python test_x.py", rc(0, "Ran 3 tests\n\nOK\n")),
+    ("python repro.py", rc(0, "done\n")),
+    ("sed -n '1,80p' src/x.py", rc(0, "y = 2\n" * 120)),
+]
+STEPS = [(command, output) for command, output, _ in SHAPES.values()] + OTHERS + PASSING
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 5),
+    st.lists(st.sampled_from(STEPS), min_size=1, max_size=6),
+    st.sampled_from([1_200, SMALL, 3_000]),
+)
+def test_the_measure_finds_the_last_failure_and_the_latest_unresolved_one_in_the_summary(
+    filler: int, steps: list[tuple[str, str]], size: int
+) -> None:
+    entries = history(*noise(filler), *steps)
+    flat = rules.normalize(extractive_summary(entries, max_chars=size))
+    read = [(c, rules.failure_of(o, c)) for c, o in [*noise(filler), *steps]]
+    last = next((f for _, f in reversed(read) if f is not None), None)
+    if last is not None:
+        assert rules.failure_kept(last, flat), last
+    anchor = latest_unresolved_error(entries)
+    if anchor is not None:
+        failure = rules.failure_of(entries[anchor.index].text(), anchor.command)
+        if failure is not None:
+            assert rules.failure_kept(failure, flat), failure
