@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import struct
 import tomllib
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 from app.engine.compaction.summary import (
     PromptRequest,
+    block_label,
     build_prompt,
     build_short_prompt,
     build_turn_prefix_prompt,
@@ -19,12 +23,15 @@ from app.engine.compaction.summary import (
     clean_short_reply,
     clip,
     fill,
+    media_as_pointers,
     merge_split_turn,
     render_context_message,
     serialize_conversation,
     strip_file_tags,
     summary_from_context_message,
     with_file_tags,
+    with_media,
+    without_inline_data,
 )
 from app.engine.formats import openai_format
 from app.engine.model import Entry
@@ -475,3 +482,90 @@ def test_clean_short_reply(reply: str, title: str | None) -> None:
 def test_short_reply_fits_the_ui(reply: str) -> None:
     title = clean_short_reply(reply)
     assert title is None or (0 < len(title) <= 100 and "\n" not in title)
+
+
+# --- Media: pointers, never bytes (issue 30) -------------------------------------------
+
+
+def _media_png(width: int, height: int) -> str:
+    head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR"
+    body = struct.pack(">II", width, height) + b"\x08\x02\0\0\0" + bytes(range(256)) * 3
+    return base64.b64encode(head + body).decode()
+
+
+def test_base64_in_words_is_left_out_and_the_rest_kept() -> None:
+    data = _media_png(8, 8)
+    text = f"before data:image/png;base64,{data} after"
+    assert (
+        without_inline_data(text)
+        == f"before [image/png data omitted, {len(data) * 3 // 4:,} bytes] after"
+    )
+    assert data[:40] not in without_inline_data(f"blob: {data}\nnext line")
+    # Not payloads: a long hex digest (one case), a path, prose.
+    digest = "0123456789abcdef" * 30
+    path = "/".join(["src", "package", "module"] * 40) + ".py"
+    for kept in (digest, path, "just words " * 100):
+        assert without_inline_data(kept) == kept
+
+
+@pytest.mark.parametrize(
+    ("block", "label"),
+    [
+        (
+            {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
+            "image https://x.test/a.png",
+        ),
+        ({"type": "input_image", "file_id": "file-1"}, "image file file-1"),
+        (
+            {
+                "type": "input_file",
+                "filename": "spec.pdf",
+                "file_data": "data:application/pdf;base64,JVBE",
+            },
+            'document application/pdf "spec.pdf"',
+        ),
+        (
+            {"type": "document", "source": {"type": "url", "url": "https://x.test/s.pdf"}},
+            "document https://x.test/s.pdf",
+        ),
+        ({"type": "image", "source": {"type": "file", "file_id": "file_9"}}, "image file file_9"),
+        ({"type": "input_audio", "input_audio": {"format": "mp3", "data": "AAAA"}}, "audio mp3"),
+        ({"type": "search_result", "source": "https://x.test", "title": "t", "content": []}, None),
+    ],
+)
+def test_a_block_reads_as_what_it_is(block: dict[str, object], label: str | None) -> None:
+    assert block_label(block) == label
+
+
+def test_an_entry_for_a_summarizer_points_at_its_media_and_keeps_its_json_valid() -> None:
+    data = _media_png(1024, 768)
+    stored = Entry(
+        role="assistant",
+        parts=[
+            text("Uploading."),
+            {"type": "image", "media_type": "image/png", "data": data},
+            call("u1", "upload", json.dumps({"path": "a.png", "content": data})),
+        ],
+    )
+    seen = media_as_pointers(stored, 42)
+    assert seen.parts[1] == {
+        "type": "text",
+        "text": "[image image/png 1024x768, seq 42: history_read from_seq=42 to_seq=42]",
+    }
+    arguments = json.loads(seen.parts[2]["arguments"])
+    assert arguments["path"] == "a.png"
+    assert arguments["content"].startswith("[base64 data omitted, ")
+    assert stored.parts[1]["data"] == data  # the stored entry is not changed
+    plain = Entry(role="user", parts=[text("no media here")])
+    assert media_as_pointers(plain, 1) is plain
+
+
+def test_the_media_block_replaces_an_echoed_one_and_leaves_the_file_tags() -> None:
+    pointer = "[image image/png 8x8, seq 3: history_read from_seq=3 to_seq=3]"
+    summary = with_file_tags("## Goal\nX", ["a.py"], [])
+    once = with_media(summary, [pointer])
+    assert once.count("<media>") == 1
+    assert "<read-files>\na.py\n</read-files>" in once
+    assert with_media(once, [pointer]) == once
+    assert with_media(once, []) == summary
+    assert "<media>" not in strip_file_tags(once)

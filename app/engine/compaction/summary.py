@@ -263,17 +263,32 @@ def media_pointer(label: str, seq: int | None = None) -> str:
     return f"[{label}, seq {seq}: history_read from_seq={seq} to_seq={seq}]"
 
 
+# The key of each part's words, where base64 could hide.
+_TEXT_KEYS = {"text": "text", "reasoning": "text", "tool_call": "arguments"}
+
+
 def media_as_pointers(entry: Entry, seq: int) -> Entry:
-    """``entry`` (stored at ``seq``) for a summarizer: each media part a text part
-    holding its :func:`media_pointer`; the entry itself when it holds none. The
-    stored entry is not changed."""
-    if not any(media_label(p) is not None for p in entry.parts):
-        return entry
+    """``entry`` (stored at ``seq``) as a summarizer reads it: each media part a text
+    part holding its :func:`media_pointer`, and base64 in its texts, reasoning and
+    tool calls' arguments left out (:func:`without_inline_data`, which keeps JSON
+    valid: the note it writes holds no quote). The entry itself when there is
+    nothing to change; the stored entry is never changed."""
     parts: list[Part] = []
+    changed = False
     for p in entry.parts:
         label = media_label(p)
-        parts.append(p if label is None else {"type": "text", "text": media_pointer(label, seq)})
-    return replace(entry, parts=parts)
+        if label is not None:
+            new: Part = {"type": "text", "text": media_pointer(label, seq)}
+        else:
+            key = _TEXT_KEYS.get(p["type"], "")
+            value = p.get(key) if key else None
+            if isinstance(value, str) and (cleaned := without_inline_data(value)) != value:
+                new = {**p, key: cleaned}
+            else:
+                new = p
+        changed = changed or new is not p
+        parts.append(new)
+    return replace(entry, parts=parts) if changed else entry
 
 
 def media_pointers(entries: Sequence[tuple[int, Entry]]) -> list[str]:
@@ -578,13 +593,15 @@ def render_request(request: KeptRequest) -> str:
     """One quoted request, in ``<request>`` tags that give its seq (and whether it
     is the first, or was clipped). A closing ``</user-requests>`` inside the text
     gets a backslash (``<\\/user-requests>``), so the block always ends where it
-    should; nothing else of the text is changed."""
+    should, and base64 in it is left out (:func:`without_inline_data`); nothing
+    else of the text is changed."""
     attrs = f' seq="{request.seq}"'
     if request.first:
         attrs += ' first="true"'
     if request.clipped:
         attrs += ' clipped="true"'
-    text = request.text.strip("\n").replace(USER_REQUESTS_CLOSE, "<\\/user-requests>")
+    text = without_inline_data(request.text.strip("\n"))
+    text = text.replace(USER_REQUESTS_CLOSE, "<\\/user-requests>")
     return f"<request{attrs}>\n{text}\n</request>"
 
 
