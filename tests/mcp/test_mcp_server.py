@@ -259,3 +259,41 @@ async def test_no_key_is_401_and_another_tenants_session_is_not_found(
         result = await session.call_tool("history_read", {"from_seq": 1, "session_id": SID})
         assert result.is_error
         assert "does not exist" in text(result)
+
+
+async def test_a_stalled_mcp_request_times_out_and_stalls_no_one(db_url: str) -> None:
+    """An MCP request whose body stops arriving is answered 408 once the request
+    timeout has passed, as an API request is, while another tenant's MCP calls are
+    answered meanwhile."""
+    settings = AUTH_SETTINGS.model_copy(update={"request_timeout_seconds": 1.0})
+    key = await create_key(db_url, "acme")
+    other = await create_key(db_url, "globex")
+    with running(create_app(settings, database_url=db_url)) as base:
+        async with httpx.AsyncClient(base_url=base, headers=bearer(other), timeout=30) as http:
+            r = await http.post("/v1/sessions", json={"id": "busy", "model": "gpt-4o"})
+            assert r.status_code == 201, r.text
+        port = int(base.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\n"
+            + f"Authorization: Bearer {key}\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"jsonrpc": "2.0", '
+        )
+        await writer.drain()
+        started = time.monotonic()
+        async with mcp_session(base, **bearer(other), **{"X-Compactd-Session": "busy"}) as s:
+            result = await s.call_tool("history_search", {"query": "anything"})
+            assert not result.is_error
+            assert text(result).startswith("No entry matches 'anything'.")
+        answered = time.monotonic() - started
+        head = await asyncio.wait_for(reader.read(4096), 10)
+        waited = time.monotonic() - started
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 408 "), head
+        assert b"application/problem+json" in head
+        # Not before its timeout: the deadline, not the call meanwhile, ended it.
+        assert waited >= 0.9, (answered, waited)
+        print(
+            f"MCP call answered in {answered:.2f} s; the stalled request's 408 after {waited:.2f} s"
+        )
