@@ -75,7 +75,9 @@ def add_claude_server(
     the claude binary of the tier first on the PATH."""
     script_text = as_tested(block("sh", "claude mcp add"), base, session)
     path = f"{CLAUDE.executable.parent}:{env['PATH']}"
-    return command(["bash", "-c", script_text], {**env, "PATH": path, "COMPACTD_KEY": key}, work)
+    return command(
+        ["bash", "-c", script_text], {**env, "PATH": path, "COMPACTD_API_KEY": key}, work
+    )
 
 
 async def test_each_agent_reads_the_documented_configuration(
@@ -106,7 +108,7 @@ async def test_each_agent_reads_the_documented_configuration(
             "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
             "OPENCODE_DISABLE_SHARE": "1",
-            "COMPACTD_KEY": key,
+            "COMPACTD_API_KEY": key,
         }
         listed = command([str(OPENCODE.executable), "mcp", "list"], opencode_env, work)
         assert re.search(r"✓\s+compactd\s.*connected", listed.stdout + listed.stderr), listed
