@@ -23,6 +23,7 @@ from app.engine.accounting.tokens import EncodingName
 from app.engine.compaction import dropped
 from app.engine.compaction.fileops import FileOps, collect
 from app.engine.compaction.prepare import Plan, Source, summary_chars
+from app.engine.compaction.summary import carried_media, media_as_pointers, media_pointers
 
 KIND = "branch_summary"
 
@@ -66,7 +67,8 @@ def plan(
     return Plan(
         start_seq=start_seq,
         first_kept_seq=end_seq,
-        history=[s.entry for s in chosen],
+        # Its images and documents reach the summarizer as pointer lines, never as bytes.
+        history=[media_as_pointers(s.entry, s.seq) for s in chosen],
         turn_prefix=[],
         pinned=[],
         summarized_tokens=used,
@@ -82,6 +84,7 @@ def plan(
             "summarized_entries": len(chosen),
             "summarized_tokens": used,
             "dropped": dropped.index([s.entry for s in chosen], files=ops),
+            "media": carried_media([], media_pointers([(s.seq, s.entry) for s in chosen])),
         },
     )
 
