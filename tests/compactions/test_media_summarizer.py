@@ -344,3 +344,42 @@ async def test_an_image_is_counted_on_write_by_the_session_models_rule(
         stored[model] = entry["tokens"]
     assert stored["claude-sonnet-4-20250514"] - stored["gpt-4o"] == 1_334 - 765
     assert stored["gemini-2.5-pro"] - stored["gpt-4o"] == 1_032 - 765
+
+
+async def test_a_branch_summary_receives_pointers_never_the_bytes(
+    app: Any, client: httpx.AsyncClient, upstream: Upstream
+) -> None:
+    """Navigating away from a branch that holds a screenshot: the branch summary's
+    summarizer reads a pointer, and the summary lists it."""
+    await make_session(client, id="media-branch", config=MANUAL)
+    await append_ok(
+        client,
+        "media-branch",
+        [
+            {"role": "user", "content": "Fix the date parser in src/dates.py."},
+            {"role": "assistant", "content": "I will look first."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "This is what the page shows."},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": f"data:image/png;base64,{SCREENSHOT}"},
+                    },
+                ],
+            },
+            {"role": "assistant", "content": "The week column is off by one."},
+        ],
+    )
+    r = await client.post("/v1/sessions/media-branch/navigate", json={"seq": 2, "summarize": True})
+    assert r.status_code == 202, r.text
+    upstream.script([Reply(SUMMARY), Reply(SUMMARY), Reply(SHORT), Reply(SHORT)])
+    assert await drain(app, worker_config(upstream)) == 1
+    assert upstream.requests
+    for request in upstream.requests:
+        assert_no_payload(request.body.decode())
+    pointer = "[image image/png 1024x768, seq 3: history_read from_seq=3 to_seq=3]"
+    assert pointer in prompt_of(upstream.requests[0])
+    job = await compaction(client, "media-branch", r.json()["branch_summary"]["id"])
+    assert job["status"] == "succeeded", job
+    assert pointer in job["summary"].split("<media>", 1)[1]
