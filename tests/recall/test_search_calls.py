@@ -14,7 +14,7 @@ from tests import postgres
 from tests.conftest import make_session
 from tests.helpers import append_ok
 from tests.recall.support import MANUAL, search, searchable
-from tests.tree.support import result
+from tests.tree.support import fork_ok, result
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"
@@ -85,3 +85,30 @@ async def test_a_query_of_a_commands_words_and_its_outputs_finds_the_result(
     assert sorted(h["seq"] for h in page["hits"]) == [2, 3]
     hit = next(h for h in page["hits"] if h["seq"] == 3)
     assert hit["snippet"].startswith("bash $ cd /work && «python analyze_fix.py --input»")
+
+
+async def test_a_call_made_before_a_fork_and_answered_on_it_names_its_call(
+    client: httpx.AsyncClient, db_url: str
+) -> None:
+    await make_session(client, id="s", config=MANUAL)
+    await append_ok(
+        client,
+        "s",
+        [
+            {"role": "user", "content": "Check the version."},  # 1
+            _calling("c1", "bash", {"command": "python --version"}),  # 2
+        ],
+    )
+    forked = await fork_ok(client, "s", id="f", at_seq=2)
+    assert forked["id"] == "f"
+    # Each path answers the call once; each result names the call it answers.
+    await append_ok(client, "f", [result("c1", "Python 3.11.7")])
+    await append_ok(client, "s", [result("c1", "Python 3.12.1")])
+    for sid, version in (("f", "3.11.7"), ("s", "3.12.1")):
+        page = await search(client, sid, f"python --version {version}")
+        assert page["hits"][0]["seq"] == 3, page
+        shown = page["hits"][0]["snippet"].replace("«", "").replace("»", "")
+        assert shown == f"bash $ python --version\nPython {version}", page
+    texts = await _texts(db_url, "s")  # both branches' rows: the family's root holds them
+    assert sorted(texts.values()).count("bash $ python --version\nPython 3.11.7") == 1
+    assert sorted(texts.values()).count("bash $ python --version\nPython 3.12.1") == 1
