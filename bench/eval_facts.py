@@ -29,8 +29,8 @@ would type to find it again with one search.
 - **number** (numbers from tool outputs): pytest's closing counts (``2 failed, 5
   passed``, the time left out), unittest's ``Ran 12 tests``, and versions: a name and a
   version of three parts or more (``Python 3.9.20``, ``pytest-8.3.3``), or of two
-  parts after ``==`` or `` version ``. Shown by the text as written; the query is its
-  words.
+  parts after ``==`` or `` version ``. Shown by the text as written, in any case (pip
+  writes ``markupsafe-3.0.3`` as well as ``MarkupSafe-3.0.3``); the query is its words.
 - **error** (error lines): every error line of a tool output by
   :func:`bench.continuity_rules.error_lines` (tracebacks' last lines, exception
   lines, pytest's FAILED/ERROR lines, tools' errors, patches that did not apply).
@@ -39,7 +39,8 @@ would type to find it again with one search.
   three distinctive words of the line (:func:`distinctive_words`).
 - **command**: the first line of every shell command an assistant's tool call runs,
   at least 8 characters. Shown by the line's first 80 characters (whitespace runs as
-  one space); the query is two or three distinctive words of it.
+  one space); the query is two or three distinctive words of it, the program it runs
+  first when there are fewer than two (``sed fields.py``).
 
 Texts are compared with whitespace runs as one space. A search hit's snippet has its
 match marks (``«`` ``»``) taken out first.
@@ -303,6 +304,16 @@ def distinctive_words(line: str, count: int = QUERY_WORDS) -> list[str]:
     return [w for _, _, w in sorted(best, key=lambda item: item[1])]
 
 
+_CD = re.compile(r"^cd\s+\S+\s*(?:&&|;)\s*")
+
+
+def _program(line: str) -> str | None:
+    """The program a command line runs first (after a leading ``cd dir &&``)."""
+    words = _CD.sub("", line).split()
+    program = posixpath.basename(words[0]) if words else ""
+    return program if re.fullmatch(r"[A-Za-z][\w.-]*", program) else None
+
+
 def _first_line(command: str) -> str:
     return next((line for line in command.splitlines() if line.strip()), "")
 
@@ -340,6 +351,9 @@ def facts_of_message(message: Mapping[str, Any], index: int) -> list[Fact]:
                 continue
             first = rules.normalize(_first_line(shell))
             words = distinctive_words(first)
+            program = _program(first)
+            if len(words) < 2 and program and program not in words:
+                words = [program, *words]  # "sed fields.py", "cat reproduce_issue.py"
             if len(first) >= COMMAND_MIN_CHARS and words:
                 out.append(Fact("command", first, (first[:KEY_CHARS],), " ".join(words), index))
     return out
@@ -364,9 +378,12 @@ def _word_in(word: str, text: str) -> bool:
 
 def shown(fact: Fact, text: str) -> bool:
     """Whether ``text`` (whitespace-normalized) shows the fact: an identifier as a whole
-    word, anything else as a substring."""
+    word, a number in any case, anything else as a substring."""
     if fact.kind == "identifier":
         return _word_in(fact.needles[0], text)
+    if fact.kind == "number":  # pip writes "markupsafe-3.0.3" as well as "MarkupSafe-3.0.3"
+        folded = text.casefold()
+        return any(needle.casefold() in folded for needle in fact.needles)
     return any(needle in text for needle in fact.needles)
 
 

@@ -101,6 +101,12 @@ def test_numbers_are_test_counts_and_versions() -> None:
     ]
 
 
+def test_a_version_is_shown_in_any_case() -> None:
+    (fact,) = kinds(tool("Successfully installed MarkupSafe-3.0.3\n"), "number")
+    assert ef.shown(fact, "Downloading markupsafe-3.0.3-cp311-cp311-manylinux2014_x86_64.whl")
+    assert not ef.shown(fact, "Downloading markupsafe-3.0.2-cp311.whl")
+
+
 def test_counts_without_a_closing_time_and_bare_numbers_are_not_numbers() -> None:
     output = "I see 3 failed attempts and 5 passed checks.\nvalue 1.5 at 0.34s, 127.0.0 and 2.5\n"
     assert kinds(tool(output), "number") == []
@@ -142,7 +148,10 @@ def test_commands_are_the_first_line_of_a_shell_call() -> None:
     assert found[0].query == "_invoke_validators schema.py"
     heredoc = kinds(call("cat > test_greedy.py << 'EOF'\nprint(1)\nEOF"), "command")
     assert [f.text for f in heredoc] == ["cat > test_greedy.py << 'EOF'"]
-    assert heredoc[0].query == "test_greedy.py"
+    assert heredoc[0].query == "cat test_greedy.py"
+    # One distinctive word: the program it runs joins it.
+    ranged = kinds(call("cd /testbed && sed -n '480,510p' src/marshmallow/fields.py"), "command")
+    assert ranged[0].query == "sed fields.py"
 
 
 def test_short_commands_and_edits_are_not_commands() -> None:
