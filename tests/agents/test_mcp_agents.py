@@ -30,7 +30,7 @@ from tests.agents.conftest import require
 from tests.agents.install import CLAUDE, CODEX, OPENCODE
 from tests.ops.conftest import bearer, create_key
 from tests.proxy.support import proxy
-from tests.upstream_server import Action, RecordedRequest, ToolCalls, Upstream
+from tests.upstream_server import Action, RecordedRequest, Reply, ToolCalls, Upstream
 
 pytestmark = [pytest.mark.slow, pytest.mark.agents]
 
@@ -126,6 +126,47 @@ async def test_each_agent_reads_the_documented_configuration(
         assert transport["url"] == f"{base}/mcp"
         assert transport["bearer_token_env_var"] == documented["bearer_token_env_var"]
         assert transport["env_http_headers"] == {"X-Compactd-Session": "COMPACTD_SESSION"}
+
+
+async def test_codex_offers_the_tools_from_the_documented_table(
+    db_url: str, settings: Settings, upstream: Upstream, dead_port: int, folders: tuple[Path, Path]
+) -> None:
+    """``codex exec`` with docs/mcp.md's table (and the tier's provider, its calls
+    carrying compactd's key too) connects to ``/mcp`` with the key from
+    ``COMPACTD_API_KEY`` and offers the model the two tools, as ``/v1/tools`` defines
+    them, in its ``mcp__compactd`` namespace."""
+    require("codex")
+    home, work = folders
+    key = await create_key(db_url, "agents")
+    upstream.respond = lambda api, body: Reply("DONE")
+    with proxy(settings, db_url, upstream) as base:
+        prepared = agents.prepare_codex(
+            f"{base}/proxy/openai/v1", "mcp-codex", "hello", agents.offline_env(home, dead_port)
+        )
+        config = Path(prepared.env["CODEX_HOME"]) / "config.toml"
+        provider = config.read_text().replace(
+            '{ "X-Compactd-Session" = "COMPACTD_SESSION" }',
+            '{ "X-Compactd-Session" = "COMPACTD_SESSION", "X-Compactd-Key" = "COMPACTD_API_KEY" }',
+        )
+        table = as_tested(block("toml", "[mcp_servers"), base, "mcp-codex")
+        config.write_text(f"{provider}\n{table}")
+        prepared.env["COMPACTD_API_KEY"] = key
+        run = await asyncio.to_thread(agents.execute, prepared, work, 120)
+    assert run.returncode == 0, run.describe()
+    [request] = [r for r in upstream.requests if isinstance(r.json, dict) and r.json.get("tools")]
+    namespaces = {t.get("name"): t for t in request.json["tools"] if t.get("type") == "namespace"}
+    assert "mcp__compactd" in namespaces, sorted(namespaces)
+    offered = {t["name"]: t for t in namespaces["mcp__compactd"]["tools"]}
+    assert sorted(offered) == sorted(agent_tools.NAMES)
+    for definition in agent_tools.definitions("openai"):
+        function = definition["function"]
+        assert offered[function["name"]]["description"] == function["description"]
+        # Codex keeps each argument's type and description (it drops minimum and maximum).
+        theirs = offered[function["name"]]["parameters"]["properties"]
+        ours = function["parameters"]["properties"]
+        assert {k: (v["type"], v["description"]) for k, v in theirs.items()} == {
+            k: (v["type"], v["description"]) for k, v in ours.items()
+        }
 
 
 # The tier's long task (tests/agents/test_agents.py): 14 steps of some 1,000 tokens of
