@@ -44,7 +44,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from app import __version__
-from app.core.errors import NotFound, PayloadTooLarge, ProblemError
+from app.core.errors import PayloadTooLarge, ProblemError
 from app.core.http import problem_response
 from app.engine.formats.storable import find_unstorable
 from app.mcp import resources
@@ -164,9 +164,7 @@ async def _call_tool(
     call = {"type": "tool_use", "id": str(ctx.request_id), "name": params.name, "input": arguments}
     try:
         ran = await ToolCallService(engine, tenant).run(checked_id(session), call, None)
-    except NotFound as exc:
-        return _error(exc.detail)
-    except ProblemError as exc:
+    except ProblemError as exc:  # the session is not the tenant's (404), or an odd id
         if exc.status < 500:
             return _error(exc.detail)
         raise MCPError(types.INTERNAL_ERROR, exc.detail) from None
