@@ -32,6 +32,7 @@ COVERED: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions/{session_id}/messages"): "list_messages",
     ("GET", "/v1/sessions/{session_id}/context"): "get_context",
     ("GET", "/v1/sessions/{session_id}/overflow"): "get_overflow",
+    ("GET", "/v1/usage"): "get_usage",
     ("POST", "/v1/sessions/{session_id}/usage"): "report_usage",
     ("POST", "/v1/sessions/{session_id}/prune"): "prune",
     ("POST", "/v1/sessions/{session_id}/overflow-errors"): "report_provider_error",

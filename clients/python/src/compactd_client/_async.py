@@ -207,6 +207,11 @@ class AsyncCompactd(BaseClient):
         """How full the window is, and what to do about it."""
         return await self._send(calls.get_overflow(session_id))
 
+    async def get_usage(self) -> t.TenantUsage:
+        """What compaction cost and saved the key's tenant (summarizer calls and tokens,
+        compactions, saved tokens), since the start and this hour."""
+        return await self._send(calls.get_usage())
+
     async def report_usage(
         self,
         session_id: str,

@@ -224,6 +224,10 @@ def get_overflow(session_id: str) -> Call[t.Verdict]:
     return Call("GET", path("/v1/sessions/{}/overflow", session_id))
 
 
+def get_usage() -> Call[t.TenantUsage]:
+    return Call("GET", "/v1/usage")
+
+
 def report_usage(
     session_id: str,
     usage: Mapping[str, Any] | SupportsModelDump | object,

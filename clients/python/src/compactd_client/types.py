@@ -97,6 +97,15 @@ class SessionWarning(TypedDict):
     detail: str
 
 
+class SummarizerUsage(TypedDict):
+    """Summarizer requests (failed ones included) and the tokens reported for them."""
+
+    calls: int
+    input_tokens: int  # the whole prompt, cached parts included
+    output_tokens: int
+    cached_tokens: int  # prompt tokens read from the provider's cache
+
+
 class Session(TypedDict):
     id: str
     parent_id: str | None  # the session this one is a side conversation of
@@ -118,6 +127,8 @@ class Session(TypedDict):
     pruned_tokens: int
     prune_count: int
     compaction_count: int
+    compaction_cost: SummarizerUsage  # what compaction cost this session
+    compaction_saved_tokens: int  # context tokens its compactions removed
     active_compaction_id: str | None
     compaction_failures: int
     auto_compaction: Literal["on", "off", "held", "stopped"]
@@ -380,6 +391,27 @@ class CompactionDetails(TypedDict):
     preserve: dict[str, Any] | None  # data a hook asked to keep on it
 
 
+class CompactionUsage(SummarizerUsage):
+    model: str | None  # the model that wrote the summary
+
+
+class UsageHour(SummarizerUsage):
+    hour_start: str
+    limited_compactions: int
+
+
+class TenantUsage(TypedDict):
+    """GET /v1/usage: what compaction cost and saved the key's tenant."""
+
+    summarizer: SummarizerUsage
+    compactions: int
+    saved_tokens: int
+    limited_compactions: int  # made extractive by the hourly spend limit
+    current_hour: UsageHour
+    tokens_per_hour_limit: int | None
+    updated_at: str | None
+
+
 class Compaction(TypedDict):
     id: str
     session_id: str
@@ -401,6 +433,7 @@ class Compaction(TypedDict):
     error: str | None
     upstream_model: str | None
     upstream_usage: dict[str, Any] | None
+    usage: CompactionUsage
     created_at: str
     started_at: str | None
     finished_at: str | None
