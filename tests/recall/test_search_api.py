@@ -102,12 +102,17 @@ async def test_a_snippet_is_the_matching_line_from_anywhere_in_the_entry(
         "s",
         [calling("c1"), result("c1", traceback), calling("c2"), result("c2", run)],
     )
-    # By words: the frame with all of them, not the traceback's top; as written.
+    # A place in a file: the frame, as the traceback writes it, not the traceback's top.
     hit = (await search(client, "s", "registry.py line 135"))["hits"][0]
+    assert hit["seq"] == 2, hit
+    assert hit["score"] >= 4, hit
+    assert '"/srv/app/lib/«registry.py", line 135», in <module>' in hit["snippet"]
+    assert "Traceback" not in hit["snippet"]
+    # By words: the frame with all of them.
+    hit = (await search(client, "s", "registry py 135 line"))["hits"][0]
     assert hit["seq"] == 2, hit
     assert hit["score"] < 2, hit
     assert '"/srv/app/lib/«registry».«py»", «line» «135», in <module>' in hit["snippet"]
-    assert "Traceback" not in hit["snippet"]
     # As written: the line of its first place, past the first 8,000 characters too.
     hit = (await search(client, "s", "FAILED (failures=1)"))["hits"][0]
     assert hit["seq"] == 4, hit
