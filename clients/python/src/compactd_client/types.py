@@ -12,6 +12,7 @@ Action = Literal["none", "prune", "compact", "emergency"]
 CompactionStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 CompactionReason = Literal["manual", "threshold", "overflow", "emergency", "branch_summary"]
 Strategy = Literal["structured", "narrative"]
+Policy = Literal["summarize", "verbatim_first"]
 Summarizer = Literal["llm", "extractive"]
 UsageFormat = Literal["native", "openai_chat", "openai_responses", "anthropic", "gemini"]
 OutputCategory = Literal["head_tail", "match_list", "file_content", "generic"]
@@ -47,6 +48,10 @@ class CompactionConfig(TypedDict):
     auto_continue: bool
     emergency_fraction: float
     instructions: str | None
+    # summarize, or verbatim_first: user and assistant text kept as written within
+    # verbatim_share of the window, tool outputs as pointers, only the rest summarized.
+    policy: Policy
+    verbatim_share: float
 
 
 class BranchSummaryConfig(TypedDict):
@@ -341,6 +346,9 @@ class BranchNavigation(TypedDict):
 class DroppedValues(TypedDict):
     count: int  # distinct values of the kind
     first: list[str]  # the first of them, in the order they appear
+    # Item for item beside `first`: the seqs of the entries that hold it (history_read
+    # from_seq=seq opens one); None for a branch summary or before it was recorded.
+    seqs: list[list[int]] | None
 
 
 class DroppedIndex(TypedDict):
@@ -367,6 +375,29 @@ class HookCall(TypedDict):
     applied: str | None
 
 
+class VerbatimMessage(TypedDict):
+    seq: int
+    role: Literal["user", "assistant"]
+    text: str
+
+
+class VerbatimPointer(TypedDict):
+    seq: int  # the tool output's entry: history_read from_seq=seq to_seq=seq
+    line: str
+
+
+class VerbatimBlock(TypedDict):
+    """What a ``verbatim_first`` compaction kept as written."""
+
+    messages: list[VerbatimMessage]  # user and assistant text kept whole, oldest first
+    pointers: list[VerbatimPointer]  # one line per old tool output, oldest first
+    omitted_pointers: int  # older tool outputs counted, without a line
+    omitted_from: int | None
+    omitted_to: int | None
+    budget_tokens: int  # the block's cap: verbatim_share of the window
+    tokens: int  # the block's tokens, as counted
+
+
 class CompactionDetails(TypedDict):
     read_files: list[str]
     modified_files: list[str]
@@ -389,6 +420,8 @@ class CompactionDetails(TypedDict):
     from_hook: bool  # a hook supplied the whole summary
     hook_details: dict[str, Any] | None  # the details the hook gave with it
     preserve: dict[str, Any] | None  # data a hook asked to keep on it
+    policy: Policy | None  # the session's compaction policy then (None: summarize)
+    verbatim: VerbatimBlock | None  # a verbatim_first compaction's block
 
 
 class CompactionUsage(SummarizerUsage):
