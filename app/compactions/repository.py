@@ -175,6 +175,7 @@ UPDATE compaction SET status = 'queued', run_after = now() + make_interval(secs 
     lease_owner = NULL, lease_expires_at = NULL, error = $5,
     details = jsonb_set(coalesce(details, '{}'::jsonb), '{notes}',
         coalesce(details->'notes', '[]'::jsonb) || to_jsonb('attempt ' || attempts || ': ' || $5))
+        || coalesce(jsonb_build_object('retried_spend', $6::jsonb), '{}'::jsonb)
 WHERE session_id = $1 AND tenant_id = $2 AND id = $3
 """
 
@@ -397,10 +398,24 @@ class CompactionRepository:
         return row["summary"], details
 
     async def retry_later(
-        self, driver: Driver, job: JobRow, delay_seconds: float, error: str
+        self,
+        driver: Driver,
+        job: JobRow,
+        delay_seconds: float,
+        error: str,
+        spent: dict[str, int] | None = None,
     ) -> None:
+        """Back to the queue after ``delay_seconds``, the error noted. ``spent``: what
+        the summarizer requests of this job's attempts so far cost (their usage summed,
+        and ``calls``), kept in its details until the attempt that commits counts it."""
         await driver.execute(
-            _RETRY_SQL, job.session_id, job.tenant_id, job.id, delay_seconds, error
+            _RETRY_SQL,
+            job.session_id,
+            job.tenant_id,
+            job.id,
+            delay_seconds,
+            error,
+            None if spent is None else orjson.dumps(spent).decode(),
         )
         await _emit(
             driver,

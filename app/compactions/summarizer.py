@@ -155,10 +155,16 @@ class Summarized:
 class RetryLater(Exception):
     """The upstream failed in a way worth retrying: run the job again later."""
 
-    def __init__(self, delay_seconds: float, reason: str) -> None:
+    def __init__(
+        self, delay_seconds: float, reason: str, usage: dict[str, int] | None = None
+    ) -> None:
         super().__init__(reason)
         self.delay_seconds = delay_seconds
         self.reason = reason
+        # What the requests answered before the failure cost (a history summary
+        # written before the split turn's request failed, say): billed all the same.
+        self.usage: dict[str, int] = dict(usage or {})
+        self.calls = 0  # the requests sent, failed ones included (set by the worker)
 
 
 def extractive(
@@ -546,7 +552,7 @@ async def summarize(
                     retry_after=exc.retry_after,
                     rand=backoff.rand,
                 )
-                raise RetryLater(delay, "; ".join([*tried, failure])) from exc
+                raise RetryLater(delay, "; ".join([*tried, failure]), call.usage) from exc
             if index + 1 < len(candidates):
                 tried.append(f"{failure}; trying model {candidates[index + 1]}")
                 continue

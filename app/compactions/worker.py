@@ -291,20 +291,13 @@ class Worker:
                     llm = await self._llm(job, state_model, prepared.plan.summary_chars)
                     llm, limited = await self._within_limit(job, llm)
                 llm, lane = _counted(llm)
-                summarized = await self._heartbeat_while(
-                    job,
-                    summarize(
-                        prepared.plan,
-                        previous_summary=prepared.previous_summary,
-                        strategy="narrative" if job.strategy == "narrative" else "structured",
-                        instructions=job.instructions,
-                        llm=llm,
-                        attempt=job.attempts,
-                        backoff=self.config.backoff,
-                        prompt=hooked.prompt,
-                        context=hooked.context,
-                    ),
-                )
+                try:
+                    summarized = await self._summarize(job, prepared, hooked, llm)
+                except RetryLater as later:
+                    # The attempt's cost goes with the job to the attempt that commits.
+                    later.usage = add_usage(spent, later.usage)
+                    later.calls = calls + (lane.calls if lane else 0)
+                    raise
                 spent = add_usage(spent, summarized.usage)
                 calls += lane.calls if lane else 0
                 summarized.usage = dict(spent)
@@ -356,6 +349,25 @@ class Worker:
             )
             with contextlib.suppress(Exception):
                 await self._retry(job, again)
+
+    async def _summarize(
+        self, job: JobRow, prepared: Prepared, hooked: hooks.Answered, llm: Llm | None
+    ) -> Summarized:
+        """The summary for the prepared plan, under the lease's heartbeat."""
+        return await self._heartbeat_while(
+            job,
+            summarize(
+                prepared.plan,
+                previous_summary=prepared.previous_summary,
+                strategy="narrative" if job.strategy == "narrative" else "structured",
+                instructions=job.instructions,
+                llm=llm,
+                attempt=job.attempts,
+                backoff=self.config.backoff,
+                prompt=hooked.prompt,
+                context=hooked.context,
+            ),
+        )
 
     async def _prepare(self, job: JobRow) -> tuple[Prepared | None, str, bool] | None:
         """A plan from one snapshot, the session's model, and whether its verdict
@@ -522,6 +534,11 @@ class Worker:
             retried = (current.details or {}).get("notes")
             if isinstance(retried, list):
                 summarized.notes[:0] = [n for n in retried if isinstance(n, str)]
+            # And what they cost: their requests were answered (or billed) all the same.
+            earlier = _retried_spend(current)
+            if earlier:
+                calls += earlier.pop("calls", 0)
+                summarized.usage = add_usage(summarized.usage, earlier)
             config = sessions.effective_config(state.config)
             committed = await commit_pivot(
                 unit,
@@ -751,7 +768,12 @@ class Worker:
             if current is None:
                 return
             if not current.cancel_requested:
-                await repo.retry_later(driver, job, later.delay_seconds, later.reason)
+                spent = _retried_spend(current)
+                if later.usage or later.calls:
+                    spent = add_usage(spent, {**later.usage, "calls": later.calls})
+                await repo.retry_later(
+                    driver, job, later.delay_seconds, later.reason, spent or None
+                )
         if current.cancel_requested:  # asked after the last heartbeat: not worth a retry
             await self._finish(job, "cancelled", "cancelled while running")
             return
@@ -778,6 +800,15 @@ class _CountedLane(Lane):
         self.calls += 1
         async with self._lane.slot(tenant_id) as client:
             yield client
+
+
+def _retried_spend(job: JobRow) -> dict[str, int]:
+    """What the job's retried attempts cost (their usage summed, and ``calls``),
+    as :meth:`CompactionRepository.retry_later` keeps it in the job's details."""
+    kept = (job.details or {}).get("retried_spend")
+    if not isinstance(kept, dict):
+        return {}
+    return {k: v for k, v in kept.items() if isinstance(k, str) and type(v) is int}
 
 
 def _counted(llm: Llm | None) -> tuple[Llm | None, _CountedLane | None]:

@@ -7,6 +7,7 @@ the metrics show it."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -152,6 +153,41 @@ async def test_a_split_turn_then_a_failure_keeps_the_usage_of_the_call_that_answ
     session = await get_session(client, sid)
     assert session["compaction_cost"] == expected
     assert session["compaction_saved_tokens"] == done["tokens_before"] - done["tokens_after"]
+    assert (await usage(client))["summarizer"] == expected
+
+
+async def test_an_attempt_retried_after_an_answered_call_is_counted_when_a_later_one_commits(
+    app: Any, client: httpx.AsyncClient, upstream: Upstream
+) -> None:
+    """The history's summary answers, then the split turn's request is rate limited
+    (retryable): the job goes back to the queue, and the answered request's usage and
+    both requests go with it; the next attempt asks again (history, split turn, title)
+    and commits. The compaction, the session and the tenant count all five requests."""
+    sid = await seeded(client, 12, cut="split")
+    first = openai_usage(700, 80, 512)
+    upstream.script(
+        [
+            Reply(SUMMARY, usage=first),
+            Status(429, headers={"retry-after": "0"}),
+            Reply(SUMMARY, usage=openai_usage(710, 81, 0)),
+            Reply(SUMMARY, usage=openai_usage(300, 40, 0)),
+            Reply(SHORT, usage=openai_usage(100, 9, 64)),
+        ]
+    )
+    job = await request_compaction(client, sid)
+
+    assert await drain(app, worker_config(upstream)) >= 1
+    retried = await compaction(client, sid, job["id"])
+    if retried["status"] == "queued":  # its retry was not due yet
+        await asyncio.sleep(1.5)
+        assert await drain(app, worker_config(upstream)) == 1
+    done = await compaction(client, sid, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["summarizer_used"] == "llm"
+    assert len(upstream.requests) == 5
+    expected = {"calls": 5, "input_tokens": 1810, "output_tokens": 210, "cached_tokens": 576}
+    assert cost_of(done) == expected
+    assert (await get_session(client, sid))["compaction_cost"] == expected
     assert (await usage(client))["summarizer"] == expected
 
 
