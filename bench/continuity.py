@@ -370,6 +370,15 @@ class Session:
             self.held_seq = t.next_seq
             self.not_committed["nothing to cut"] += 1
             return
+        # The session's policy, as app.compactions.pivot.prepare applies it.
+        plan = engine.with_policy(
+            plan,
+            c.policy,
+            verbatim_share=c.verbatim_share,
+            usable_tokens=self.window.usable_tokens,
+            trigger_tokens=self.thresholds.trigger_tokens(self.window.usable_tokens),
+            previous_details=self.previous[1] if self.previous else None,
+        )
         previous = pivot_rules.previous_summary(self.previous[0] if self.previous else None)
         summarized = extractive(plan, previous, c.instructions)
         seq = t.next_seq

@@ -69,22 +69,25 @@ def test_the_figures_leave_out_compactions_with_nothing_to_check() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["summarize", "verbatim_first"])
 async def test_the_replay_is_what_the_service_does_with_an_instant_worker(
-    app: Any, client: httpx.AsyncClient
+    app: Any, client: httpx.AsyncClient, policy: str
 ) -> None:
     """The same trace, turn by turn, through the service (its worker run right after
     each request, so the compaction it queued commits before the agent's next call)
     and through the replay: the same totals, the same context every turn, the same
     compactions with the same summaries."""
     messages = traces.load(trace("sqlfluff-1625"))  # compactions, and a prune
-    pure = continuity.Session(SessionConfig.model_validate(continuity.CONFIG))
+    config = {**continuity.CONFIG}
+    config["compaction"] = {**config["compaction"], "policy": policy}
+    pure = continuity.Session(SessionConfig.model_validate(config))
     await make_session(
         client,
         id="continuity",
         model=continuity.MODEL,
         context_window=continuity.WINDOW.context_window,
         max_output_tokens=continuity.WINDOW.max_output_tokens,
-        config=continuity.CONFIG,
+        config=config,
     )
     base = "/v1/sessions/continuity"
     pruned = 0
