@@ -102,6 +102,12 @@ async def test_an_agent_runs_past_its_window_on_the_managed_context(
             assert f"n{turn} line 0" in str(result.final_output)
             produced.append({"content": task, "role": "user"})
             produced += [cast(dict[str, Any], item.to_input_item()) for item in result.new_items]
+            # The usage is about the context the first call was sent: the one read,
+            # plus this run's input (saved by the SDK before the call).
+            served = session.last_context
+            assert served is not None
+            assert served["messages"][-1] == {"role": "user", "content": task}
+            assert session.context_version == served["version"]
             reported = await session.report_usage(result)
             assert (reported is None) == (hooks is not None)  # not twice for one context
             reports.append(session.last_usage)

@@ -103,6 +103,9 @@ class CompactdSession:
         #: The last usage report's answer (its verdict, and any compaction it started).
         self.last_usage: t.UsageResult | None = None
         self._reported: int | None = None  # the context version last reported
+        # A context was read and the run's input not appended yet: the SDK saves the
+        # input before its first model call, whose prompt is that context plus it.
+        self._input_pending = False
 
     async def compactd_session_id(self) -> str:
         """The compactd session that holds the conversation now: ``session_id``, or after
@@ -113,6 +116,7 @@ class CompactdSession:
         context = await self._store.context(self.wait_for_compaction)
         self.context_version = context["version"]
         self.last_context = context
+        self._input_pending = True
         items = messages_to_items(context["messages"], custom_tools=self.custom_tools)
         if limit is not None:
             return items[-limit:] if limit > 0 else []
@@ -124,6 +128,14 @@ class CompactdSession:
         messages = items_to_messages(_as_dict(item) for item in items)
         sid = await self._store.current()
         await self.client.append_messages(sid, messages)
+        if self._input_pending:
+            # The run's input, saved before its first model call: that call's prompt is
+            # the context read plus this input, which the context read again now is (and
+            # compactd records it as served), so its usage is reported against it.
+            self._input_pending = False
+            context = await self.client.get_context(sid, format="openai")
+            self.context_version = context["version"]
+            self.last_context = context
 
     async def pop_item(self) -> Any | None:
         message = await self._store.pop()
@@ -135,12 +147,14 @@ class CompactdSession:
     async def clear_session(self) -> None:
         await self._store.clear()
         self.context_version = None
+        self._input_pending = False
 
     async def report_usage(self, result: Any) -> t.UsageResult | None:
         """Report a run's usage to compactd: ``result`` is what ``Runner.run`` returned
         (or a ``ModelResponse``, or the SDK's ``Usage``). The figures are those of the
         run's first model call, the one whose input was the context ``get_items``
-        returned (plus the run's new input), sent with that context's version; the
+        returned plus the run's new input (the context read again once the SDK saved
+        that input), sent with that context's version; the
         calls after it in the same run sent the run's own items too, which compactd
         counts from the history. Once per context read: None when this context's usage
         was reported already (by :meth:`hooks`, say), or the run made no model call."""
