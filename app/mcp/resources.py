@@ -12,8 +12,11 @@ JSON-RPC error, ``INVALID_PARAMS``, which is how MCP answers an unknown resource
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import mcp_types as types
@@ -27,6 +30,29 @@ from app.core.errors import ProblemError
 from app.recall import agent_tools
 from app.recall.tool_calls import ToolCallService
 from app.sessions.router import checked_id
+
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def _answered() -> AsyncIterator[None]:
+    """A refusal as the JSON-RPC error a client acts on: the session or compaction not
+    the tenant's (or an odd id) is invalid params; the database or the service being
+    busy (503, 429) an internal error that says so, worth retrying; anything else an
+    internal error with a fixed text, logged (never the exception's own words)."""
+    try:
+        yield
+    except MCPError:
+        raise
+    except ProblemError as exc:
+        code = (
+            types.INVALID_PARAMS if exc.status < 500 and exc.status != 429 else types.INTERNAL_ERROR
+        )
+        raise MCPError(code, exc.detail) from None
+    except Exception:
+        log.exception("an MCP resource request failed")
+        raise MCPError(types.INTERNAL_ERROR, "the resource could not be read; try again") from None
+
 
 PAGE = 20
 TEMPLATE = "compactd://sessions/{session_id}/compactions/{compaction_id}"
@@ -56,12 +82,10 @@ async def list_resources(
     session = request.headers.get("x-compactd-session")
     if session is None:
         return types.ListResourcesResult(resources=[])
-    try:
+    async with _answered():
         page = await CompactionService(engine, tenant).list(
             checked_id(session), limit=PAGE, cursor=cursor
         )
-    except ProblemError as exc:
-        raise MCPError(types.INVALID_PARAMS, exc.detail) from None
     return types.ListResourcesResult(
         resources=[
             types.Resource(
@@ -113,10 +137,8 @@ async def read_resource(engine: AsyncEngine, tenant: str, address: str) -> types
         compaction = uuid.UUID(found["compaction"])
     except ValueError:
         raise MCPError(types.INVALID_PARAMS, f"no such resource: {address!r}") from None
-    try:
+    async with _answered():  # the session, or the compaction, not the tenant's: not found
         job = await CompactionService(engine, tenant).get(checked_id(session), compaction)
-    except ProblemError as exc:  # the session, or the compaction, is not the tenant's
-        raise MCPError(types.INVALID_PARAMS, exc.detail) from None
     parts = [f"# Compaction {job.id}", _describe(job), "", "## Summary", job.summary or "(none)"]
     dropped = job.details.dropped if job.details else None
     if dropped is not None:
@@ -141,7 +163,8 @@ async def read_resource(engine: AsyncEngine, tenant: str, address: str) -> types
             "name": agent_tools.READ,
             "input": {"compaction": str(job.id), "from_seq": 1},
         }
-        ran = await ToolCallService(engine, tenant).run(session, call, None)
+        async with _answered():
+            ran = await ToolCallService(engine, tenant).run(session, call, None)
         parts += ["", "## What it replaced", ran.content]
     return types.ReadResourceResult(
         contents=[types.TextResourceContents(uri=address, mime_type=MIME, text="\n".join(parts))]
