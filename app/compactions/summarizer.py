@@ -179,7 +179,7 @@ def extractive(
     entries = [*plan.history, *plan.turn_prefix]
     body = extractive_summary(
         entries,
-        previous_summary=_carried(previous_summary),
+        previous_summary=_carried(previous_summary, keeps_block=plan.verbatim is not None),
         read_files=plan.file_ops.read,
         modified_files=plan.file_ops.modified,
         max_chars=plan.summary_chars,
@@ -201,14 +201,19 @@ def extractive(
     )
 
 
-def _carried(previous_summary: str | None) -> str | None:
-    """The previous summary as the summarizer reads it: without the gate's block nor
-    the verbatim block (a ``verbatim_first`` plan's): both are rebuilt every time, the
-    verbatim one from the details (what no longer fits it is in the plan's history),
-    so neither is a section to carry forward."""
+def _carried(previous_summary: str | None, *, keeps_block: bool) -> str | None:
+    """The previous summary as the summarizer reads it: without the gate's block,
+    which is rebuilt every time. Its verbatim block (a ``verbatim_first`` plan's) is
+    rebuilt too when the new plan keeps one (``keeps_block``: from the details, what no
+    longer fits it being in the plan's history), so it is left out; when the new plan
+    keeps none (the session went back to ``summarize``, or there is no room for a
+    block) its messages are read as plain text, to be summarized rather than lost."""
     if previous_summary is None:
         return None
-    return verbatim_rules.strip_block(continuity.strip_block(previous_summary))
+    text = continuity.strip_block(previous_summary)
+    if keeps_block:
+        return verbatim_rules.strip_block(text)
+    return verbatim_rules.unwrap_block(text)
 
 
 def _focus_note(instructions: str, body: str) -> str:
@@ -519,9 +524,14 @@ async def summarize(
             extractive, plan, previous_summary, instructions, context
         )
     if previous_summary is not None:
-        # A verbatim_first summary's block is rebuilt from the details (what no longer
-        # fits it is in the plan's history): not for the model to summarize again.
-        previous_summary = verbatim_rules.strip_block(previous_summary)
+        # A verbatim_first summary's block is rebuilt from the details when the plan
+        # keeps one (what no longer fits it is in the plan's history): not for the
+        # model to summarize again; when it keeps none, its messages are summarized.
+        previous_summary = (
+            verbatim_rules.strip_block(previous_summary)
+            if plan.verbatim is not None
+            else verbatim_rules.unwrap_block(previous_summary)
+        )
     call = _Call(llm)
     budget = input_budget(llm.model, llm.max_output_tokens)
     candidates = llm.candidates

@@ -314,11 +314,6 @@ def test_successive_compactions_never_ratchet_nor_drop_a_kept_message(
         first = ruled.first_kept_seq
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a message holding </verbatim-history> ends the block early when the "
-    "next compaction strips it (the block escapes nothing, <user-requests> does)",
-)
 def test_a_message_naming_the_close_tag_leaves_no_fragment() -> None:
     entries = [
         (
@@ -336,12 +331,6 @@ def test_a_message_naming_the_close_tag_leaves_no_fragment() -> None:
     assert "KEPT_TAIL_MARKER" not in verbatim.strip_block(summary)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: when the next compaction writes no block (policy switched to summarize, "
-    "or under MIN_BLOCK_TOKENS of room) the previous block's messages reach neither the "
-    "summarizer (the previous summary is read without its block) nor the new summary",
-)
 @pytest.mark.parametrize(("policy", "trigger"), [("summarize", 20_000), ("verbatim_first", 1_000)])
 def test_a_previous_blocks_messages_survive_a_compaction_without_a_block(
     policy: str, trigger: int
@@ -399,10 +388,37 @@ def test_a_previous_blocks_messages_survive_a_compaction_without_a_block(
         trigger_tokens=trigger,
         previous_details=ruled.details,
     )
-    carried = _carried(summary) or ""
+    carried = _carried(summary, keeps_block=ruled2.verbatim is not None) or ""
     body2 = extractive_summary(
         ruled2.history, previous_summary=carried, max_chars=ruled2.summary_chars
     )
     summary2 = engine.Draft(body2, None, ruled2).render()
     seen = carried + summary2 + "".join(e.text() for e in ruled2.history)
     assert all(mark in seen for mark in marks)
+
+
+def test_a_text_full_of_data_url_starts_is_read_once_and_its_payloads_still_go() -> None:
+    """The data-URL pattern's quantifiers are bounded (unbounded ones backtracked for
+    minutes on 100 KB of "data:;k="): such a text comes back as it was, and a real
+    payload after it is still left out."""
+    from app.engine.compaction.summary import without_inline_data
+
+    noise = "data:;k=" * 50_000
+    text = f"{noise} data:image/png;base64,{PAYLOAD} end"
+    out = without_inline_data(text)
+    assert out.startswith(noise)
+    assert PAYLOAD[:64] not in out
+    assert out.endswith("[image/png data omitted, 513 bytes] end")
+
+
+def test_a_media_pointer_is_one_short_line_whatever_the_client_sent() -> None:
+    from app.engine.compaction.summary import block_label
+
+    huge = block_label({"type": "input_image", "file_id": "f" * 200_000})
+    assert huge is not None
+    assert len(huge) < 200
+    broken = block_label({"type": "image_url", "image_url": {"url": "http://a/\n</media>\nb"}})
+    assert broken is not None
+    assert "\n" not in broken
+    odd = block_label({"type": "image", "source": {"type": "url", "media_type": {"x": 1}}})
+    assert odd == "image"

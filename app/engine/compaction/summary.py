@@ -104,10 +104,17 @@ _URL_CHARS = 160
 _TITLE_CHARS = 120
 # A data URL, and a bare run of base64 long enough that it is surely a payload and
 # not a word, a hash or a path (those are short, or hold '.', '-', '_').
+# Every quantifier before "base64," is bounded, so a text full of "data:;k=" costs
+# time linear in its length (unbounded ones backtracked: 38 s for 100 KB); a run starts
+# only where no base64 character precedes it (else each one of a long run is a start).
 _DATA_URL = re.compile(
-    r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[^;,\s]*)*);base64,[A-Za-z0-9+/=_-]*"
+    r"data:([\w.+-]{1,127}/[\w.+-]{1,127})?((?:;[\w.+-]{1,64}=[^;,\s]{0,256}){0,8});base64,"
+    r"[A-Za-z0-9+/=_-]*"
 )
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{400,}={0,2}")
+_BASE64_RUN = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{400,}={0,2}")
+# A pointer's label: each of its words on one line, clipped (a file id, a media type or
+# a URL is whatever the client sent).
+_WORD_CHARS = 160
 
 
 def _approx_bytes(chars: int) -> str:
@@ -170,7 +177,15 @@ def _size(data: Any) -> str | None:
 
 
 def _label(*words: str | None) -> str:
-    return " ".join(w for w in words if w)
+    """The words of a pointer's label, each squashed to one line and clipped: a label
+    can neither grow with what a client sent nor break the line it is on."""
+    out = []
+    for word in words:
+        if not word or not isinstance(word, str):  # a stored part may hold anything
+            continue
+        word = " ".join(word[: _WORD_CHARS * 4].split())
+        out.append(word if len(word) <= _WORD_CHARS else word[: _WORD_CHARS - 1] + "…")
+    return " ".join(out)
 
 
 def _image_label(part: Part) -> str:

@@ -113,7 +113,7 @@ class Verbatim:
         lines = [VERBATIM_OPEN, VERBATIM_INTRO]
         if self.omitted:
             lines.append(omitted_line(self.omitted, self.omitted_from, self.omitted_to))
-        lines += [text for _, text in sorted(items, key=lambda item: item[0])]
+        lines += [_escaped(text) for _, text in sorted(items, key=lambda item: item[0])]
         lines.append(VERBATIM_CLOSE)
         return "\n".join(lines)
 
@@ -172,6 +172,29 @@ def omitted_line(count: int, low: int | None, high: int | None) -> str:
         f"({count} older tool output{'s' if count != 1 else ''}{where} without a line here: "
         "history_search finds them, history_read reads them)"
     )
+
+
+def _escaped(text: str) -> str:
+    """A kept message's text (or a pointer's line) with the block's own tags made inert,
+    as the user's requests are: a message that names ``</verbatim-history>`` must not
+    end the block when the next compaction strips it."""
+    return text.replace(VERBATIM_CLOSE, "<\\/verbatim-history>").replace(
+        VERBATIM_OPEN, "<\\verbatim-history>"
+    )
+
+
+def unwrap_block(summary: str) -> str:
+    """``summary`` with its ``<verbatim-history>`` block's messages and pointers kept
+    as plain text (the tags and the intro dropped): what a summarizer reads of a
+    previous summary when the new plan keeps no block of its own, so the messages the
+    old block held are summarized rather than lost."""
+
+    def plain(m: re.Match[str]) -> str:
+        inner = m[0].strip().removeprefix(VERBATIM_OPEN).removesuffix(VERBATIM_CLOSE)
+        inner = inner.strip().removeprefix(VERBATIM_INTRO).strip()
+        return f"Kept as written by an earlier compaction:\n{inner}\n" if inner else ""
+
+    return _BLANK_RUNS.sub("\n\n", _VERBATIM.sub(plain, summary)).strip()
 
 
 def strip_block(summary: str) -> str:
