@@ -47,7 +47,7 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -n auto --dist loadfile \
 
 .PHONY: test
 test: $(STAMP) ## Run the whole test suite against a real PostgreSQL, in parallel
-	$(PYTEST)
+	$(PYTEST) --durations=20
 
 .PHONY: test-fast
 test-fast: $(STAMP) ## The suite without the slow tiers (trace replays, fuzzing, kills and outages), with durations

@@ -234,6 +234,12 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
     assert (await api.get_compaction(sid, job["id"]))["summary"] == job["summary"]
     listed = await api.list_compactions(sid, limit=5)
     assert [c["id"] for c in listed["compactions"]] == [job["id"]]
+    # What it saved is the session's and the tenant's; an extractive summary cost nothing.
+    saved = job["tokens_before"] - job["tokens_after"]
+    assert (await api.get_session(sid))["compaction_saved_tokens"] == saved
+    tenant = await api.get_usage()
+    assert tenant["compactions"] >= 1
+    assert tenant["saved_tokens"] >= saved
     source = await api.compaction_source(sid, job["id"], limit=1000)
     assert source["entries"]
     assert source["entries"][0]["message"] == CONVERSATION[1]
