@@ -235,11 +235,14 @@ async def scenario(api: AsyncCompactd, upstream: Upstream, name: str) -> None:
     listed = await api.list_compactions(sid, limit=5)
     assert [c["id"] for c in listed["compactions"]] == [job["id"]]
     # What it saved is the session's and the tenant's; an extractive summary cost nothing.
-    saved = job["tokens_before"] - job["tokens_after"]
+    tokens_before, tokens_after = job["tokens_before"], job["tokens_after"]
+    assert tokens_before is not None
+    assert tokens_after is not None
+    saved = tokens_before - tokens_after
     assert (await api.get_session(sid))["compaction_saved_tokens"] == saved
-    tenant = await api.get_usage()
-    assert tenant["compactions"] >= 1
-    assert tenant["saved_tokens"] >= saved
+    tenant_usage = await api.get_usage()
+    assert tenant_usage["compactions"] >= 1
+    assert tenant_usage["saved_tokens"] >= saved
     source = await api.compaction_source(sid, job["id"], limit=1000)
     assert source["entries"]
     assert source["entries"][0]["message"] == CONVERSATION[1]
