@@ -422,3 +422,17 @@ def test_a_media_pointer_is_one_short_line_whatever_the_client_sent() -> None:
     assert "\n" not in broken
     odd = block_label({"type": "image", "source": {"type": "url", "media_type": {"x": 1}}})
     assert odd == "image"
+
+
+def test_opening_tags_with_no_closing_one_are_text_and_a_block_after_them_still_goes() -> None:
+    """strip_block finds blocks by their tags, one pass: opening tags that nothing
+    closes stay as text (a regex took a pass per tag: seconds for 100 KB)."""
+    unclosed = "<verbatim-history> x\n" * 5_000
+    assert verbatim.strip_block(unclosed) == unclosed.strip()
+    block = verbatim.Verbatim(
+        messages=(verbatim.Message(seq=3, role="user", text="keep me"),)
+    ).block()
+    summary = f"body\n  {block}\nafter"
+    assert verbatim.strip_block(summary) == "body\nafter"
+    assert "keep me" in verbatim.unwrap_block(summary)
+    assert verbatim.VERBATIM_OPEN not in verbatim.unwrap_block(summary)

@@ -45,7 +45,6 @@ VERBATIM_INTRO = (
     "The messages before the ones kept below, as written (oldest first); each older tool "
     "output is a one-line pointer, and history_read with its seqs reads it back whole."
 )
-_VERBATIM = re.compile(r"[ \t]*<verbatim-history>.*?</verbatim-history>[ \t]*(?:\n|\Z)", re.S)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
 # The pointers take at most this share of the budget; older ones are counted.
@@ -189,18 +188,47 @@ def unwrap_block(summary: str) -> str:
     previous summary when the new plan keeps no block of its own, so the messages the
     old block held are summarized rather than lost."""
 
-    def plain(m: re.Match[str]) -> str:
-        inner = m[0].strip().removeprefix(VERBATIM_OPEN).removesuffix(VERBATIM_CLOSE)
+    def plain(block: str) -> str:
+        inner = block.strip().removeprefix(VERBATIM_OPEN).removesuffix(VERBATIM_CLOSE)
         inner = inner.strip().removeprefix(VERBATIM_INTRO).strip()
         return f"Kept as written by an earlier compaction:\n{inner}\n" if inner else ""
 
-    return _BLANK_RUNS.sub("\n\n", _VERBATIM.sub(plain, summary)).strip()
+    return _BLANK_RUNS.sub("\n\n", _replace_blocks(summary, plain)).strip()
+
+
+def _replace_blocks(summary: str, replace_with: Callable[[str], str]) -> str:
+    """``summary`` with each block (from an opening tag to the first closing tag that
+    ends its line, with the blanks before it on its line and the line's end) replaced
+    by ``replace_with(block)``. By ``str.find``: a summary full of opening tags with no
+    closing one costs one pass, not one pass per tag."""
+    out: list[str] = []
+    pos = 0
+    while (start := summary.find(VERBATIM_OPEN, pos)) >= 0:
+        end = summary.find(VERBATIM_CLOSE, start + len(VERBATIM_OPEN))
+        while end >= 0:
+            after = end + len(VERBATIM_CLOSE)
+            stop = after
+            while stop < len(summary) and summary[stop] in " \t":
+                stop += 1
+            if stop == len(summary) or summary[stop] == "\n":
+                break
+            end = summary.find(VERBATIM_CLOSE, after)
+        if end < 0:
+            break  # no closing tag after this one, nor after any later one
+        lead = start
+        while lead > pos and summary[lead - 1] in " \t":
+            lead -= 1
+        stop = min(stop + 1, len(summary))  # the line's end goes with the block
+        out += [summary[pos:lead], replace_with(summary[lead:stop])]
+        pos = stop
+    out.append(summary[pos:])
+    return "".join(out)
 
 
 def strip_block(summary: str) -> str:
     """``summary`` without its ``<verbatim-history>`` block (a previous summary's:
     the new one renders its own from the details)."""
-    return _BLANK_RUNS.sub("\n\n", _VERBATIM.sub("", summary)).strip()
+    return _BLANK_RUNS.sub("\n\n", _replace_blocks(summary, lambda _: "")).strip()
 
 
 def with_block(summary: str, block: str) -> str:
