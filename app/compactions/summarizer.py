@@ -52,6 +52,7 @@ import anyio.to_thread
 from app.core import model_catalog
 from app.core.outbound import Lane
 from app.engine.accounting import tokens
+from app.engine.accounting.summarizer_spend import add_usage
 from app.engine.compaction import continuity
 from app.engine.compaction import verbatim as verbatim_rules
 from app.engine.compaction.extractive import (
@@ -142,6 +143,7 @@ class Summarized:
     used: str  # "llm" | "extractive"
     upstream_model: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
+    calls: int = 0  # the requests sent to the summarizer, failed ones included
     notes: list[str] = field(default_factory=list)  # why the LLM was not (fully) used
     # A summarizer (the upstream, a remote endpoint) was asked and failed for good:
     # this is the extractive fallback.
@@ -156,7 +158,11 @@ class RetryLater(Exception):
     """The upstream failed in a way worth retrying: run the job again later."""
 
     def __init__(
-        self, delay_seconds: float, reason: str, usage: dict[str, int] | None = None
+        self,
+        delay_seconds: float,
+        reason: str,
+        usage: dict[str, int] | None = None,
+        calls: int = 0,
     ) -> None:
         super().__init__(reason)
         self.delay_seconds = delay_seconds
@@ -164,7 +170,7 @@ class RetryLater(Exception):
         # What the requests answered before the failure cost (a history summary
         # written before the split turn's request failed, say): billed all the same.
         self.usage: dict[str, int] = dict(usage or {})
-        self.calls = 0  # the requests sent, failed ones included (set by the worker)
+        self.calls = calls  # the requests sent, failed ones included
 
 
 def extractive(
@@ -261,6 +267,7 @@ class _Call:
     def __init__(self, llm: Llm) -> None:
         self.llm = llm
         self.usage: dict[str, int] = {}
+        self.calls = 0  # requests sent, failed ones included
         self.model: str | None = None
         self.asked = llm.candidates[0]
 
@@ -271,6 +278,7 @@ class _Call:
 
     async def _complete(self, system: str, prompt: str) -> Completion:
         llm = self.llm
+        self.calls += 1
         # The place in the lane is taken before the call's own timeout starts.
         async with llm.lane.slot(llm.tenant_id) as http:
             if llm.remote is not None:
@@ -284,8 +292,7 @@ class _Call:
         done = await self._complete(system, prompt)
         # The model that wrote the summary: the first call's (the title call is last).
         self.model = self.model or done.model or self.asked
-        for key, value in done.usage.items():
-            self.usage[key] = self.usage.get(key, 0) + value
+        self.usage = add_usage(self.usage, done.usage)
         # done.text is already storable: the client cleans every upstream string.
         text = clean(done.text)
         if text is None:
@@ -562,7 +569,9 @@ async def summarize(
                     retry_after=exc.retry_after,
                     rand=backoff.rand,
                 )
-                raise RetryLater(delay, "; ".join([*tried, failure]), call.usage) from exc
+                raise RetryLater(
+                    delay, "; ".join([*tried, failure]), call.usage, call.calls
+                ) from exc
             if index + 1 < len(candidates):
                 tried.append(f"{failure}; trying model {candidates[index + 1]}")
                 continue
@@ -575,6 +584,7 @@ async def summarize(
             )
             fallback.upstream_model = call.model
             fallback.usage = call.usage
+            fallback.calls = call.calls
             fallback.fell_back = True
             return fallback
         break
@@ -605,6 +615,7 @@ async def summarize(
         used="llm",
         upstream_model=call.model,
         usage=call.usage,
+        calls=call.calls,
         notes=notes,
         gate=gate,
         draft=draft,

@@ -23,8 +23,8 @@ dropped to fit (``gate.trimmed``) and the commit is made again.
 
 What the summarizer cost is counted when the job commits, in that transaction
 (:func:`app.compactions.pivot.record_cost`): its usage summed over every request
-of the claim (a plan made again after the pivot moved included), ``calls``
-counted at the lane each request takes (:class:`_CountedLane`). Before asking the
+of the claim (a plan made again after the pivot moved included), and its requests
+(``Summarized.calls``). Before asking the
 operator's upstream, the worker reads what the tenant spent this hour: at or past
 ``COMPACTD_SUMMARIZER_TOKENS_PER_TENANT_HOUR`` the summary is extractive, and its
 notes say why.
@@ -40,13 +40,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
-import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.compactions import branch, hooks
@@ -71,7 +70,7 @@ from app.core.database import (
     unavailable_cause,
 )
 from app.core.driver import Driver
-from app.core.outbound import Lane, Outbound
+from app.core.outbound import Outbound
 from app.core.settings import Settings
 from app.engine.accounting import catalog, tokens
 from app.engine.accounting.relief import FAILURE_LIMIT
@@ -290,16 +289,15 @@ class Worker:
                 if job.attempts <= self.config.backoff.max_attempts:
                     llm = await self._llm(job, state_model, prepared.plan.summary_chars)
                     llm, limited = await self._within_limit(job, llm)
-                llm, lane = _counted(llm)
                 try:
                     summarized = await self._summarize(job, prepared, hooked, llm)
                 except RetryLater as later:
                     # The attempt's cost goes with the job to the attempt that commits.
                     later.usage = add_usage(spent, later.usage)
-                    later.calls = calls + (lane.calls if lane else 0)
+                    later.calls += calls
                     raise
                 spent = add_usage(spent, summarized.usage)
-                calls += lane.calls if lane else 0
+                calls += summarized.calls
                 summarized.usage = dict(spent)
                 if limited is not None:
                     summarized.notes.append(limited)
@@ -634,7 +632,6 @@ class Worker:
                 return
             plan = await branch.plan_branch(driver, job, state, nav)
         supplied = (job.details or {}).get("hook_summary")
-        lane: _CountedLane | None = None
         if isinstance(supplied, str) and supplied.strip():
             # A navigation.before hook wrote it (app.compactions.hooks).
             summarized = Summarized(
@@ -649,7 +646,6 @@ class Worker:
             if job.attempts <= self.config.backoff.max_attempts:
                 llm = await self._llm(job, state.model, plan.summary_chars)
                 llm, limited = await self._within_limit(job, llm)
-            llm, lane = _counted(llm)
             summarized = await self._heartbeat_while(
                 job,
                 summarize(
@@ -685,7 +681,7 @@ class Worker:
             spend = await record_cost(
                 unit,
                 summarized.usage,
-                calls=lane.calls if lane else 0,
+                calls=summarized.calls,
                 job_id=job.id,
                 saved_tokens=0,
                 committed=False,
@@ -781,27 +777,6 @@ class Worker:
             self.wake.set()
 
 
-class _CountedLane(Lane):
-    """A job's view of its outbound lane that counts the requests the summarizer
-    sends through it: each request takes one slot (app.compactions.summarizer), so
-    this is the job's ``calls``, failed requests included. The lane's own limits
-    still hold: every slot is the lane's."""
-
-    def __init__(self, lane: Lane) -> None:
-        super().__init__(lane.name, lane.client, size=lane.size, per_tenant=lane.per_tenant)
-        self._lane = lane
-        self.calls = 0
-
-    def busy(self, tenant_id: str) -> int:
-        return self._lane.busy(tenant_id)
-
-    @contextlib.asynccontextmanager
-    async def slot(self, tenant_id: str) -> AsyncIterator[httpx.AsyncClient]:
-        self.calls += 1
-        async with self._lane.slot(tenant_id) as client:
-            yield client
-
-
 def _retried_spend(job: JobRow) -> dict[str, int]:
     """What the job's retried attempts cost (their usage summed, and ``calls``),
     as :meth:`CompactionRepository.retry_later` keeps it in the job's details."""
@@ -809,14 +784,6 @@ def _retried_spend(job: JobRow) -> dict[str, int]:
     if not isinstance(kept, dict):
         return {}
     return {k: v for k, v in kept.items() if isinstance(k, str) and type(v) is int}
-
-
-def _counted(llm: Llm | None) -> tuple[Llm | None, _CountedLane | None]:
-    """``llm`` with its requests counted, and the counter."""
-    if llm is None:
-        return None, None
-    lane = _CountedLane(llm.lane)
-    return dataclasses.replace(llm, lane=lane), lane
 
 
 def _spent(job: JobRow, spend: Spend, limited: bool) -> None:
